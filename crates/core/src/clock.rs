@@ -1,0 +1,105 @@
+//! Engine time. All timestamps are epoch milliseconds (what a JS `Date`
+//! holds). A manual clock lets tests move time instead of sleeping.
+
+use std::sync::atomic::{AtomicI64, Ordering};
+use tokio::sync::watch;
+
+/// Largest instant a JS `Date` can represent (±8.64e15 ms). Times past it
+/// (e.g. a huge exponential backoff) are clamped here instead of becoming
+/// an invalid Date.
+pub const MAX_TIME_MS: i64 = 8_640_000_000_000_000;
+
+pub fn clamp_time(ms: i64) -> i64 {
+    ms.clamp(-MAX_TIME_MS, MAX_TIME_MS)
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ClockKind {
+    System,
+    Manual,
+}
+
+/// Shared engine clock. `now()` never goes backwards, so created order and
+/// timestamps agree even if the wall clock steps back.
+pub struct Clock {
+    kind: ClockKind,
+    last: AtomicI64,
+    /// Wakes manual-clock sleepers whenever time is advanced.
+    tx: watch::Sender<i64>,
+}
+
+fn wall_now() -> i64 {
+    chrono::Utc::now().timestamp_millis()
+}
+
+impl Clock {
+    pub fn new(kind: ClockKind) -> Self {
+        let start = wall_now();
+        let (tx, _rx) = watch::channel(start);
+        Clock {
+            kind,
+            last: AtomicI64::new(start),
+            tx,
+        }
+    }
+
+    pub fn kind(&self) -> ClockKind {
+        self.kind
+    }
+
+    pub fn now(&self) -> i64 {
+        match self.kind {
+            ClockKind::Manual => self.last.load(Ordering::Acquire),
+            ClockKind::System => {
+                let wall = wall_now();
+                let prev = self.last.fetch_max(wall, Ordering::AcqRel);
+                prev.max(wall)
+            }
+        }
+    }
+
+    /// Moves a manual clock forward. Returns the new time, or `None` on a
+    /// system clock.
+    pub fn advance(&self, ms: i64) -> Option<i64> {
+        if self.kind != ClockKind::Manual {
+            return None;
+        }
+        let ms = ms.max(0);
+        let mut now = self.last.load(Ordering::Acquire);
+        loop {
+            let next = clamp_time(now.saturating_add(ms));
+            match self
+                .last
+                .compare_exchange(now, next, Ordering::AcqRel, Ordering::Acquire)
+            {
+                Ok(_) => {
+                    self.tx.send_replace(next);
+                    return Some(next);
+                }
+                Err(actual) => now = actual,
+            }
+        }
+    }
+
+    /// Resolves once engine time reaches `deadline`: a timer on the system
+    /// clock, a wait for `advance` on the manual one.
+    pub async fn sleep_until(&self, deadline: i64) {
+        match self.kind {
+            ClockKind::System => {
+                let now = self.now();
+                if deadline > now {
+                    let ms = (deadline - now) as u64;
+                    tokio::time::sleep(std::time::Duration::from_millis(ms)).await;
+                }
+            }
+            ClockKind::Manual => {
+                let mut rx = self.tx.subscribe();
+                while self.now() < deadline {
+                    if rx.changed().await.is_err() {
+                        return;
+                    }
+                }
+            }
+        }
+    }
+}

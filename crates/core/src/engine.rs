@@ -1,0 +1,937 @@
+//! The orchestration rules of CONTRACT.md, written once over [`StoreTx`].
+//!
+//! Every public operation runs in one store transaction. Rules check
+//! everything that can fail before they change anything, so an error
+//! leaves the store as it was.
+
+use crate::clock::{clamp_time, Clock, ClockKind};
+use crate::error::{JobError, Result};
+use crate::model::*;
+use crate::store::{Store, StoreTx};
+use crate::template::KeyTemplate;
+use serde_json::value::RawValue;
+use serde_json::Value;
+use std::collections::HashMap;
+use std::future::Future;
+use std::sync::{Arc, Mutex, RwLock};
+use tokio::sync::Notify;
+use uuid::Uuid;
+
+#[derive(Debug, Clone, Copy)]
+pub struct EngineOptions {
+    pub multi_tenant: bool,
+    pub clock: ClockKind,
+}
+
+/// Told about transitions that the JS side must act on.
+pub trait EngineObserver: Send + Sync {
+    /// A run whose handler is executing was canceled or timed out: its
+    /// `ctx.signal` must fire.
+    fn run_aborted(&self, run_id: RunId, reason: AbortReason);
+}
+
+/// Runs a handler for one attempt. Implemented by the binding (a
+/// threadsafe-function call into JS) and by tests.
+pub trait HandlerExecutor: Send + Sync {
+    fn execute(&self, ticket: &AttemptTicket) -> impl Future<Output = AttemptOutcome> + Send;
+}
+
+/// What `tick` hands the executor.
+#[derive(Debug, Clone)]
+pub struct AttemptTicket {
+    pub run: RunRow,
+    /// Claim epoch: step calls of this attempt must present it.
+    pub epoch: u32,
+    pub timeout_ms: Option<i64>,
+}
+
+/// Result of `ctx.step` begin.
+#[derive(Debug, Clone)]
+pub enum StepBegin {
+    /// A completed row exists: return its output, do not call `fn`.
+    Memoized(Option<Box<RawValue>>),
+    /// The step was recorded `running`; this is its attempt number.
+    Started { attempt: u32 },
+}
+
+#[derive(Debug, Clone, Copy, Default)]
+pub struct CancelOptions {
+    pub cascade: bool,
+}
+
+struct InFlight {
+    epoch: u32,
+    abort: Arc<Notify>,
+}
+
+pub struct Engine<S: Store> {
+    store: S,
+    clock: Arc<Clock>,
+    multi_tenant: bool,
+    observer: RwLock<Option<Arc<dyn EngineObserver>>>,
+    in_flight: Mutex<HashMap<RunId, InFlight>>,
+}
+
+/// Side effects collected inside a transaction and delivered after it.
+#[derive(Default)]
+struct Effects {
+    aborted: Vec<(RunId, AbortReason)>,
+}
+
+fn parse_run_id(id: &str) -> Option<RunId> {
+    Uuid::parse_str(id).ok()
+}
+
+fn raw(s: String) -> Result<Box<RawValue>> {
+    RawValue::from_string(s).map_err(|e| JobError::invalid(format!("not JSON: {e}")))
+}
+
+impl<S: Store> Engine<S> {
+    pub fn new(store: S, opts: EngineOptions) -> Self {
+        Engine {
+            store,
+            clock: Arc::new(Clock::new(opts.clock)),
+            multi_tenant: opts.multi_tenant,
+            observer: RwLock::new(None),
+            in_flight: Mutex::new(HashMap::new()),
+        }
+    }
+
+    pub fn set_observer(&self, observer: Arc<dyn EngineObserver>) {
+        if let Ok(mut o) = self.observer.write() {
+            *o = Some(observer);
+        }
+    }
+
+    pub fn clock(&self) -> &Arc<Clock> {
+        &self.clock
+    }
+
+    pub fn multi_tenant(&self) -> bool {
+        self.multi_tenant
+    }
+
+    pub fn now(&self) -> Millis {
+        self.clock.now()
+    }
+
+    fn deliver(&self, fx: Effects) {
+        if fx.aborted.is_empty() {
+            return;
+        }
+        let observer = self.observer.read().ok().and_then(|o| o.clone());
+        let in_flight = self.in_flight.lock().unwrap_or_else(|p| p.into_inner());
+        for (id, reason) in fx.aborted {
+            if let Some(f) = in_flight.get(&id) {
+                f.abort.notify_one();
+            }
+            if let Some(o) = &observer {
+                o.run_aborted(id, reason);
+            }
+        }
+    }
+
+    /// Tenant gate of queries and cancel: `None` = no filtering (single
+    /// tenant), `Some(t)` = only rows whose tenant is `t`.
+    fn gate(&self, method: &str, tenant: &TenantArg) -> Result<Option<Option<String>>> {
+        if !self.multi_tenant {
+            return Ok(None);
+        }
+        match tenant {
+            TenantArg::Missing => Err(JobError::MissingTenantId {
+                method: method.to_owned(),
+            }),
+            TenantArg::Null => Ok(Some(None)),
+            TenantArg::Id(t) => Ok(Some(Some(t.clone()))),
+        }
+    }
+
+    fn visible(filter: &Option<Option<String>>, row: &RunRow) -> bool {
+        match filter {
+            None => true,
+            Some(t) => t.as_deref() == row.tenant_id.as_deref(),
+        }
+    }
+
+    // ── definitions ────────────────────────────────────────────────────
+
+    /// Creates or replaces a job definition. O(1).
+    pub fn register(&self, spec: DefinitionSpec) -> Result<Arc<JobDefinition>> {
+        let mut defs = self.register_all(vec![spec])?;
+        defs.pop().ok_or_else(|| JobError::invalid("nothing to register"))
+    }
+
+    /// Registers several definitions: all are validated before any is
+    /// stored, so one bad entry changes nothing. O(entries).
+    pub fn register_all(&self, specs: Vec<DefinitionSpec>) -> Result<Vec<Arc<JobDefinition>>> {
+        let now = self.now();
+        let validated = specs
+            .into_iter()
+            .map(|s| Self::validate_spec(s, now))
+            .collect::<Result<Vec<_>>>()?;
+        self.store.transaction(|tx| {
+            Ok(validated
+                .into_iter()
+                .map(|mut def| {
+                    if let Some(old) = tx.definition(&def.job_type) {
+                        def.created_at = old.created_at;
+                    }
+                    tx.put_definition(def)
+                })
+                .collect())
+        })
+    }
+
+    fn validate_spec(spec: DefinitionSpec, now: Millis) -> Result<JobDefinition> {
+        if spec.job_type.is_empty() {
+            return Err(JobError::invalid("job type must be a non-empty string"));
+        }
+        let pool = spec.pool.unwrap_or_else(|| "batch".to_owned());
+        if pool.is_empty() {
+            return Err(JobError::invalid("pool must be a non-empty string"));
+        }
+        let retry = spec.retry.unwrap_or_default();
+        if retry.attempts == 0 {
+            return Err(JobError::invalid("retry.attempts must be at least 1"));
+        }
+        if retry.base_ms < 0 {
+            return Err(JobError::invalid("retry.baseMs must not be negative"));
+        }
+        if matches!(spec.timeout_ms, Some(t) if t <= 0) {
+            return Err(JobError::invalid("timeoutMs must be a positive number"));
+        }
+        if matches!(spec.dedupe_window_ms, Some(w) if w < 0) {
+            return Err(JobError::invalid("dedupe.windowMs must not be negative"));
+        }
+        let key = |k: Option<String>| -> Result<Option<KeySpec>> {
+            match k.as_deref() {
+                None => Ok(None),
+                Some("<fn>") => Ok(Some(KeySpec::Function)),
+                Some(t) => Ok(Some(KeySpec::Template(KeyTemplate::parse(t)?))),
+            }
+        };
+        Ok(JobDefinition {
+            job_type: Arc::from(spec.job_type.as_str()),
+            version: 1,
+            pool: Arc::from(pool.as_str()),
+            scope_entity_type: spec.scope_entity_type,
+            retry_policy: retry,
+            timeout_ms: spec.timeout_ms,
+            concurrency_key_template: key(spec.concurrency_key)?,
+            collision_mode: spec.collision_mode.unwrap_or(CollisionMode::Queue),
+            dedupe_key_template: key(spec.dedupe_key)?,
+            dedupe_window_ms: spec.dedupe_window_ms,
+            priority_default: spec.priority_default.unwrap_or(0),
+            replay_from: spec.replay_from.unwrap_or(ReplayFrom::LastCheckpoint),
+            created_at: now,
+            updated_at: now,
+        })
+    }
+
+    pub fn definition(&self, job_type: &str) -> Option<Arc<JobDefinition>> {
+        self.store.transaction(|tx| Ok(tx.definition(job_type))).ok().flatten()
+    }
+
+    /// The checks of `start` that precede key evaluation (tenant gate, job
+    /// type). The binding runs them when a JS key function throws, so the
+    /// contract's error order holds.
+    pub fn start_preflight(&self, job_type: &str, tenant: &TenantArg, has_parent: bool) -> Result<()> {
+        if self.multi_tenant && *tenant == TenantArg::Missing && !has_parent {
+            return Err(JobError::MissingTenantId {
+                method: "start".to_owned(),
+            });
+        }
+        if self.definition(job_type).is_none() {
+            return Err(JobError::JobTypeNotFound {
+                job_type: job_type.to_owned(),
+            });
+        }
+        Ok(())
+    }
+
+    // ── start ──────────────────────────────────────────────────────────
+
+    /// Starts a run (or returns the dedupe hit). O(log n): keyed lookups for
+    /// the definition, dedupe list and lane, one insert into each index;
+    /// `replace` adds O(runs canceled + their descendants).
+    pub fn start(&self, req: StartRequest) -> Result<RunRow> {
+        let now = self.now();
+        let mut fx = Effects::default();
+        let row = self.store.transaction(|tx| self.start_in(tx, req, now, &mut fx))?;
+        self.deliver(fx);
+        Ok(row)
+    }
+
+    fn start_in(
+        &self,
+        tx: &mut S::Tx<'_>,
+        req: StartRequest,
+        now: Millis,
+        fx: &mut Effects,
+    ) -> Result<RunRow> {
+        // 1. Tenant gate (a child with no tenant inherits its parent's).
+        let explicit_tenant: Option<Option<String>> = if !self.multi_tenant {
+            Some(None)
+        } else {
+            match &req.tenant {
+                TenantArg::Missing if req.parent_run_id.is_none() => {
+                    return Err(JobError::MissingTenantId {
+                        method: "start".to_owned(),
+                    })
+                }
+                TenantArg::Missing => None,
+                TenantArg::Null => Some(None),
+                TenantArg::Id(t) => Some(Some(t.clone())),
+            }
+        };
+        // 2. Job type.
+        let def = tx
+            .definition(&req.job_type)
+            .ok_or_else(|| JobError::JobTypeNotFound {
+                job_type: req.job_type.clone(),
+            })?;
+        // Lineage is checked in step 5, but the tenant of a child depends on
+        // its parent, so look the parent up now.
+        let parent: Option<(RunId, RunId, Option<Arc<str>>)> = req
+            .parent_run_id
+            .as_deref()
+            .and_then(parse_run_id)
+            .and_then(|p| tx.run(&p))
+            .map(|p| (p.id, p.root_run_id, p.tenant_id.clone()));
+        let tenant: Option<Arc<str>> = match (&explicit_tenant, &parent) {
+            (Some(t), _) => t.as_deref().map(Arc::from),
+            (None, Some((_, _, pt))) => pt.clone(),
+            (None, None) => None,
+        };
+        let parent_visible = match (&parent, self.multi_tenant) {
+            (Some((_, _, pt)), true) => pt.as_deref() == tenant.as_deref(),
+            (Some(_), false) => true,
+            (None, _) => false,
+        };
+
+        let input_value: Option<Value> = if matches!(def.dedupe_key_template, Some(KeySpec::Template(_)))
+            || matches!(def.concurrency_key_template, Some(KeySpec::Template(_)))
+        {
+            Some(serde_json::from_str(req.input.get()).map_err(|e| JobError::invalid(e.to_string()))?)
+        } else {
+            None
+        };
+        let eval = |spec: &Option<KeySpec>, given: &Option<String>, kind: &str| -> Result<Option<String>> {
+            match spec {
+                None => Ok(None),
+                Some(KeySpec::Template(t)) => t
+                    .evaluate(input_value.as_ref().unwrap_or(&Value::Null))
+                    .map(Some),
+                Some(KeySpec::Function) => given.clone().map(Some).ok_or_else(|| {
+                    JobError::JobKeyFunctionUnavailable {
+                        job_type: req.job_type.clone(),
+                        kind: kind.to_owned(),
+                    }
+                }),
+            }
+        };
+
+        // 3. Dedupe.
+        let dedupe_key = eval(&def.dedupe_key_template, &req.dedupe_key, "dedupe")?;
+        if let (Some(key), Some(window)) = (&dedupe_key, def.dedupe_window_ms) {
+            if window > 0 {
+                if let Some(hit) =
+                    tx.find_dedupe(tenant.as_deref(), &req.job_type, key, now.saturating_sub(window))
+                {
+                    return Ok(hit.clone());
+                }
+            }
+        }
+
+        // 4. Concurrency lane.
+        let concurrency_key = eval(&def.concurrency_key_template, &req.concurrency_key, "concurrency")?;
+        let lane: Vec<RunId> = match &concurrency_key {
+            Some(k) => tx.lane(tenant.as_deref(), k),
+            None => Vec::new(),
+        };
+        if def.collision_mode == CollisionMode::Reject {
+            if let (Some(k), Some(head)) = (&concurrency_key, lane.first()) {
+                let incumbent = tx.run(head).cloned().ok_or_else(|| JobError::JobRunNotFound {
+                    run_id: head.to_string(),
+                })?;
+                return Err(JobError::JobCollision {
+                    job_type: req.job_type.clone(),
+                    concurrency_key: k.clone(),
+                    incumbent: Box::new(incumbent),
+                });
+            }
+        }
+
+        // 5. Lineage.
+        if let Some(p) = &req.parent_run_id {
+            if !parent_visible {
+                return Err(JobError::ParentRunNotFound {
+                    parent_run_id: p.clone(),
+                });
+            }
+        }
+
+        // Everything is checked: from here on, change the store.
+        if def.collision_mode == CollisionMode::Replace {
+            for incumbent in &lane {
+                self.cancel_tree(tx, *incumbent, true, true, now, fx);
+            }
+        }
+
+        // 6. Create.
+        let id = Uuid::new_v4();
+        let root_run_id = parent.as_ref().map_or(id, |(_, root, _)| *root);
+        let (scope_entity_type, scope_entity_id) = match (&req.scope, &def.scope_entity_type) {
+            (Some((t, e)), _) => (Some(t.as_str().into()), Some(e.as_str().into())),
+            (None, Some(t)) => match &req.scope_entity_id_from_meta {
+                Some(e) => (Some(t.as_str().into()), Some(e.as_str().into())),
+                None => (None, None),
+            },
+            (None, None) => (None, None),
+        };
+        let seq = tx.next_seq();
+        let row = RunRow {
+            id,
+            job_type: def.job_type.clone(),
+            job_version: def.version,
+            parent_run_id: parent.as_ref().map(|(p, _, _)| *p),
+            root_run_id,
+            parent_close_policy: req.parent_close_policy.unwrap_or(ParentClosePolicy::Terminate),
+            scope_entity_type,
+            scope_entity_id,
+            tenant_id: tenant,
+            tags: req.tags.unwrap_or_else(empty_object),
+            pool: match req.pool {
+                Some(p) => Arc::from(p.as_str()),
+                None => def.pool.clone(),
+            },
+            priority: req.priority.unwrap_or(def.priority_default),
+            concurrency_key: concurrency_key.map(String::into_boxed_str),
+            dedupe_key: dedupe_key.map(String::into_boxed_str),
+            status: RunStatus::Pending,
+            input: req.input,
+            output: None,
+            error: None,
+            trigger_source: req.trigger_source.unwrap_or(TriggerSource::Manual),
+            trigger_ref: req.trigger_ref.map(String::into_boxed_str),
+            run_at: clamp_time(req.run_at.unwrap_or(now)),
+            started_at: None,
+            finished_at: None,
+            claimed_at: None,
+            attempts: 0,
+            wait_kind: (),
+            resume_token: (),
+            wait_deadline: (),
+            created_at: now,
+            updated_at: now,
+            seq,
+            lane_seq: seq,
+            claim_epoch: 0,
+            executing: false,
+        };
+        let out = row.clone();
+        tx.insert_run(row);
+        Ok(out)
+    }
+
+    // ── cancel and cascade ─────────────────────────────────────────────
+
+    /// Cancels a run and (with cascade) its descendants. O(affected rows):
+    /// the walk follows children lists and stops at `abandon` children.
+    pub fn cancel(&self, run_id: &str, cascade: bool, tenant: &TenantArg) -> Result<()> {
+        let filter = self.gate("cancel", tenant)?;
+        let Some(id) = parse_run_id(run_id) else {
+            return Ok(());
+        };
+        let now = self.now();
+        let mut fx = Effects::default();
+        self.store.transaction(|tx| {
+            let Some(run) = tx.run(&id) else { return Ok(()) };
+            if !Self::visible(&filter, run) || run.status.is_terminal() {
+                return Ok(());
+            }
+            self.cancel_tree(tx, id, cascade, true, now, &mut fx);
+            Ok(())
+        })?;
+        self.deliver(fx);
+        Ok(())
+    }
+
+    /// Cancels `root` (when `include_root`) and, with `cascade`, every
+    /// descendant reachable through `terminate`/`cancel` children. Children
+    /// are canceled before their parents.
+    fn cancel_tree(
+        &self,
+        tx: &mut S::Tx<'_>,
+        root: RunId,
+        cascade: bool,
+        include_root: bool,
+        now: Millis,
+        fx: &mut Effects,
+    ) {
+        // Pre-order list (parents before children), canceled in reverse.
+        let mut order = Vec::new();
+        if cascade {
+            let mut stack = vec![root];
+            while let Some(id) = stack.pop() {
+                order.push(id);
+                for child in tx.children(&id) {
+                    let follow = tx
+                        .run(&child)
+                        .is_some_and(|c| c.parent_close_policy != ParentClosePolicy::Abandon);
+                    if follow {
+                        stack.push(child);
+                    }
+                }
+            }
+        } else {
+            order.push(root);
+        }
+        for id in order.into_iter().rev() {
+            if id == root && !include_root {
+                continue;
+            }
+            let Some(run) = tx.run(&id) else { continue };
+            if run.status.is_terminal() {
+                continue;
+            }
+            if run.status == RunStatus::Running {
+                fx.aborted.push((id, AbortReason::Canceled));
+            }
+            tx.update_run(&id, &mut |r| {
+                r.status = RunStatus::Canceled;
+                r.finished_at = Some(now);
+                r.updated_at = now;
+                r.executing = false;
+            });
+        }
+    }
+
+    // ── claim ──────────────────────────────────────────────────────────
+
+    /// Claims the next due, claimable run of `pool`. O(log n).
+    pub fn claim_next(&self, pool: &str) -> Result<Option<RunRow>> {
+        let now = self.now();
+        self.store.transaction(|tx| {
+            let Some(id) = tx.next_claimable(pool, now) else {
+                return Ok(None);
+            };
+            let mut out = None;
+            tx.update_run(&id, &mut |r| {
+                r.status = RunStatus::Running;
+                r.claimed_at = Some(now);
+                r.started_at = Some(now);
+                r.updated_at = now;
+                r.claim_epoch = r.claim_epoch.wrapping_add(1);
+                r.executing = false;
+                out = Some(r.clone());
+            });
+            Ok(out)
+        })
+    }
+
+    // ── attempts ───────────────────────────────────────────────────────
+
+    /// Marks a claimed run as executing and hands out its attempt ticket.
+    pub fn begin_attempt(&self, run_id: &str) -> Result<AttemptTicket> {
+        let not_found = || JobError::JobRunNotFound {
+            run_id: run_id.to_owned(),
+        };
+        let id = parse_run_id(run_id).ok_or_else(not_found)?;
+        let ticket = self.store.transaction(|tx| {
+            let run = tx.run(&id).ok_or_else(not_found)?;
+            if run.status != RunStatus::Running {
+                return Err(JobError::JobRunState {
+                    run_id: run_id.to_owned(),
+                    status: run.status.to_string(),
+                    detail: "tick needs a 'running' run (claim it first)".to_owned(),
+                });
+            }
+            if run.executing {
+                return Err(JobError::JobRunState {
+                    run_id: run_id.to_owned(),
+                    status: run.status.to_string(),
+                    detail: "its current attempt is already executing".to_owned(),
+                });
+            }
+            let timeout_ms = tx.definition(&run.job_type).and_then(|d| d.timeout_ms);
+            let mut ticket = None;
+            tx.update_run(&id, &mut |r| {
+                r.executing = true;
+                ticket = Some(AttemptTicket {
+                    run: r.clone(),
+                    epoch: r.claim_epoch,
+                    timeout_ms,
+                });
+            });
+            ticket.ok_or_else(not_found)
+        })?;
+        if let Ok(mut m) = self.in_flight.lock() {
+            m.insert(
+                id,
+                InFlight {
+                    epoch: ticket.epoch,
+                    abort: Arc::new(Notify::new()),
+                },
+            );
+        }
+        Ok(ticket)
+    }
+
+    fn end_in_flight(&self, id: &RunId, epoch: u32) {
+        if let Ok(mut m) = self.in_flight.lock() {
+            if m.get(id).is_some_and(|f| f.epoch == epoch) {
+                m.remove(id);
+            }
+        }
+    }
+
+    /// Applies an attempt's outcome: completion, retry or final failure
+    /// (with its cascade). Ignored when the run is no longer running this
+    /// attempt (canceled, timed out, replayed). Returns the updated row, if
+    /// applied. O(log n) + O(cascade).
+    pub fn finish_attempt(&self, run_id: &RunId, epoch: u32, outcome: AttemptOutcome) -> Result<Option<RunRow>> {
+        let now = self.now();
+        let mut fx = Effects::default();
+        let result = self.store.transaction(|tx| {
+            let Some(run) = tx.run(run_id) else { return Ok(None) };
+            if run.status != RunStatus::Running || run.claim_epoch != epoch {
+                return Ok(None);
+            }
+            let attempts = run.attempts + 1;
+            let policy = tx
+                .definition(&run.job_type)
+                .map(|d| d.retry_policy.clone())
+                .unwrap_or_default();
+            let (info, final_status) = match outcome {
+                AttemptOutcome::Completed(output) => {
+                    let mut out = None;
+                    let mut output = Some(output.unwrap_or_else(empty_object));
+                    tx.update_run(run_id, &mut |r| {
+                        r.status = RunStatus::Completed;
+                        r.output = output.take();
+                        r.finished_at = Some(now);
+                        r.updated_at = now;
+                        r.attempts = attempts;
+                        r.executing = false;
+                        out = Some(r.clone());
+                    });
+                    return Ok(out);
+                }
+                AttemptOutcome::Failed(info) => (info, RunStatus::Failed),
+                AttemptOutcome::TimedOut { timeout_ms } => (
+                    FailureInfo {
+                        message: format!("run timed out after {timeout_ms}ms"),
+                        stack: None,
+                        name: Some("JobTimeoutError".to_owned()),
+                        code: Some("JOB_TIMEOUT".to_owned()),
+                    },
+                    RunStatus::TimedOut,
+                ),
+                AttemptOutcome::NoHandler => (
+                    FailureInfo {
+                        message: format!("No handler registered for jobType='{}'", run.job_type),
+                        ..FailureInfo::default()
+                    },
+                    RunStatus::Failed,
+                ),
+            };
+            let no_handler = info.name.is_none() && info.code.is_none() && info.message.starts_with("No handler registered");
+            let retry = !no_handler
+                && policy.allows(info.name.as_deref(), info.code.as_deref())
+                && attempts < policy.attempts;
+            let error = Box::new(RunError {
+                message: info.message,
+                stack: info.stack,
+                retryable: retry,
+                attempt: attempts,
+            });
+            let mut error = Some(error);
+            let mut out = None;
+            if retry {
+                let run_at = clamp_time(now.saturating_add(policy.backoff_ms(attempts)));
+                tx.update_run(run_id, &mut |r| {
+                    r.status = RunStatus::Pending;
+                    r.attempts = attempts;
+                    r.run_at = run_at;
+                    r.started_at = None;
+                    r.claimed_at = None;
+                    r.updated_at = now;
+                    r.error = error.take();
+                    r.executing = false;
+                    out = Some(r.clone());
+                });
+            } else {
+                tx.update_run(run_id, &mut |r| {
+                    r.status = final_status;
+                    r.attempts = attempts;
+                    r.finished_at = Some(now);
+                    r.updated_at = now;
+                    r.error = error.take();
+                    r.executing = false;
+                    out = Some(r.clone());
+                });
+                // A failed run takes its descendants down (not itself again).
+                self.cancel_tree(tx, *run_id, true, false, now, &mut fx);
+            }
+            Ok(out)
+        });
+        self.end_in_flight(run_id, epoch);
+        self.deliver(fx);
+        result
+    }
+
+    /// Executes one claimed run: begin the attempt, run the handler through
+    /// `executor` racing the run's timeout and a cancel, then apply the
+    /// outcome. Returns when the outcome is applied or the run was canceled.
+    pub async fn tick<X: HandlerExecutor>(&self, run_id: &str, executor: &X) -> Result<()> {
+        let ticket = self.begin_attempt(run_id)?;
+        let id = ticket.run.id;
+        let epoch = ticket.epoch;
+        let abort = self
+            .in_flight
+            .lock()
+            .ok()
+            .and_then(|m| m.get(&id).map(|f| f.abort.clone()))
+            .unwrap_or_else(|| Arc::new(Notify::new()));
+        let deadline = ticket
+            .timeout_ms
+            .map(|t| self.now().saturating_add(t));
+        let timeout = async {
+            match deadline {
+                Some(d) => self.clock.sleep_until(d).await,
+                None => std::future::pending::<()>().await,
+            }
+        };
+        let outcome = tokio::select! {
+            o = executor.execute(&ticket) => Some(o),
+            _ = timeout => Some(AttemptOutcome::TimedOut { timeout_ms: ticket.timeout_ms.unwrap_or(0) }),
+            _ = abort.notified() => None,
+        };
+        match outcome {
+            Some(o) => {
+                let timed_out = matches!(o, AttemptOutcome::TimedOut { .. });
+                let applied = self.finish_attempt(&id, epoch, o)?;
+                if timed_out && applied.is_some() {
+                    self.deliver(Effects {
+                        aborted: vec![(id, AbortReason::TimedOut)],
+                    });
+                }
+            }
+            None => self.end_in_flight(&id, epoch),
+        }
+        Ok(())
+    }
+
+    // ── steps ──────────────────────────────────────────────────────────
+
+    fn check_attempt(tx: &S::Tx<'_>, run_id: &RunId, epoch: u32, raw_id: &str) -> Result<()> {
+        let run = tx.run(run_id).ok_or_else(|| JobError::JobRunNotFound {
+            run_id: raw_id.to_owned(),
+        })?;
+        if run.status != RunStatus::Running || run.claim_epoch != epoch {
+            return Err(JobError::JobRunState {
+                run_id: raw_id.to_owned(),
+                status: run.status.to_string(),
+                detail: "the attempt that called ctx.step is over".to_owned(),
+            });
+        }
+        Ok(())
+    }
+
+    /// `ctx.step` entry: memoized output, or the step recorded `running`.
+    /// O(1) (plus O(steps of the run) for a new step's seq).
+    pub fn step_begin(&self, run_id: &str, epoch: u32, step_id: &str) -> Result<StepBegin> {
+        let id = parse_run_id(run_id).ok_or_else(|| JobError::JobRunNotFound {
+            run_id: run_id.to_owned(),
+        })?;
+        let now = self.now();
+        self.store.transaction(|tx| {
+            Self::check_attempt(tx, &id, epoch, run_id)?;
+            let existing = tx.step(&id, step_id).cloned();
+            if let Some(s) = &existing {
+                if s.status == StepStatus::Completed {
+                    return Ok(StepBegin::Memoized(s.output.clone()));
+                }
+                if s.status == StepStatus::Running && s.epoch == epoch {
+                    return Err(JobError::JobStepConflict {
+                        run_id: run_id.to_owned(),
+                        step_id: step_id.to_owned(),
+                    });
+                }
+            }
+            let seq = match &existing {
+                Some(s) => s.seq,
+                None => tx.max_step_seq(&id) + 1,
+            };
+            let attempt = existing.as_ref().map_or(0, |s| s.attempts) + 1;
+            tx.put_step(StepRow {
+                id: existing.as_ref().map_or_else(Uuid::new_v4, |s| s.id),
+                job_run_id: id,
+                step_id: step_id.into(),
+                kind: "task",
+                seq,
+                status: StepStatus::Running,
+                input: None,
+                output: existing.as_ref().and_then(|s| s.output.clone()),
+                error: existing.as_ref().and_then(|s| s.error.clone()),
+                attempts: attempt,
+                started_at: Some(now),
+                finished_at: existing.as_ref().and_then(|s| s.finished_at),
+                epoch,
+            });
+            Ok(StepBegin::Started { attempt })
+        })
+    }
+
+    /// Records a step's output. O(1).
+    pub fn step_complete(&self, run_id: &str, epoch: u32, step_id: &str, output: Option<Box<RawValue>>) -> Result<()> {
+        let id = parse_run_id(run_id).ok_or_else(|| JobError::JobRunNotFound {
+            run_id: run_id.to_owned(),
+        })?;
+        let now = self.now();
+        self.store.transaction(|tx| {
+            Self::check_attempt(tx, &id, epoch, run_id)?;
+            let Some(mut s) = tx.step(&id, step_id).cloned() else {
+                return Err(JobError::JobRunState {
+                    run_id: run_id.to_owned(),
+                    status: "running".to_owned(),
+                    detail: format!("step '{step_id}' was never started"),
+                });
+            };
+            s.status = StepStatus::Completed;
+            s.output = output;
+            s.error = None;
+            s.finished_at = Some(now);
+            tx.put_step(s);
+            Ok(())
+        })
+    }
+
+    /// Records a step failure. With a step retry policy that allows another
+    /// try, returns the backoff before it. O(1).
+    pub fn step_fail(
+        &self,
+        run_id: &str,
+        epoch: u32,
+        step_id: &str,
+        info: FailureInfo,
+        policy: Option<&RetryPolicy>,
+    ) -> Result<Option<i64>> {
+        let id = parse_run_id(run_id).ok_or_else(|| JobError::JobRunNotFound {
+            run_id: run_id.to_owned(),
+        })?;
+        let now = self.now();
+        self.store.transaction(|tx| {
+            // A step of an attempt that is over still gets its failure
+            // recorded if the row is this attempt's.
+            let Some(mut s) = tx.step(&id, step_id).cloned() else {
+                return Ok(None);
+            };
+            if s.epoch != epoch {
+                return Ok(None);
+            }
+            let still_running = tx
+                .run(&id)
+                .is_some_and(|r| r.status == RunStatus::Running && r.claim_epoch == epoch);
+            let retry_in = policy.and_then(|p| {
+                (still_running
+                    && p.allows(info.name.as_deref(), info.code.as_deref())
+                    && s.attempts < p.attempts)
+                    .then(|| p.backoff_ms(s.attempts))
+            });
+            s.status = StepStatus::Failed;
+            s.error = Some(Box::new(RunError {
+                message: info.message,
+                stack: info.stack,
+                retryable: retry_in.is_some(),
+                attempt: s.attempts,
+            }));
+            s.finished_at = Some(now);
+            tx.put_step(s);
+            Ok(retry_in)
+        })
+    }
+
+    // ── replay ─────────────────────────────────────────────────────────
+
+    /// Resets a terminal run to pending. O(log n + steps of the run).
+    pub fn replay(&self, run_id: &str) -> Result<RunRow> {
+        let not_found = || JobError::JobRunNotFound {
+            run_id: run_id.to_owned(),
+        };
+        let id = parse_run_id(run_id).ok_or_else(not_found)?;
+        let now = self.now();
+        self.store.transaction(|tx| {
+            let run = tx.run(&id).ok_or_else(not_found)?;
+            if !run.status.is_terminal() {
+                return Err(JobError::JobNotReplayable {
+                    run_id: run_id.to_owned(),
+                    current_status: run.status.to_string(),
+                });
+            }
+            let def = tx
+                .definition(&run.job_type)
+                .ok_or_else(|| JobError::JobTypeNotFound {
+                    job_type: run.job_type.to_string(),
+                })?;
+            tx.delete_steps(&id, def.replay_from != ReplayFrom::Scratch);
+            // Rejoin the lane at its tail.
+            let lane_seq = tx.next_seq();
+            let mut out = None;
+            tx.update_run(&id, &mut |r| {
+                r.status = RunStatus::Pending;
+                r.attempts = 0;
+                r.run_at = now;
+                r.started_at = None;
+                r.finished_at = None;
+                r.claimed_at = None;
+                r.error = None;
+                r.output = None;
+                r.updated_at = now;
+                r.lane_seq = lane_seq;
+                r.executing = false;
+                out = Some(r.clone());
+            });
+            out.ok_or_else(not_found)
+        })
+    }
+
+    // ── queries ────────────────────────────────────────────────────────
+
+    /// O(1).
+    pub fn find_by_id(&self, run_id: &str, tenant: &TenantArg) -> Result<Option<RunRow>> {
+        let filter = self.gate("findById", tenant)?;
+        let Some(id) = parse_run_id(run_id) else {
+            return Ok(None);
+        };
+        self.store.transaction(|tx| {
+            Ok(tx
+                .run(&id)
+                .filter(|r| Self::visible(&filter, r))
+                .cloned())
+        })
+    }
+
+    /// Steps of a run in seq order. O(k log k) for its k steps.
+    pub fn list_steps(&self, run_id: &str, tenant: &TenantArg) -> Result<Vec<StepRow>> {
+        let filter = self.gate("listSteps", tenant)?;
+        let Some(id) = parse_run_id(run_id) else {
+            return Ok(Vec::new());
+        };
+        self.store.transaction(|tx| match tx.run(&id) {
+            Some(r) if Self::visible(&filter, r) => Ok(tx.steps(&id)),
+            _ => Ok(Vec::new()),
+        })
+    }
+
+    /// Moves a manual clock. `None` on the system clock.
+    pub fn advance_time(&self, ms: i64) -> Option<Millis> {
+        self.clock.advance(ms)
+    }
+}
+
+/// Parses a JSON text into a stored value.
+pub fn json_value(text: String) -> Result<Box<RawValue>> {
+    raw(text)
+}

@@ -1,0 +1,119 @@
+//! Engine errors. Every variant has a stable `code()` that the binding
+//! forwards to JS, where the TS layer turns it into the matching error class.
+
+use crate::model::RunRow;
+use thiserror::Error;
+
+/// Result alias used across the engine.
+pub type Result<T, E = JobError> = std::result::Result<T, E>;
+
+#[derive(Debug, Error, Clone)]
+pub enum JobError {
+    #[error("unknown job type '{job_type}'")]
+    JobTypeNotFound { job_type: String },
+
+    #[error("'{job_type}' already has in-flight run {} for key '{concurrency_key}'", incumbent.id)]
+    JobCollision {
+        job_type: String,
+        concurrency_key: String,
+        incumbent: Box<RunRow>,
+    },
+
+    #[error("run {run_id} is '{current_status}', not terminal")]
+    JobNotReplayable {
+        run_id: String,
+        current_status: String,
+    },
+
+    #[error("template '{template}' needs input field '{field}'")]
+    JobTemplateFieldMissing { template: String, field: String },
+
+    #[error("{method} needs tenantId when multi-tenancy is on")]
+    MissingTenantId { method: String },
+
+    #[error("job type '{job_type}' has a function {kind} key, which only the process that registered it can evaluate")]
+    JobKeyFunctionUnavailable { job_type: String, kind: String },
+
+    #[error("run {run_id} not found")]
+    JobRunNotFound { run_id: String },
+
+    #[error("parentRunId {parent_run_id} does not reference an existing run")]
+    ParentRunNotFound { parent_run_id: String },
+
+    #[error("invalid input: {reason}")]
+    JobInputInvalid { reason: String },
+
+    #[error("run {run_id} is '{status}': {detail}")]
+    JobRunState {
+        run_id: String,
+        status: String,
+        detail: String,
+    },
+
+    #[error("step '{step_id}' of run {run_id} is already running in this attempt")]
+    JobStepConflict { run_id: String, step_id: String },
+}
+
+impl JobError {
+    /// Stable machine-readable code (the JS `err.code`).
+    pub fn code(&self) -> &'static str {
+        match self {
+            JobError::JobTypeNotFound { .. } => "JOB_TYPE_NOT_FOUND",
+            JobError::JobCollision { .. } => "JOB_COLLISION",
+            JobError::JobNotReplayable { .. } => "JOB_NOT_REPLAYABLE",
+            JobError::JobTemplateFieldMissing { .. } => "JOB_TEMPLATE_FIELD_MISSING",
+            JobError::MissingTenantId { .. } => "MISSING_TENANT_ID",
+            JobError::JobKeyFunctionUnavailable { .. } => "JOB_KEY_FUNCTION_UNAVAILABLE",
+            JobError::JobRunNotFound { .. } => "JOB_RUN_NOT_FOUND",
+            JobError::ParentRunNotFound { .. } => "PARENT_RUN_NOT_FOUND",
+            JobError::JobInputInvalid { .. } => "JOB_INPUT_INVALID",
+            JobError::JobRunState { .. } => "JOB_RUN_STATE",
+            JobError::JobStepConflict { .. } => "JOB_STEP_CONFLICT",
+        }
+    }
+
+    /// The error's fields as JSON (camelCase), for the binding to hand to JS.
+    pub fn fields_json(&self) -> serde_json::Value {
+        use serde_json::json;
+        match self {
+            JobError::JobTypeNotFound { job_type } => json!({ "jobType": job_type }),
+            JobError::JobCollision {
+                job_type,
+                concurrency_key,
+                incumbent,
+            } => json!({
+                "jobType": job_type,
+                "concurrencyKey": concurrency_key,
+                "incumbent": serde_json::to_value(incumbent.as_ref()).unwrap_or(serde_json::Value::Null),
+            }),
+            JobError::JobNotReplayable {
+                run_id,
+                current_status,
+            } => json!({ "runId": run_id, "currentStatus": current_status }),
+            JobError::JobTemplateFieldMissing { template, field } => {
+                json!({ "template": template, "field": field })
+            }
+            JobError::MissingTenantId { method } => json!({ "method": method }),
+            JobError::JobKeyFunctionUnavailable { job_type, kind } => {
+                json!({ "jobType": job_type, "kind": kind })
+            }
+            JobError::JobRunNotFound { run_id } => json!({ "runId": run_id }),
+            JobError::ParentRunNotFound { parent_run_id } => {
+                json!({ "parentRunId": parent_run_id })
+            }
+            JobError::JobInputInvalid { reason } => json!({ "reason": reason }),
+            JobError::JobRunState { run_id, status, .. } => {
+                json!({ "runId": run_id, "status": status })
+            }
+            JobError::JobStepConflict { run_id, step_id } => {
+                json!({ "runId": run_id, "stepId": step_id })
+            }
+        }
+    }
+
+    pub(crate) fn invalid(reason: impl Into<String>) -> Self {
+        JobError::JobInputInvalid {
+            reason: reason.into(),
+        }
+    }
+}

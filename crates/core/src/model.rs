@@ -1,0 +1,370 @@
+//! Rows and enums of the contract. Serialised with serde in the shape JS
+//! sees (camelCase, timestamps as epoch milliseconds, `null` for absent);
+//! the TS layer only turns the millisecond fields into `Date`s.
+
+use crate::template::KeyTemplate;
+use serde::{Deserialize, Serialize};
+use serde_json::value::RawValue;
+use std::sync::Arc;
+use uuid::Uuid;
+
+pub type RunId = Uuid;
+/// Epoch milliseconds.
+pub type Millis = i64;
+
+macro_rules! string_enum {
+    ($(#[$m:meta])* $name:ident { $($variant:ident = $text:literal),+ $(,)? }) => {
+        $(#[$m])*
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+        pub enum $name { $(#[serde(rename = $text)] $variant),+ }
+
+        impl $name {
+            pub fn as_str(self) -> &'static str {
+                match self { $($name::$variant => $text),+ }
+            }
+            /// Parses the JS spelling; `None` for anything else.
+            pub fn parse(s: &str) -> Option<Self> {
+                match s { $($text => Some($name::$variant),)+ _ => None }
+            }
+        }
+        impl std::fmt::Display for $name {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result { f.write_str(self.as_str()) }
+        }
+    };
+}
+
+string_enum!(
+    /// Lifecycle of a run. `Waiting` is reserved for later phases.
+    RunStatus {
+        Pending = "pending",
+        Running = "running",
+        Waiting = "waiting",
+        Completed = "completed",
+        Failed = "failed",
+        TimedOut = "timed_out",
+        Canceled = "canceled",
+    }
+);
+
+impl RunStatus {
+    pub fn is_terminal(self) -> bool {
+        matches!(
+            self,
+            RunStatus::Completed | RunStatus::Failed | RunStatus::TimedOut | RunStatus::Canceled
+        )
+    }
+}
+
+string_enum!(ParentClosePolicy { Terminate = "terminate", Cancel = "cancel", Abandon = "abandon" });
+string_enum!(TriggerSource { Manual = "manual", Schedule = "schedule", Event = "event", Parent = "parent" });
+string_enum!(CollisionMode { Queue = "queue", Reject = "reject", Replace = "replace" });
+string_enum!(Backoff { Fixed = "fixed", Exponential = "exponential" });
+string_enum!(ReplayFrom { Scratch = "scratch", LastStep = "last_step", LastCheckpoint = "last_checkpoint" });
+string_enum!(StepStatus { Pending = "pending", Running = "running", Completed = "completed", Failed = "failed", Skipped = "skipped" });
+
+/// Run-level or step-level retry policy.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RetryPolicy {
+    pub attempts: u32,
+    pub backoff: Backoff,
+    pub base_ms: i64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub non_retryable_errors: Option<Vec<String>>,
+}
+
+impl Default for RetryPolicy {
+    fn default() -> Self {
+        RetryPolicy {
+            attempts: 1,
+            backoff: Backoff::Fixed,
+            base_ms: 0,
+            non_retryable_errors: None,
+        }
+    }
+}
+
+/// JS `Number.MAX_SAFE_INTEGER`: the backoff cap of the contract.
+pub const MAX_SAFE_INTEGER: i64 = 9_007_199_254_740_991;
+
+impl RetryPolicy {
+    /// Delay before the retry that follows attempt number `attempts`
+    /// (1-based): fixed → `baseMs`; exponential → `baseMs * 2^(attempts-1)`,
+    /// capped at `Number.MAX_SAFE_INTEGER`.
+    pub fn backoff_ms(&self, attempts: u32) -> i64 {
+        let base = self.base_ms.max(0);
+        match self.backoff {
+            Backoff::Fixed => base,
+            Backoff::Exponential => {
+                let exp = attempts.saturating_sub(1);
+                if exp >= 53 {
+                    return MAX_SAFE_INTEGER;
+                }
+                base.checked_mul(1i64 << exp)
+                    .map_or(MAX_SAFE_INTEGER, |v| v.min(MAX_SAFE_INTEGER))
+            }
+        }
+    }
+
+    /// Whether an error with this `name`/`code` may be retried at all.
+    pub fn allows(&self, name: Option<&str>, code: Option<&str>) -> bool {
+        let Some(list) = &self.non_retryable_errors else {
+            return true;
+        };
+        !list
+            .iter()
+            .any(|n| Some(n.as_str()) == name || Some(n.as_str()) == code)
+    }
+}
+
+/// How a key of a definition is produced.
+#[derive(Debug, Clone)]
+pub enum KeySpec {
+    Template(KeyTemplate),
+    /// A JS function: only the registering process can evaluate it, and it
+    /// passes the evaluated key with `start`.
+    Function,
+}
+
+impl KeySpec {
+    pub fn stored(&self) -> &str {
+        match self {
+            KeySpec::Template(t) => t.source(),
+            KeySpec::Function => "<fn>",
+        }
+    }
+}
+
+/// The job definition row (one per job type).
+#[derive(Debug, Clone, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct JobDefinition {
+    #[serde(rename = "type")]
+    pub job_type: Arc<str>,
+    pub version: i32,
+    pub pool: Arc<str>,
+    pub scope_entity_type: Option<String>,
+    pub retry_policy: RetryPolicy,
+    pub timeout_ms: Option<i64>,
+    #[serde(serialize_with = "ser_key_spec")]
+    pub concurrency_key_template: Option<KeySpec>,
+    pub collision_mode: CollisionMode,
+    #[serde(serialize_with = "ser_key_spec")]
+    pub dedupe_key_template: Option<KeySpec>,
+    pub dedupe_window_ms: Option<i64>,
+    pub priority_default: i32,
+    pub replay_from: ReplayFrom,
+    pub created_at: Millis,
+    pub updated_at: Millis,
+}
+
+fn ser_key_spec<S: serde::Serializer>(k: &Option<KeySpec>, s: S) -> Result<S::Ok, S::Error> {
+    match k {
+        Some(k) => s.serialize_str(k.stored()),
+        None => s.serialize_none(),
+    }
+}
+
+/// What `registerHandler` / `upsertJobRows` says about a job type.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct DefinitionSpec {
+    #[serde(rename = "type")]
+    pub job_type: String,
+    pub pool: Option<String>,
+    pub scope_entity_type: Option<String>,
+    pub retry: Option<RetryPolicy>,
+    pub timeout_ms: Option<i64>,
+    /// A `{{field}}` template, or `"<fn>"` for a JS key function.
+    pub concurrency_key: Option<String>,
+    pub collision_mode: Option<CollisionMode>,
+    pub dedupe_key: Option<String>,
+    pub dedupe_window_ms: Option<i64>,
+    pub replay_from: Option<ReplayFrom>,
+    pub priority_default: Option<i32>,
+}
+
+/// Serialised error of a failed attempt or step.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RunError {
+    pub message: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub stack: Option<String>,
+    pub retryable: bool,
+    pub attempt: u32,
+}
+
+/// One run. Field order follows the contract.
+#[derive(Debug, Clone, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RunRow {
+    pub id: RunId,
+    pub job_type: Arc<str>,
+    pub job_version: i32,
+    pub parent_run_id: Option<RunId>,
+    pub root_run_id: RunId,
+    pub parent_close_policy: ParentClosePolicy,
+    pub scope_entity_type: Option<Box<str>>,
+    pub scope_entity_id: Option<Box<str>>,
+    pub tenant_id: Option<Arc<str>>,
+    pub tags: Box<RawValue>,
+    pub pool: Arc<str>,
+    pub priority: i32,
+    pub concurrency_key: Option<Box<str>>,
+    pub dedupe_key: Option<Box<str>>,
+    pub status: RunStatus,
+    pub input: Box<RawValue>,
+    pub output: Option<Box<RawValue>>,
+    pub error: Option<Box<RunError>>,
+    pub trigger_source: TriggerSource,
+    pub trigger_ref: Option<Box<str>>,
+    pub run_at: Millis,
+    pub started_at: Option<Millis>,
+    pub finished_at: Option<Millis>,
+    pub claimed_at: Option<Millis>,
+    pub attempts: u32,
+    #[serde(serialize_with = "ser_null")]
+    pub wait_kind: (),
+    #[serde(serialize_with = "ser_null")]
+    pub resume_token: (),
+    #[serde(serialize_with = "ser_null")]
+    pub wait_deadline: (),
+    pub created_at: Millis,
+    pub updated_at: Millis,
+    /// Created order; breaks claim ties. Not part of the JS row.
+    #[serde(skip)]
+    pub seq: u64,
+    /// Position in the concurrency lane (re-assigned when a replayed run
+    /// rejoins at the tail). Not part of the JS row.
+    #[serde(skip)]
+    pub lane_seq: u64,
+    /// Incremented on every claim so a late outcome of an earlier attempt
+    /// cannot be applied to a later one. Not part of the JS row.
+    #[serde(skip)]
+    pub claim_epoch: u32,
+    /// True while a `tick` is executing the current claim.
+    #[serde(skip)]
+    pub executing: bool,
+}
+
+fn ser_null<S: serde::Serializer>(_: &(), s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_none()
+}
+
+impl RunRow {
+    pub fn to_json(&self) -> String {
+        // Serialising plain data with string keys cannot fail.
+        serde_json::to_string(self).unwrap_or_else(|_| "null".to_owned())
+    }
+}
+
+/// One memoized step of a run.
+#[derive(Debug, Clone, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct StepRow {
+    pub id: Uuid,
+    pub job_run_id: RunId,
+    pub step_id: Box<str>,
+    pub kind: &'static str,
+    pub seq: u32,
+    pub status: StepStatus,
+    pub input: Option<Box<RawValue>>,
+    pub output: Option<Box<RawValue>>,
+    pub error: Option<Box<RunError>>,
+    pub attempts: u32,
+    pub started_at: Option<Millis>,
+    pub finished_at: Option<Millis>,
+    /// Claim epoch of the attempt that last started the step.
+    #[serde(skip)]
+    pub epoch: u32,
+}
+
+/// Tenant argument of a call: JS `undefined`, `null` or a string.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub enum TenantArg {
+    #[default]
+    Missing,
+    Null,
+    Id(String),
+}
+
+impl TenantArg {
+    pub fn from_option(v: Option<Option<String>>) -> Self {
+        match v {
+            None => TenantArg::Missing,
+            Some(None) => TenantArg::Null,
+            Some(Some(s)) => TenantArg::Id(s),
+        }
+    }
+}
+
+/// A key value computed by the caller (a JS key function's result).
+#[derive(Debug, Clone, Default)]
+pub struct StartRequest {
+    pub job_type: String,
+    /// Validated JSON text of the input (`{}` when absent).
+    pub input: Box<RawValue>,
+    pub tenant: TenantArg,
+    /// Explicit `opts.scope`.
+    pub scope: Option<(String, String)>,
+    /// `meta.scope.from(input)`, evaluated by the registering process; used
+    /// with the definition's scope entity when `scope` is absent.
+    pub scope_entity_id_from_meta: Option<String>,
+    pub pool: Option<String>,
+    pub run_at: Option<Millis>,
+    pub priority: Option<i32>,
+    pub tags: Option<Box<RawValue>>,
+    pub trigger_source: Option<TriggerSource>,
+    pub trigger_ref: Option<String>,
+    pub parent_close_policy: Option<ParentClosePolicy>,
+    pub parent_run_id: Option<String>,
+    pub concurrency_key: Option<String>,
+    pub dedupe_key: Option<String>,
+}
+
+/// What became of a handler invocation.
+#[derive(Debug, Clone)]
+pub enum AttemptOutcome {
+    /// Resolved; JSON text of the output (`None` → `{}`).
+    Completed(Option<Box<RawValue>>),
+    /// Threw or rejected.
+    Failed(FailureInfo),
+    /// The attempt's `timeoutMs` elapsed.
+    TimedOut { timeout_ms: i64 },
+    /// No handler is registered in this process for the run's type.
+    NoHandler,
+}
+
+#[derive(Debug, Clone, Default)]
+pub struct FailureInfo {
+    pub message: String,
+    pub stack: Option<String>,
+    pub name: Option<String>,
+    pub code: Option<String>,
+}
+
+/// Why a running handler's signal fires.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AbortReason {
+    Canceled,
+    TimedOut,
+}
+
+impl AbortReason {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            AbortReason::Canceled => "canceled",
+            AbortReason::TimedOut => "timed_out",
+        }
+    }
+}
+
+pub fn empty_object() -> Box<RawValue> {
+    RawValue::from_string("{}".to_owned()).unwrap_or_else(|_| unreachable_raw())
+}
+
+fn unreachable_raw() -> Box<RawValue> {
+    // "{}" and "null" are valid JSON; this path exists only to avoid unwrap.
+    serde_json::value::to_raw_value(&serde_json::Value::Null).unwrap_or_default()
+}

@@ -1,0 +1,384 @@
+//! In-memory store: every primitive is answered from an index.
+//!
+//! | structure | serves | cost |
+//! |---|---|---|
+//! | `runs: Vec<RunRow>` + `ids: HashMap<Uuid, u32>` | lookup by id | O(1) |
+//! | per pool `ready: BTreeSet<(−priority, runAt, seq)>` | claim | O(log n) |
+//! | per pool `future: BTreeSet<(runAt, seq)>` | not-yet-due claimables | O(log n) per move, each run moves once |
+//! | `lanes: HashMap<(tenant, key), BTreeMap<laneSeq, run>>` | lane head, reject/replace | O(log k) |
+//! | `dedupe: HashMap<(tenant, type, key), Vec<run>>` (created order) | dedupe lookup | O(1) + skipped canceled/failed |
+//! | `children: HashMap<run, Vec<run>>` | cascade | O(children) |
+//! | `steps: HashMap<run, RunSteps>` | memoization | O(1) per step |
+//!
+//! Only claimable runs (pending and lane head or unkeyed) sit in a pool
+//! index, so a lane of a million queued runs costs its pool one entry.
+
+use super::{Store, StoreTx, TenantRef};
+use crate::error::Result;
+use crate::model::{JobDefinition, Millis, RunId, RunRow, RunStatus, StepRow, StepStatus};
+use std::cmp::Reverse;
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+type Handle = u32;
+type LaneKey = (Option<Arc<str>>, Box<str>);
+type DedupeKey = (Option<Arc<str>>, Arc<str>, Box<str>);
+
+#[derive(Default)]
+struct PoolIndex {
+    /// Due claimables: highest priority, earliest runAt, earliest created.
+    ready: BTreeSet<(Reverse<i32>, Millis, u64, Handle)>,
+    /// Claimables whose runAt was in the future when they were indexed.
+    future: BTreeSet<(Millis, u64, Handle)>,
+    /// Time up to which `future` has been drained into `ready`.
+    promoted_until: Millis,
+}
+
+#[derive(Default)]
+struct RunSteps {
+    rows: Vec<StepRow>,
+    by_id: HashMap<Box<str>, usize>,
+}
+
+#[derive(Default)]
+pub struct MemoryState {
+    definitions: HashMap<Arc<str>, Arc<JobDefinition>>,
+    runs: Vec<RunRow>,
+    ids: HashMap<RunId, Handle>,
+    pools: HashMap<Arc<str>, PoolIndex>,
+    lanes: HashMap<LaneKey, BTreeMap<u64, Handle>>,
+    dedupe: HashMap<DedupeKey, Vec<Handle>>,
+    children: HashMap<Handle, Vec<Handle>>,
+    steps: HashMap<Handle, RunSteps>,
+    seq: u64,
+}
+
+/// The fields whose change requires re-indexing.
+#[derive(PartialEq, Eq, Clone)]
+struct IndexView {
+    status: RunStatus,
+    pool: Arc<str>,
+    priority: i32,
+    run_at: Millis,
+    lane_seq: u64,
+}
+
+impl IndexView {
+    fn of(r: &RunRow) -> Self {
+        IndexView {
+            status: r.status,
+            pool: r.pool.clone(),
+            priority: r.priority,
+            run_at: r.run_at,
+            lane_seq: r.lane_seq,
+        }
+    }
+}
+
+fn lane_key(r: &RunRow) -> Option<LaneKey> {
+    r.concurrency_key
+        .as_ref()
+        .map(|k| (r.tenant_id.clone(), k.clone()))
+}
+
+impl MemoryState {
+    fn handle(&self, id: &RunId) -> Option<Handle> {
+        self.ids.get(id).copied()
+    }
+
+    fn is_lane_head(&self, h: Handle) -> bool {
+        let r = &self.runs[h as usize];
+        match lane_key(r) {
+            None => true,
+            Some(k) => self
+                .lanes
+                .get(&k)
+                .and_then(|l| l.first_key_value())
+                .is_some_and(|(_, head)| *head == h),
+        }
+    }
+
+    fn claim_index_insert(&mut self, h: Handle) {
+        let r = &self.runs[h as usize];
+        let pool = self.pools.entry(r.pool.clone()).or_default();
+        if r.run_at <= pool.promoted_until {
+            pool.ready
+                .insert((Reverse(r.priority), r.run_at, r.seq, h));
+        } else {
+            pool.future.insert((r.run_at, r.seq, h));
+        }
+    }
+
+    fn claim_index_remove(&mut self, h: Handle, v: &IndexView) {
+        let seq = self.runs[h as usize].seq;
+        if let Some(pool) = self.pools.get_mut(&v.pool) {
+            if !pool.ready.remove(&(Reverse(v.priority), v.run_at, seq, h)) {
+                pool.future.remove(&(v.run_at, seq, h));
+            }
+        }
+    }
+
+    /// Indexes `h` for claiming if it is pending and claimable.
+    fn maybe_index_claimable(&mut self, h: Handle) {
+        if self.runs[h as usize].status == RunStatus::Pending && self.is_lane_head(h) {
+            self.claim_index_insert(h);
+        }
+    }
+
+    fn lane_head(&self, k: &LaneKey) -> Option<Handle> {
+        self.lanes
+            .get(k)
+            .and_then(|l| l.first_key_value())
+            .map(|(_, h)| *h)
+    }
+
+    fn reindex(&mut self, h: Handle, before: IndexView) {
+        let after = IndexView::of(&self.runs[h as usize]);
+        if before == after {
+            return;
+        }
+        let lane = lane_key(&self.runs[h as usize]);
+        let old_head = lane.as_ref().and_then(|k| self.lane_head(k));
+        // Drop any stale claim entry (cheap no-op when it had none).
+        if before.status == RunStatus::Pending {
+            self.claim_index_remove(h, &before);
+        }
+        // Lane membership: non-terminal runs with a key, at lane_seq.
+        if let Some(k) = &lane {
+            let was_member = !before.status.is_terminal();
+            let is_member = !after.status.is_terminal();
+            if was_member && (!is_member || before.lane_seq != after.lane_seq) {
+                if let Some(l) = self.lanes.get_mut(k) {
+                    l.remove(&before.lane_seq);
+                }
+            }
+            if is_member && (!was_member || before.lane_seq != after.lane_seq) {
+                self.lanes
+                    .entry(k.clone())
+                    .or_default()
+                    .insert(after.lane_seq, h);
+            }
+            if self.lanes.get(k).is_some_and(|l| l.is_empty()) {
+                self.lanes.remove(k);
+            }
+        }
+        self.maybe_index_claimable(h);
+        // A new lane head becomes claimable.
+        if let Some(k) = &lane {
+            let new_head = self.lane_head(k);
+            if new_head != old_head {
+                if let Some(nh) = new_head {
+                    if nh != h {
+                        self.maybe_index_claimable(nh);
+                    }
+                }
+                if let Some(oh) = old_head {
+                    if oh != h && Some(oh) != new_head {
+                        let v = IndexView::of(&self.runs[oh as usize]);
+                        if v.status == RunStatus::Pending {
+                            self.claim_index_remove(oh, &v);
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// The in-memory store: one mutex around indexed state.
+#[derive(Default)]
+pub struct MemoryStore {
+    state: Mutex<MemoryState>,
+}
+
+impl MemoryStore {
+    pub fn new() -> Self {
+        Self::default()
+    }
+}
+
+/// A transaction on the memory store is the held lock.
+pub struct MemoryTx<'a>(MutexGuard<'a, MemoryState>);
+
+impl Store for MemoryStore {
+    type Tx<'a> = MemoryTx<'a>;
+
+    fn transaction<R>(&self, f: impl FnOnce(&mut MemoryTx<'_>) -> Result<R>) -> Result<R> {
+        // A panic inside a rule must not wedge the engine: recover the guard.
+        let guard = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        let mut tx = MemoryTx(guard);
+        f(&mut tx)
+    }
+}
+
+impl StoreTx for MemoryTx<'_> {
+    fn definition(&self, job_type: &str) -> Option<Arc<JobDefinition>> {
+        self.0.definitions.get(job_type).cloned()
+    }
+
+    fn put_definition(&mut self, def: JobDefinition) -> Arc<JobDefinition> {
+        let def = Arc::new(def);
+        self.0
+            .definitions
+            .insert(def.job_type.clone(), def.clone());
+        def
+    }
+
+    fn run(&self, id: &RunId) -> Option<&RunRow> {
+        self.0.handle(id).map(|h| &self.0.runs[h as usize])
+    }
+
+    fn insert_run(&mut self, row: RunRow) {
+        let s = &mut *self.0;
+        let h = s.runs.len() as Handle;
+        s.ids.insert(row.id, h);
+        if let Some(parent) = row.parent_run_id.and_then(|p| s.ids.get(&p).copied()) {
+            s.children.entry(parent).or_default().push(h);
+        }
+        if let Some(key) = &row.dedupe_key {
+            s.dedupe
+                .entry((row.tenant_id.clone(), row.job_type.clone(), key.clone()))
+                .or_default()
+                .push(h);
+        }
+        let lane = lane_key(&row);
+        let lane_seq = row.lane_seq;
+        let pending = row.status == RunStatus::Pending;
+        s.runs.push(row);
+        if let Some(k) = lane {
+            s.lanes.entry(k).or_default().insert(lane_seq, h);
+        }
+        if pending {
+            s.maybe_index_claimable(h);
+        }
+    }
+
+    fn update_run(&mut self, id: &RunId, f: &mut dyn FnMut(&mut RunRow)) {
+        let s = &mut *self.0;
+        let Some(h) = s.handle(id) else { return };
+        let before = IndexView::of(&s.runs[h as usize]);
+        f(&mut s.runs[h as usize]);
+        s.reindex(h, before);
+    }
+
+    fn next_seq(&mut self) -> u64 {
+        self.0.seq += 1;
+        self.0.seq
+    }
+
+    fn find_dedupe(
+        &self,
+        tenant: TenantRef<'_>,
+        job_type: &str,
+        dedupe_key: &str,
+        created_after: Millis,
+    ) -> Option<&RunRow> {
+        let s = &*self.0;
+        let key: DedupeKey = (tenant.map(Arc::from), Arc::from(job_type), Box::from(dedupe_key));
+        let list = s.dedupe.get(&key)?;
+        // Created order = createdAt order, so the walk stops at the window.
+        for &h in list.iter().rev() {
+            let r = &s.runs[h as usize];
+            if r.created_at <= created_after {
+                return None;
+            }
+            if !matches!(r.status, RunStatus::Canceled | RunStatus::Failed) {
+                return Some(r);
+            }
+        }
+        None
+    }
+
+    fn lane(&self, tenant: TenantRef<'_>, key: &str) -> Vec<RunId> {
+        let s = &*self.0;
+        let k: LaneKey = (tenant.map(Arc::from), Box::from(key));
+        s.lanes
+            .get(&k)
+            .map(|l| l.values().map(|h| s.runs[*h as usize].id).collect())
+            .unwrap_or_default()
+    }
+
+    fn next_claimable(&mut self, pool: &str, now: Millis) -> Option<RunId> {
+        let s = &mut *self.0;
+        let idx = s.pools.get_mut(pool)?;
+        if now > idx.promoted_until {
+            idx.promoted_until = now;
+        }
+        while let Some(&(run_at, seq, h)) = idx.future.first() {
+            if run_at > now {
+                break;
+            }
+            idx.future.pop_first();
+            let prio = s.runs[h as usize].priority;
+            idx.ready.insert((Reverse(prio), run_at, seq, h));
+        }
+        idx.ready.first().map(|&(_, _, _, h)| s.runs[h as usize].id)
+    }
+
+    fn children(&self, id: &RunId) -> Vec<RunId> {
+        let s = &*self.0;
+        s.handle(id)
+            .and_then(|h| s.children.get(&h))
+            .map(|c| c.iter().map(|h| s.runs[*h as usize].id).collect())
+            .unwrap_or_default()
+    }
+
+    fn step(&self, run: &RunId, step_id: &str) -> Option<&StepRow> {
+        let s = &*self.0;
+        let steps = s.steps.get(&s.handle(run)?)?;
+        steps.by_id.get(step_id).map(|i| &steps.rows[*i])
+    }
+
+    fn put_step(&mut self, row: StepRow) {
+        let s = &mut *self.0;
+        let Some(h) = s.handle(&row.job_run_id) else { return };
+        let steps = s.steps.entry(h).or_default();
+        match steps.by_id.get(&row.step_id) {
+            Some(&i) => steps.rows[i] = row,
+            None => {
+                steps.by_id.insert(row.step_id.clone(), steps.rows.len());
+                steps.rows.push(row);
+            }
+        }
+    }
+
+    fn steps(&self, run: &RunId) -> Vec<StepRow> {
+        let s = &*self.0;
+        let mut rows: Vec<StepRow> = s
+            .handle(run)
+            .and_then(|h| s.steps.get(&h))
+            .map(|st| st.rows.clone())
+            .unwrap_or_default();
+        rows.sort_by_key(|r| r.seq);
+        rows
+    }
+
+    fn max_step_seq(&self, run: &RunId) -> u32 {
+        let s = &*self.0;
+        s.handle(run)
+            .and_then(|h| s.steps.get(&h))
+            .and_then(|st| st.rows.iter().map(|r| r.seq).max())
+            .unwrap_or(0)
+    }
+
+    fn delete_steps(&mut self, run: &RunId, keep_completed: bool) {
+        let s = &mut *self.0;
+        let Some(h) = s.handle(run) else { return };
+        if !keep_completed {
+            s.steps.remove(&h);
+            return;
+        }
+        if let Some(st) = s.steps.get_mut(&h) {
+            st.rows.retain(|r| r.status == StepStatus::Completed);
+            st.by_id = st
+                .rows
+                .iter()
+                .enumerate()
+                .map(|(i, r)| (r.step_id.clone(), i))
+                .collect();
+            if st.rows.is_empty() {
+                s.steps.remove(&h);
+            }
+        }
+    }
+}

@@ -1,0 +1,79 @@
+//! The storage boundary. Rules live in [`crate::engine`] and talk to a
+//! store only through [`StoreTx`], a set of indexed primitives run inside
+//! one atomic [`Store::transaction`]. The in-memory store implements them
+//! with maps and ordered sets; a Postgres store implements the same calls
+//! with SQL inside a database transaction (committing on `Ok`, rolling
+//! back on `Err`), and an embedded durable store likewise. Rules validate
+//! before they mutate, so a store without rollback (memory) stays
+//! unchanged on every error path too.
+//!
+//! The trait is synchronous by design: the memory store answers in
+//! nanoseconds under a mutex, and a networked store runs the same rule
+//! closure on a blocking thread (`spawn_blocking`) behind the engine's
+//! async entry points, so the rules are written once.
+
+pub mod memory;
+
+use crate::error::Result;
+use crate::model::{JobDefinition, Millis, RunId, RunRow, StepRow};
+use std::sync::Arc;
+
+pub trait Store: Send + Sync + 'static {
+    type Tx<'a>: StoreTx
+    where
+        Self: 'a;
+
+    /// Runs `f` atomically with respect to every other transaction.
+    fn transaction<R>(&self, f: impl FnOnce(&mut Self::Tx<'_>) -> Result<R>) -> Result<R>;
+}
+
+/// Tenant + key identity used by lanes and dedupe. In single-tenant mode
+/// the tenant is always `None`.
+pub type TenantRef<'a> = Option<&'a str>;
+
+pub trait StoreTx {
+    // ── definitions ────────────────────────────────────────────────────
+    fn definition(&self, job_type: &str) -> Option<Arc<JobDefinition>>;
+    fn put_definition(&mut self, def: JobDefinition) -> Arc<JobDefinition>;
+
+    // ── runs ───────────────────────────────────────────────────────────
+    fn run(&self, id: &RunId) -> Option<&RunRow>;
+    /// Inserts a new run and indexes it (pool queue, lane, dedupe, lineage).
+    fn insert_run(&mut self, row: RunRow);
+    /// Changes a run in place; the store re-indexes whatever changed
+    /// (status, lane membership, claimability, due time).
+    fn update_run(&mut self, id: &RunId, f: &mut dyn FnMut(&mut RunRow));
+    /// Created order counter (monotonic).
+    fn next_seq(&mut self) -> u64;
+
+    /// Newest run of `job_type` with `dedupe_key` for this tenant, created
+    /// strictly after `created_after`, whose status is not canceled/failed.
+    fn find_dedupe(
+        &self,
+        tenant: TenantRef<'_>,
+        job_type: &str,
+        dedupe_key: &str,
+        created_after: Millis,
+    ) -> Option<&RunRow>;
+
+    /// Non-terminal runs of a concurrency lane, in lane order.
+    fn lane(&self, tenant: TenantRef<'_>, key: &str) -> Vec<RunId>;
+
+    /// The next claimable run of `pool` due at `now`: highest priority,
+    /// then earliest `runAt`, then earliest created. Claimable means pending
+    /// and either unkeyed or the head of its lane.
+    fn next_claimable(&mut self, pool: &str, now: Millis) -> Option<RunId>;
+
+    /// Direct children of a run, in created order.
+    fn children(&self, id: &RunId) -> Vec<RunId>;
+
+    // ── steps ──────────────────────────────────────────────────────────
+    fn step(&self, run: &RunId, step_id: &str) -> Option<&StepRow>;
+    /// Inserts or replaces the row for `(jobRunId, stepId)`.
+    fn put_step(&mut self, row: StepRow);
+    /// Rows of a run in `seq` order.
+    fn steps(&self, run: &RunId) -> Vec<StepRow>;
+    fn max_step_seq(&self, run: &RunId) -> u32;
+    /// Deletes a run's steps: all of them, or only the non-completed ones.
+    fn delete_steps(&mut self, run: &RunId, keep_completed: bool);
+}

@@ -1,0 +1,189 @@
+/**
+ * Error classes of CONTRACT.md. Each has a stable `name` and `code` plus
+ * its fields, so both `instanceof` and `err.code` work. Errors raised in
+ * the native engine cross as `JOBFORGE_ERROR:{json}` and are rebuilt here.
+ */
+import type { JobRun } from './rows';
+import { materializeRun } from './rows';
+
+export abstract class JobforgeError extends Error {
+  abstract readonly code: string;
+}
+
+export class JobTypeNotFoundError extends JobforgeError {
+  override readonly name = 'JobTypeNotFoundError';
+  readonly code = 'JOB_TYPE_NOT_FOUND';
+  constructor(readonly jobType: string) {
+    super(`unknown job type '${jobType}'`);
+  }
+}
+
+export class JobCollisionError extends JobforgeError {
+  override readonly name = 'JobCollisionError';
+  readonly code = 'JOB_COLLISION';
+  constructor(
+    readonly jobType: string,
+    readonly concurrencyKey: string,
+    readonly incumbent: JobRun,
+  ) {
+    super(`'${jobType}' already has in-flight run ${incumbent.id} for key '${concurrencyKey}'`);
+  }
+}
+
+export class JobNotReplayableError extends JobforgeError {
+  override readonly name = 'JobNotReplayableError';
+  readonly code = 'JOB_NOT_REPLAYABLE';
+  constructor(
+    readonly runId: string,
+    readonly currentStatus: string,
+  ) {
+    super(`run ${runId} is '${currentStatus}', not terminal`);
+  }
+}
+
+export class JobTemplateFieldMissingError extends JobforgeError {
+  override readonly name = 'JobTemplateFieldMissingError';
+  readonly code = 'JOB_TEMPLATE_FIELD_MISSING';
+  constructor(
+    readonly template: string,
+    readonly field: string,
+  ) {
+    super(`template '${template}' needs input field '${field}'`);
+  }
+}
+
+export class MissingTenantIdError extends JobforgeError {
+  override readonly name = 'MissingTenantIdError';
+  readonly code = 'MISSING_TENANT_ID';
+  constructor(readonly method: string) {
+    super(`${method} needs tenantId when multi-tenancy is on`);
+  }
+}
+
+export class JobKeyFunctionUnavailableError extends JobforgeError {
+  override readonly name = 'JobKeyFunctionUnavailableError';
+  readonly code = 'JOB_KEY_FUNCTION_UNAVAILABLE';
+  constructor(
+    readonly jobType: string,
+    readonly kind: string,
+  ) {
+    super(
+      `job type '${jobType}' has a function ${kind} key, which only the process that registered it can evaluate`,
+    );
+  }
+}
+
+export class JobRunNotFoundError extends JobforgeError {
+  override readonly name = 'JobRunNotFoundError';
+  readonly code = 'JOB_RUN_NOT_FOUND';
+  constructor(readonly runId: string) {
+    super(`run ${runId} not found`);
+  }
+}
+
+export class ParentRunNotFoundError extends JobforgeError {
+  override readonly name = 'ParentRunNotFoundError';
+  readonly code = 'PARENT_RUN_NOT_FOUND';
+  constructor(readonly parentRunId: string) {
+    super(`parentRunId ${parentRunId} does not reference an existing run`);
+  }
+}
+
+export class JobInputInvalidError extends JobforgeError {
+  override readonly name = 'JobInputInvalidError';
+  readonly code = 'JOB_INPUT_INVALID';
+  constructor(readonly reason: string) {
+    super(`invalid input: ${reason}`);
+  }
+}
+
+export class JobRunStateError extends JobforgeError {
+  override readonly name = 'JobRunStateError';
+  readonly code = 'JOB_RUN_STATE';
+  constructor(
+    readonly runId: string,
+    readonly status: string,
+    detail?: string,
+  ) {
+    super(`run ${runId} is '${status}'${detail ? `: ${detail}` : ''}`);
+  }
+}
+
+/** Two concurrent `ctx.step` calls with one step id in one attempt. */
+export class JobStepConflictError extends JobforgeError {
+  override readonly name = 'JobStepConflictError';
+  readonly code = 'JOB_STEP_CONFLICT';
+  constructor(
+    readonly runId: string,
+    readonly stepId: string,
+  ) {
+    super(`step '${stepId}' of run ${runId} is already running in this attempt`);
+  }
+}
+
+/** Thrown inside a handler when a step exceeds `StepOptions.timeoutMs`. */
+export class JobStepTimeoutError extends JobforgeError {
+  override readonly name = 'JobStepTimeoutError';
+  readonly code = 'JOB_STEP_TIMEOUT';
+  constructor(
+    readonly stepId: string,
+    readonly timeoutMs: number,
+  ) {
+    super(`step '${stepId}' timed out after ${timeoutMs}ms`);
+  }
+}
+
+/** `advanceTime` on an orchestrator whose clock is not `'manual'`. */
+export class JobClockError extends JobforgeError {
+  override readonly name = 'JobClockError';
+  readonly code = 'JOB_CLOCK';
+  constructor(message: string) {
+    super(message);
+  }
+}
+
+const PREFIX = 'JOBFORGE_ERROR:';
+
+type Fields = Record<string, unknown>;
+
+const builders: Record<string, (f: Fields, message: string) => JobforgeError> = {
+  JOB_TYPE_NOT_FOUND: (f) => new JobTypeNotFoundError(String(f.jobType)),
+  JOB_COLLISION: (f) =>
+    new JobCollisionError(
+      String(f.jobType),
+      String(f.concurrencyKey),
+      materializeRun(f.incumbent as Record<string, unknown>),
+    ),
+  JOB_NOT_REPLAYABLE: (f) => new JobNotReplayableError(String(f.runId), String(f.currentStatus)),
+  JOB_TEMPLATE_FIELD_MISSING: (f) =>
+    new JobTemplateFieldMissingError(String(f.template), String(f.field)),
+  MISSING_TENANT_ID: (f) => new MissingTenantIdError(String(f.method)),
+  JOB_KEY_FUNCTION_UNAVAILABLE: (f) =>
+    new JobKeyFunctionUnavailableError(String(f.jobType), String(f.kind)),
+  JOB_RUN_NOT_FOUND: (f) => new JobRunNotFoundError(String(f.runId)),
+  PARENT_RUN_NOT_FOUND: (f) => new ParentRunNotFoundError(String(f.parentRunId)),
+  JOB_INPUT_INVALID: (f) => new JobInputInvalidError(String(f.reason)),
+  JOB_RUN_STATE: (f, m) => {
+    const e = new JobRunStateError(String(f.runId), String(f.status));
+    e.message = m;
+    return e;
+  },
+  JOB_STEP_CONFLICT: (f) => new JobStepConflictError(String(f.runId), String(f.stepId)),
+};
+
+/** Rebuilds the typed error of a native failure; other errors pass through. */
+export function translateNativeError(err: unknown): unknown {
+  if (!(err instanceof Error) || !err.message.startsWith(PREFIX)) return err;
+  try {
+    const payload = JSON.parse(err.message.slice(PREFIX.length)) as {
+      code: string;
+      message: string;
+      fields: Fields;
+    };
+    const build = builders[payload.code];
+    if (build) return build(payload.fields, payload.message);
+    return new Error(payload.message);
+  } catch {
+    return err;
+  }
+}

@@ -1,0 +1,84 @@
+/** Handler-facing types: metadata, context, base class. */
+import type { JobRun, RetryPolicy } from './rows';
+
+export type { RetryPolicy };
+
+export enum ParentClosePolicy {
+  Terminate = 'terminate',
+  Cancel = 'cancel',
+  Abandon = 'abandon',
+}
+
+/** A key: a `{{field}}` template or a function of the input. */
+export type KeySource<TInput> = string | ((input: TInput) => string);
+
+export interface JobHandlerMeta<TInput = unknown> {
+  /** Pool whose workers claim the runs. Default `'batch'`. */
+  pool?: string;
+  /** Scope stamped on runs started without `opts.scope`. */
+  scope?: { entity: string; from: (input: TInput) => string };
+  /** Run-level retry. Default: one attempt. */
+  retry?: RetryPolicy;
+  /** One lane per key: runs of a lane execute one at a time. */
+  concurrency?: { key: KeySource<TInput>; collisionMode?: 'queue' | 'reject' | 'replace' };
+  /** Starts with the same key inside the window return the existing run. */
+  dedupe?: { key: KeySource<TInput>; windowMs: number };
+  /** Per-attempt time limit. */
+  timeoutMs?: number;
+  /** What `replay` keeps. Default `'last_checkpoint'`. */
+  replayFrom?: 'scratch' | 'last_step' | 'last_checkpoint';
+}
+
+export interface StepOptions {
+  /** Retry the step in place with this policy's backoff before failing. */
+  retry?: RetryPolicy;
+  /** Fail the step with `JobStepTimeoutError` after this many ms. */
+  timeoutMs?: number;
+}
+
+export interface SpawnChildOptions {
+  closePolicy?: ParentClosePolicy | 'terminate' | 'cancel' | 'abandon';
+  runAt?: Date;
+  priority?: number;
+  tags?: Record<string, string>;
+}
+
+export interface JobLogger {
+  log(message: unknown, ...rest: unknown[]): void;
+  warn(message: unknown, ...rest: unknown[]): void;
+  error(message: unknown, ...rest: unknown[]): void;
+  debug(message: unknown, ...rest: unknown[]): void;
+}
+
+export interface JobContext<TInput = unknown> {
+  readonly input: TInput;
+  readonly run: JobRun;
+  /** Memoized unit of work: a completed step returns its stored output. */
+  step<T>(stepId: string, fn: () => Promise<T> | T, opts?: StepOptions): Promise<T>;
+  /** Starts a child run (fire-and-forget; `closePolicy` decides cascade). */
+  spawnChild(type: string, input: unknown, opts?: SpawnChildOptions): Promise<JobRun>;
+  readonly logger: JobLogger;
+  /** Fires when the run is canceled or its attempt times out. */
+  readonly signal: AbortSignal;
+}
+
+export abstract class JobHandlerBase<TInput = unknown, TOutput = unknown> {
+  abstract run(ctx: JobContext<TInput>): Promise<TOutput>;
+}
+
+/** A handler: a class constructed per execution, a function, or an object with `run`. */
+export type JobHandler<TInput = unknown> =
+  | (new (...args: never[]) => { run(ctx: JobContext<TInput>): unknown })
+  | ((ctx: JobContext<TInput>) => unknown)
+  | { run(ctx: JobContext<TInput>): unknown };
+
+/** Console-backed logger named after the run (the Nest binding swaps in Nest's Logger). */
+export function consoleLogger(context: string): JobLogger {
+  const fmt = (m: unknown) => `[${context}] ${typeof m === 'string' ? m : JSON.stringify(m)}`;
+  return {
+    log: (m, ...r) => console.log(fmt(m), ...r),
+    warn: (m, ...r) => console.warn(fmt(m), ...r),
+    error: (m, ...r) => console.error(fmt(m), ...r),
+    debug: (m, ...r) => console.debug(fmt(m), ...r),
+  };
+}

@@ -1,0 +1,42 @@
+/**
+ * jobforge: a durable job orchestrator whose engine is Rust.
+ *
+ * ```ts
+ * const { JobOrchestrator } = require('jobforge');
+ * const jobs = new JobOrchestrator();
+ * jobs.registerHandler('email.send', { retry: { attempts: 3, backoff: 'exponential', baseMs: 100 } },
+ *   async (ctx) => ctx.step('send', () => mailer.send(ctx.input)));
+ * const run = await jobs.start('email.send', { to: 'a@b.c' });
+ * ```
+ */
+export { JobOrchestrator } from './orchestrator';
+export type {
+  CancelOptions,
+  HandlerRegistration,
+  JobOrchestratorOptions,
+  JobPoolDef,
+  JobUpsertEntry,
+  StartOptions,
+  TenantOptions,
+} from './orchestrator';
+export { JobHandlerBase, ParentClosePolicy, consoleLogger } from './handler';
+export type {
+  JobContext,
+  JobHandler,
+  JobHandlerMeta,
+  JobLogger,
+  KeySource,
+  RetryPolicy,
+  SpawnChildOptions,
+  StepOptions,
+} from './handler';
+export type {
+  JobDefinitionRow,
+  JobRun,
+  JobRunError,
+  JobRunRow,
+  JobRunStatus,
+  JobStep,
+  JobStepRow,
+} from './rows';
+export * from './errors';

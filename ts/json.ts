@@ -1,0 +1,72 @@
+/**
+ * JSON checks for run inputs and handler/step outputs. The engine stores
+ * JSON text; anything JSON cannot represent faithfully (functions,
+ * symbols, BigInt, cycles, NaN/Infinity, class instances other than Date)
+ * is rejected instead of being silently dropped or mangled.
+ */
+
+/** Returns why `value` is not a JSON value, or null when it is. */
+export function jsonProblem(value: unknown): string | null {
+  const seen = new Set<object>();
+  const walk = (v: unknown, path: string, inArray: boolean): string | null => {
+    switch (typeof v) {
+      case 'string':
+      case 'boolean':
+        return null;
+      case 'number':
+        return Number.isFinite(v) ? null : `${path} is ${v}, which JSON cannot represent`;
+      case 'undefined':
+        // JSON drops undefined properties and writes null in arrays.
+        return null;
+      case 'bigint':
+        return `${path} is a BigInt`;
+      case 'symbol':
+        return `${path} is a symbol`;
+      case 'function':
+        return `${path} is a function`;
+      case 'object': {
+        if (v === null) return null;
+        if (v instanceof Date) {
+          return Number.isNaN(v.getTime()) ? `${path} is an invalid Date` : null;
+        }
+        if (seen.has(v)) return `${path} is a cyclic reference`;
+        const proto = Object.getPrototypeOf(v);
+        const isArray = Array.isArray(v);
+        if (!isArray && proto !== Object.prototype && proto !== null) {
+          const name = (v as object).constructor?.name ?? 'object';
+          return `${path} is a ${name} instance, not a plain object`;
+        }
+        seen.add(v);
+        if (isArray) {
+          const a = v as unknown[];
+          for (let i = 0; i < a.length; i++) {
+            const p = walk(a[i], `${path}[${i}]`, true);
+            if (p) return p;
+          }
+        } else {
+          for (const k of Object.keys(v)) {
+            const p = walk((v as Record<string, unknown>)[k], `${path}.${k}`, false);
+            if (p) return p;
+          }
+        }
+        seen.delete(v);
+        return null;
+      }
+      default:
+        return `${path} has unsupported type ${typeof v}`;
+    }
+    void inArray;
+  };
+  return walk(value, 'value', false);
+}
+
+/** JSON text of `value` after checking it, or the reason it is not JSON. */
+export function toJsonText(value: unknown, what: string): { ok: true; text: string } | { ok: false; reason: string } {
+  const problem = jsonProblem(value);
+  if (problem) return { ok: false, reason: `${what}: ${problem.replace(/^value/, what)}` };
+  try {
+    return { ok: true, text: JSON.stringify(value) ?? 'null' };
+  } catch (e) {
+    return { ok: false, reason: `${what}: ${(e as Error).message}` };
+  }
+}

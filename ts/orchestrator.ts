@@ -1,0 +1,503 @@
+/**
+ * `JobOrchestrator`: the public JS API over the native engine. This layer
+ * converts values (JSON checks, Dates, typed errors) and runs handlers when
+ * the engine dispatches them; the rules (lanes, dedupe, retries, cascade,
+ * memoization decisions) are all in the Rust core.
+ */
+import {
+  JobClockError,
+  JobInputInvalidError,
+  JobStepTimeoutError,
+  translateNativeError,
+} from './errors';
+import type {
+  JobContext,
+  JobHandler,
+  JobHandlerMeta,
+  JobLogger,
+  SpawnChildOptions,
+  StepOptions,
+} from './handler';
+import { consoleLogger } from './handler';
+import { toJsonText } from './json';
+import { NativeEngine } from './native';
+import type { JobDefinitionRow, JobRun, JobStep } from './rows';
+import { parseDefinition, parseRun, parseStep } from './rows';
+
+export interface JobOrchestratorOptions {
+  /** Every start/cancel/query needs `tenantId` (null = cross-tenant work). */
+  multiTenant?: boolean;
+  /** `'manual'` time moves only with `advanceTime` (for tests). Default `'system'`. */
+  clock?: 'system' | 'manual';
+  /** Builds `ctx.logger` for a run. Default: console, prefixed `JobRun:<id>`. */
+  loggerFactory?: (run: JobRun) => JobLogger;
+}
+
+export interface StartOptions {
+  scope?: { entityType: string; entityId: string };
+  pool?: string;
+  runAt?: Date;
+  priority?: number;
+  tags?: Record<string, string>;
+  triggerSource?: 'manual' | 'schedule' | 'event' | 'parent';
+  triggerRef?: string;
+  parentClosePolicy?: 'terminate' | 'cancel' | 'abandon';
+  parentRunId?: string;
+  tenantId?: string | null;
+}
+
+export interface CancelOptions {
+  cascade?: boolean;
+  reason?: string;
+  tenantId?: string | null;
+}
+
+export interface TenantOptions {
+  tenantId?: string | null;
+}
+
+export interface JobUpsertEntry {
+  type: string;
+  meta: JobHandlerMeta<never>;
+  handlerClass: unknown;
+}
+
+export interface JobPoolDef {
+  queue: string;
+  concurrency: number;
+  reserved: boolean;
+  description?: string;
+}
+
+export interface HandlerRegistration {
+  type: string;
+  meta: JobHandlerMeta<unknown>;
+  handlerClass: JobHandler<unknown>;
+}
+
+type Outcome =
+  | { status: 'completed'; output: unknown }
+  | { status: 'failed'; error: { message: string; stack?: string; name?: string; code?: string } }
+  | { status: 'no_handler' };
+
+interface DispatchPayload {
+  run: Record<string, unknown>;
+  epoch: number;
+  timeoutMs: number | null;
+}
+
+function call<T>(f: () => T): T {
+  try {
+    return f();
+  } catch (e) {
+    throw translateNativeError(e);
+  }
+}
+
+function describeFailure(err: unknown): { message: string; stack?: string; name?: string; code?: string } {
+  let message: string;
+  try {
+    message = err instanceof Error ? err.message : String(err);
+  } catch {
+    message = 'handler threw a value that cannot be turned into a string';
+  }
+  const out: { message: string; stack?: string; name?: string; code?: string } = { message };
+  if (err !== null && typeof err === 'object') {
+    const e = err as { stack?: unknown; name?: unknown; code?: unknown };
+    try {
+      if (typeof e.stack === 'string') out.stack = e.stack;
+      if (typeof e.name === 'string') out.name = e.name;
+      if (typeof e.code === 'string') out.code = e.code;
+    } catch {
+      /* hostile getters: keep what we have */
+    }
+  }
+  return out;
+}
+
+const tenantGiven = (o: TenantOptions | undefined): boolean =>
+  o !== undefined && o !== null && o.tenantId !== undefined;
+
+function isClass(h: unknown): h is new () => { run(ctx: JobContext<unknown>): unknown } {
+  return (
+    typeof h === 'function' &&
+    typeof (h as { prototype?: { run?: unknown } }).prototype?.run === 'function'
+  );
+}
+
+export class JobOrchestrator {
+  private readonly native: NativeEngine;
+  private readonly handlers = new Map<string, HandlerRegistration>();
+  /** AbortControllers of executing attempts, by run id. */
+  private readonly inFlight = new Map<string, AbortController>();
+  private readonly loggerFactory: (run: JobRun) => JobLogger;
+  readonly multiTenant: boolean;
+  readonly clock: 'system' | 'manual';
+
+  constructor(options: JobOrchestratorOptions = {}) {
+    if (options === null || typeof options !== 'object') {
+      throw new JobInputInvalidError('options must be an object');
+    }
+    const clock = options.clock ?? 'system';
+    if (clock !== 'system' && clock !== 'manual') {
+      throw new JobInputInvalidError(`clock must be 'system' or 'manual', got '${String(clock)}'`);
+    }
+    this.multiTenant = options.multiTenant === true;
+    this.clock = clock;
+    this.loggerFactory = options.loggerFactory ?? ((run) => consoleLogger(`JobRun:${run.id}`));
+    this.native = call(
+      () =>
+        new NativeEngine(
+          { multiTenant: this.multiTenant, clock },
+          (payload) => this.dispatch(payload),
+          (message) => this.onAbort(message),
+        ),
+    );
+  }
+
+  // ── registration ───────────────────────────────────────────────────
+
+  /** Creates or replaces the definition of `type` and remembers its handler. */
+  registerHandler<TInput>(type: string, meta: JobHandlerMeta<TInput>, handler: JobHandler<TInput>): void {
+    this.registerAll([{ type, meta: meta as JobHandlerMeta<unknown>, handler: handler as JobHandler<unknown> }]);
+  }
+
+  /** Registers every entry (all or none). Memory mode: `orphaned` is always empty. */
+  async upsertJobRows(
+    entries: JobUpsertEntry[],
+    poolConfig?: ReadonlyMap<string, JobPoolDef>,
+  ): Promise<{ orphaned: string[] }> {
+    void poolConfig; // pool validation belongs to the module that owns pools
+    if (!Array.isArray(entries)) throw new JobInputInvalidError('entries must be an array');
+    this.registerAll(
+      entries.map((e) => ({
+        type: e?.type,
+        meta: e?.meta as JobHandlerMeta<unknown>,
+        handler: e?.handlerClass as JobHandler<unknown>,
+      })),
+    );
+    return { orphaned: [] };
+  }
+
+  private registerAll(entries: { type: string; meta: JobHandlerMeta<unknown>; handler: JobHandler<unknown> }[]): void {
+    const specs = entries.map(({ type, meta, handler }) => {
+      if (typeof type !== 'string' || type.length === 0) {
+        throw new JobInputInvalidError('job type must be a non-empty string');
+      }
+      const m = meta ?? {};
+      if (typeof m !== 'object') throw new JobInputInvalidError(`meta of '${type}' must be an object`);
+      const okHandler =
+        typeof handler === 'function' ||
+        (handler !== null && typeof handler === 'object' && typeof (handler as { run?: unknown }).run === 'function');
+      if (!okHandler) {
+        throw new JobInputInvalidError(
+          `handler of '${type}' must be a class with run(ctx), a function, or an object with run(ctx)`,
+        );
+      }
+      const key = (k: unknown, what: string): string | undefined => {
+        if (k === undefined || k === null) return undefined;
+        if (typeof k === 'function') return '<fn>';
+        if (typeof k === 'string') return k;
+        throw new JobInputInvalidError(`${what} key of '${type}' must be a template string or a function`);
+      };
+      if (m.scope !== undefined && (typeof m.scope?.entity !== 'string' || typeof m.scope?.from !== 'function')) {
+        throw new JobInputInvalidError(`scope of '${type}' needs entity (string) and from (function)`);
+      }
+      return {
+        type,
+        pool: m.pool,
+        scopeEntityType: m.scope?.entity,
+        retry: m.retry,
+        timeoutMs: m.timeoutMs,
+        concurrencyKey: key(m.concurrency?.key, 'concurrency'),
+        collisionMode: m.concurrency?.collisionMode,
+        dedupeKey: key(m.dedupe?.key, 'dedupe'),
+        dedupeWindowMs: m.dedupe?.windowMs,
+        replayFrom: m.replayFrom,
+      };
+    });
+    call(() => this.native.register(JSON.stringify(specs)));
+    for (const { type, meta, handler } of entries) {
+      this.handlers.set(type, { type, meta: meta ?? {}, handlerClass: handler });
+    }
+  }
+
+  getHandlerRegistration(type: string): HandlerRegistration | undefined {
+    return this.handlers.get(type);
+  }
+
+  async getDefinition(type: string): Promise<JobDefinitionRow | null> {
+    const json = this.native.definition(String(type));
+    return json === null ? null : parseDefinition(JSON.parse(json));
+  }
+
+  // ── start ──────────────────────────────────────────────────────────
+
+  /** Starts a run (contract "start"). `tx` is accepted for signature parity and ignored. */
+  async start(type: string, input?: unknown, opts?: StartOptions, tx?: unknown): Promise<JobRun> {
+    void tx;
+    return this.startNow(type, input, opts);
+  }
+
+  private startNow(type: string, input: unknown, opts: StartOptions | undefined): JobRun {
+    if (typeof type !== 'string') throw new JobInputInvalidError('job type must be a string');
+    const payload = input === undefined || input === null ? {} : input;
+    let inputText: string;
+    try {
+      const j = toJsonText(payload, 'input');
+      if (!j.ok) throw new JobInputInvalidError(j.reason);
+      inputText = j.text;
+    } catch (e) {
+      throw e instanceof JobInputInvalidError ? e : new JobInputInvalidError(`input: ${(e as Error)?.message ?? e}`);
+    }
+    const reg = this.handlers.get(type);
+    const needsJs =
+      reg !== undefined &&
+      (typeof reg.meta.concurrency?.key === 'function' ||
+        typeof reg.meta.dedupe?.key === 'function' ||
+        (reg.meta.scope !== undefined && opts?.scope === undefined));
+    if (opts === undefined && !needsJs) {
+      return parseRun(call(() => this.native.start(type, inputText, null)));
+    }
+    if (opts !== undefined && (opts === null || typeof opts !== 'object')) {
+      throw new JobInputInvalidError('start options must be an object');
+    }
+    const o: Record<string, unknown> = { ...(opts ?? {}) };
+    if (opts?.runAt !== undefined) {
+      const t = opts.runAt instanceof Date ? opts.runAt.getTime() : NaN;
+      if (!Number.isFinite(t)) throw new JobInputInvalidError('runAt must be a valid Date');
+      o.runAt = t;
+    }
+    if (opts?.priority !== undefined && !Number.isInteger(opts.priority)) {
+      throw new JobInputInvalidError(`priority must be an integer, got ${String(opts.priority)}`);
+    }
+    if (opts?.tags !== undefined) {
+      const j = toJsonText(opts.tags, 'tags');
+      if (!j.ok) throw new JobInputInvalidError(j.reason);
+    }
+    if (needsJs && reg) {
+      // JS-side keys (function keys, meta.scope.from) run before the native
+      // call; if one throws, the engine's earlier checks (tenant gate, job
+      // type) still take precedence, then the caller's exception propagates.
+      try {
+        const m = reg.meta;
+        if (typeof m.concurrency?.key === 'function') o.concurrencyKey = String(m.concurrency.key(payload));
+        if (typeof m.dedupe?.key === 'function') o.dedupeKey = String(m.dedupe.key(payload));
+        if (m.scope !== undefined && opts?.scope === undefined) o.scopeEntityIdFromMeta = String(m.scope.from(payload));
+      } catch (e) {
+        call(() =>
+          this.native.startPreflight(type, tenantGiven(opts), opts?.tenantId ?? null, typeof opts?.parentRunId === 'string'),
+        );
+        throw e;
+      }
+    }
+    return parseRun(call(() => this.native.start(type, inputText, JSON.stringify(o))));
+  }
+
+  // ── cancel / replay / claim / tick ─────────────────────────────────
+
+  /** Cancels a run and (default) its descendants; unknown or terminal runs are a no-op. */
+  async cancel(runId: string, opts: CancelOptions = {}): Promise<void> {
+    const o = opts ?? {};
+    call(() => this.native.cancel(String(runId), o.cascade !== false, tenantGiven(o), o.tenantId ?? null));
+  }
+
+  /** Resets a terminal run to pending (contract "replay"). */
+  async replay(runId: string): Promise<JobRun> {
+    return parseRun(call(() => this.native.replay(String(runId))));
+  }
+
+  /** Claims the next due, claimable run of `pool`, or null. */
+  async claimNext(pool: string): Promise<JobRun | null> {
+    if (typeof pool !== 'string') throw new JobInputInvalidError('pool must be a string');
+    const json = call(() => this.native.claimNext(pool));
+    return json === null ? null : parseRun(json);
+  }
+
+  /** Executes one claimed (`running`) run: handler, retries, cascade. */
+  async tick(runId: string): Promise<void> {
+    if (typeof runId !== 'string') throw new JobInputInvalidError('runId must be a string');
+    try {
+      await this.native.tick(runId);
+    } catch (e) {
+      throw translateNativeError(e);
+    }
+  }
+
+  // ── queries ────────────────────────────────────────────────────────
+
+  async findById(runId: string, opts?: TenantOptions): Promise<JobRun | null> {
+    const json = call(() => this.native.findById(String(runId), tenantGiven(opts), opts?.tenantId ?? null));
+    return json === null ? null : parseRun(json);
+  }
+
+  async listSteps(runId: string, opts?: TenantOptions): Promise<JobStep[]> {
+    const json = call(() => this.native.listSteps(String(runId), tenantGiven(opts), opts?.tenantId ?? null));
+    return (JSON.parse(json) as Record<string, unknown>[]).map(parseStep);
+  }
+
+  // ── time ───────────────────────────────────────────────────────────
+
+  /** Current engine time. */
+  now(): Date {
+    return new Date(this.native.now());
+  }
+
+  /** Moves the manual clock forward by `ms`; throws on the system clock. */
+  advanceTime(ms: number): Date {
+    if (typeof ms !== 'number' || !Number.isFinite(ms) || ms < 0) {
+      throw new JobInputInvalidError(`advanceTime needs a non-negative number of ms, got ${String(ms)}`);
+    }
+    const t = this.native.advanceTime(ms);
+    if (t === null) throw new JobClockError("advanceTime needs an orchestrator created with clock: 'manual'");
+    return new Date(t);
+  }
+
+  /** Engine-time sleep: a timer on the system clock, `advanceTime` on the manual one. */
+  private sleep(ms: number, signal?: AbortSignal): { promise: Promise<void>; cancel: () => void } {
+    if (this.clock === 'manual') {
+      return { promise: this.native.sleep(ms), cancel: () => undefined };
+    }
+    let timer: NodeJS.Timeout | undefined;
+    const promise = new Promise<void>((resolve) => {
+      timer = setTimeout(resolve, ms);
+      signal?.addEventListener('abort', () => {
+        clearTimeout(timer);
+        resolve();
+      });
+    });
+    return { promise, cancel: () => clearTimeout(timer) };
+  }
+
+  // ── handler execution (called by the engine) ───────────────────────
+
+  private onAbort(message: string): void {
+    try {
+      const { runId, reason } = JSON.parse(message) as { runId: string; reason: string };
+      const ctl = this.inFlight.get(runId);
+      if (ctl && !ctl.signal.aborted) ctl.abort(reason);
+    } catch {
+      /* malformed notification: nothing to abort */
+    }
+  }
+
+  private async dispatch(payloadText: string): Promise<string> {
+    let outcome: Outcome;
+    let runId = '';
+    try {
+      const payload = JSON.parse(payloadText) as DispatchPayload;
+      const run = parseRun(JSON.stringify(payload.run));
+      runId = run.id;
+      outcome = await this.execute(run, payload.epoch);
+    } catch (e) {
+      outcome = { status: 'failed', error: describeFailure(e) };
+    } finally {
+      if (runId) this.inFlight.delete(runId);
+    }
+    return JSON.stringify(outcome);
+  }
+
+  private async execute(run: JobRun, epoch: number): Promise<Outcome> {
+    const reg = this.handlers.get(run.jobType);
+    if (!reg) return { status: 'no_handler' };
+    const controller = new AbortController();
+    this.inFlight.set(run.id, controller);
+    const ctx = this.makeContext(run, epoch, controller.signal);
+    let value: unknown;
+    try {
+      const h = reg.handlerClass;
+      if (isClass(h)) value = await new h().run(ctx);
+      else if (typeof h === 'function') value = await (h as (c: JobContext<unknown>) => unknown)(ctx);
+      else value = await (h as { run(c: JobContext<unknown>): unknown }).run(ctx);
+    } catch (e) {
+      return { status: 'failed', error: describeFailure(e) };
+    }
+    const j = toJsonText(value ?? {}, 'handler output');
+    if (!j.ok) return { status: 'failed', error: { message: j.reason, name: 'JobOutputInvalidError' } };
+    return { status: 'completed', output: JSON.parse(j.text) };
+  }
+
+  private makeContext(run: JobRun, epoch: number, signal: AbortSignal): JobContext<unknown> {
+    let logger: JobLogger | undefined;
+    const loggerFactory = this.loggerFactory;
+    return {
+      input: run.input,
+      run,
+      signal,
+      // Built on first use: most handlers never log.
+      get logger() {
+        return (logger ??= loggerFactory(run));
+      },
+      step: <T>(stepId: string, fn: () => Promise<T> | T, opts?: StepOptions) =>
+        this.runStep(run.id, epoch, signal, stepId, fn, opts),
+      spawnChild: (type: string, input: unknown, opts?: SpawnChildOptions) =>
+        this.start(type, input, {
+          parentRunId: run.id,
+          parentClosePolicy: opts?.closePolicy,
+          runAt: opts?.runAt,
+          priority: opts?.priority,
+          tags: opts?.tags,
+          triggerSource: 'parent',
+          triggerRef: run.id,
+        }),
+    };
+  }
+
+  private async runStep<T>(
+    runId: string,
+    epoch: number,
+    signal: AbortSignal,
+    stepId: string,
+    fn: () => Promise<T> | T,
+    opts: StepOptions | undefined,
+  ): Promise<T> {
+    if (typeof stepId !== 'string' || stepId.length === 0) {
+      throw new JobInputInvalidError('step id must be a non-empty string');
+    }
+    if (typeof fn !== 'function') throw new JobInputInvalidError(`step '${stepId}' needs a function`);
+    const timeoutMs = opts?.timeoutMs;
+    if (timeoutMs !== undefined && (typeof timeoutMs !== 'number' || !(timeoutMs > 0))) {
+      throw new JobInputInvalidError(`step '${stepId}' timeoutMs must be a positive number`);
+    }
+    const policyText = opts?.retry === undefined ? null : JSON.stringify(opts.retry);
+    for (;;) {
+      const begin = JSON.parse(call(() => this.native.stepBegin(runId, epoch, stepId))) as
+        | { memoized: true; output: T }
+        | { memoized: false; attempt: number };
+      if (begin.memoized) return begin.output;
+      let value: T;
+      let outputText: string;
+      try {
+        value = await this.withTimeout(Promise.resolve().then(fn), stepId, timeoutMs, signal);
+        const j = toJsonText(value ?? null, `step '${stepId}' output`);
+        if (!j.ok) throw new JobInputInvalidError(j.reason);
+        outputText = j.text;
+      } catch (err) {
+        const delay = call(() =>
+          this.native.stepFail(runId, epoch, stepId, JSON.stringify(describeFailure(err)), policyText),
+        );
+        if (delay === null || signal.aborted) throw err;
+        await this.sleep(delay, signal).promise;
+        if (signal.aborted) throw err;
+        continue;
+      }
+      call(() => this.native.stepComplete(runId, epoch, stepId, outputText));
+      return value;
+    }
+  }
+
+  private async withTimeout<T>(p: Promise<T>, stepId: string, timeoutMs: number | undefined, signal: AbortSignal): Promise<T> {
+    if (timeoutMs === undefined) return p;
+    const t = this.sleep(timeoutMs, signal);
+    try {
+      return await Promise.race([
+        p,
+        t.promise.then(() => {
+          throw new JobStepTimeoutError(stepId, timeoutMs);
+        }),
+      ]);
+    } finally {
+      t.cancel();
+    }
+  }
+}

@@ -3,14 +3,18 @@
 //! and the threadsafe-function bridge that runs JS handlers. No
 //! orchestration rule lives here.
 
-use jobforge_core::engine::{json_value, AttemptTicket, EngineObserver, HandlerExecutor, StepBegin};
+use jobforge_core::engine::{
+    json_value, AttemptTicket, EngineObserver, HandlerExecutor, StepBegin,
+};
 use jobforge_core::{
     AbortReason, AttemptOutcome, ClockKind, DefinitionSpec, Engine, EngineOptions, FailureInfo,
     JobError, MemoryStore, ParentClosePolicy, RetryPolicy, RunId, StartRequest, TenantArg,
     TriggerSource,
 };
 use napi::bindgen_prelude::*;
-use napi::threadsafe_function::{ThreadsafeFunction, ThreadsafeFunctionCallMode, UnknownReturnValue};
+use napi::threadsafe_function::{
+    ThreadsafeFunction, ThreadsafeFunctionCallMode, UnknownReturnValue,
+};
 use napi_derive::napi;
 use serde_json::value::RawValue;
 use serde_json::{json, Value};
@@ -61,7 +65,9 @@ impl EngineObserver for JsObserver {
         let msg = json!({ "runId": run_id.to_string(), "reason": reason.as_str() }).to_string();
         // NonBlocking on an unbounded queue: only `Closing` (environment
         // shutting down) can fail, and then there is no signal to fire.
-        let _ = self.on_abort.call(msg, ThreadsafeFunctionCallMode::NonBlocking);
+        let _ = self
+            .on_abort
+            .call(msg, ThreadsafeFunctionCallMode::NonBlocking);
     }
 }
 
@@ -120,7 +126,9 @@ impl HandlerExecutor for JsExecutor {
             "{{\"run\":{},\"epoch\":{},\"timeoutMs\":{}}}",
             ticket.run.to_json(),
             ticket.epoch,
-            ticket.timeout_ms.map_or("null".to_owned(), |t| t.to_string())
+            ticket
+                .timeout_ms
+                .map_or("null".to_owned(), |t| t.to_string())
         );
         let failed = |message: String| {
             AttemptOutcome::Failed(FailureInfo {
@@ -166,7 +174,11 @@ impl NativeEngine {
         let clock = match options.clock.as_deref() {
             None | Some("system") => ClockKind::System,
             Some("manual") => ClockKind::Manual,
-            Some(other) => return Err(invalid(format!("clock must be 'system' or 'manual', got '{other}'"))),
+            Some(other) => {
+                return Err(invalid(format!(
+                    "clock must be 'system' or 'manual', got '{other}'"
+                )))
+            }
         };
         let engine = Arc::new(Engine::new(
             MemoryStore::new(),
@@ -205,7 +217,12 @@ impl NativeEngine {
     /// `start`: `input_json` is the validated input; `opts_json` the start
     /// options (with any function-evaluated keys). Returns the row JSON.
     #[napi]
-    pub fn start(&self, job_type: String, input_json: String, opts_json: Option<String>) -> Result<String> {
+    pub fn start(
+        &self,
+        job_type: String,
+        input_json: String,
+        opts_json: Option<String>,
+    ) -> Result<String> {
         let mut req = StartRequest {
             job_type,
             input: json_value(input_json).map_err(to_napi)?,
@@ -219,14 +236,26 @@ impl NativeEngine {
 
     /// Checks the tenant gate and job type only (see `Engine::start_preflight`).
     #[napi]
-    pub fn start_preflight(&self, job_type: String, tenant_given: bool, tenant_id: Option<String>, has_parent: bool) -> Result<()> {
+    pub fn start_preflight(
+        &self,
+        job_type: String,
+        tenant_given: bool,
+        tenant_id: Option<String>,
+        has_parent: bool,
+    ) -> Result<()> {
         self.engine
             .start_preflight(&job_type, &tenant_arg(tenant_given, tenant_id), has_parent)
             .map_err(to_napi)
     }
 
     #[napi]
-    pub fn cancel(&self, run_id: String, cascade: bool, tenant_given: bool, tenant_id: Option<String>) -> Result<()> {
+    pub fn cancel(
+        &self,
+        run_id: String,
+        cascade: bool,
+        tenant_given: bool,
+        tenant_id: Option<String>,
+    ) -> Result<()> {
         self.engine
             .cancel(&run_id, cascade, &tenant_arg(tenant_given, tenant_id))
             .map_err(to_napi)
@@ -245,23 +274,38 @@ impl NativeEngine {
     pub async fn tick(&self, run_id: String) -> Result<()> {
         let engine = self.engine.clone();
         let executor = self.executor.clone();
-        engine.tick(&run_id, executor.as_ref()).await.map_err(to_napi)
+        engine
+            .tick(&run_id, executor.as_ref())
+            .await
+            .map_err(to_napi)
     }
 
     /// `ctx.step` begin: `{"memoized":true,"output":…}` or `{"attempt":n}`.
     #[napi]
     pub fn step_begin(&self, run_id: String, epoch: u32, step_id: String) -> Result<String> {
-        match self.engine.step_begin(&run_id, epoch, &step_id).map_err(to_napi)? {
+        match self
+            .engine
+            .step_begin(&run_id, epoch, &step_id)
+            .map_err(to_napi)?
+        {
             StepBegin::Memoized(out) => Ok(format!(
                 "{{\"memoized\":true,\"output\":{}}}",
                 out.as_deref().map_or("null", RawValue::get)
             )),
-            StepBegin::Started { attempt } => Ok(format!("{{\"memoized\":false,\"attempt\":{attempt}}}")),
+            StepBegin::Started { attempt } => {
+                Ok(format!("{{\"memoized\":false,\"attempt\":{attempt}}}"))
+            }
         }
     }
 
     #[napi]
-    pub fn step_complete(&self, run_id: String, epoch: u32, step_id: String, output_json: Option<String>) -> Result<()> {
+    pub fn step_complete(
+        &self,
+        run_id: String,
+        epoch: u32,
+        step_id: String,
+        output_json: Option<String>,
+    ) -> Result<()> {
         let output = output_json.map(json_value).transpose().map_err(to_napi)?;
         self.engine
             .step_complete(&run_id, epoch, &step_id, output)
@@ -270,10 +314,19 @@ impl NativeEngine {
 
     /// Records a step failure; returns the backoff before a retry, if any.
     #[napi]
-    pub fn step_fail(&self, run_id: String, epoch: u32, step_id: String, failure_json: String, policy_json: Option<String>) -> Result<Option<f64>> {
+    pub fn step_fail(
+        &self,
+        run_id: String,
+        epoch: u32,
+        step_id: String,
+        failure_json: String,
+        policy_json: Option<String>,
+    ) -> Result<Option<f64>> {
         let info = parse_failure(&failure_json);
         let policy: Option<RetryPolicy> = policy_json
-            .map(|p| serde_json::from_str(&p).map_err(|e| invalid(format!("step retry policy: {e}"))))
+            .map(|p| {
+                serde_json::from_str(&p).map_err(|e| invalid(format!("step retry policy: {e}")))
+            })
             .transpose()?;
         self.engine
             .step_fail(&run_id, epoch, &step_id, info, policy.as_ref())
@@ -283,11 +336,19 @@ impl NativeEngine {
 
     #[napi]
     pub fn replay(&self, run_id: String) -> Result<String> {
-        self.engine.replay(&run_id).map(|r| r.to_json()).map_err(to_napi)
+        self.engine
+            .replay(&run_id)
+            .map(|r| r.to_json())
+            .map_err(to_napi)
     }
 
     #[napi]
-    pub fn find_by_id(&self, run_id: String, tenant_given: bool, tenant_id: Option<String>) -> Result<Option<String>> {
+    pub fn find_by_id(
+        &self,
+        run_id: String,
+        tenant_given: bool,
+        tenant_id: Option<String>,
+    ) -> Result<Option<String>> {
         self.engine
             .find_by_id(&run_id, &tenant_arg(tenant_given, tenant_id))
             .map(|r| r.map(|r| r.to_json()))
@@ -296,7 +357,12 @@ impl NativeEngine {
 
     /// Steps of a run as a JSON array, in seq order.
     #[napi]
-    pub fn list_steps(&self, run_id: String, tenant_given: bool, tenant_id: Option<String>) -> Result<String> {
+    pub fn list_steps(
+        &self,
+        run_id: String,
+        tenant_given: bool,
+        tenant_id: Option<String>,
+    ) -> Result<String> {
         let steps = self
             .engine
             .list_steps(&run_id, &tenant_arg(tenant_given, tenant_id))
@@ -347,7 +413,9 @@ fn parse_failure(text: &str) -> FailureInfo {
 }
 
 /// `undefined` vs `null` for an optional JSON field.
-fn tristate<'de, D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Option<Option<String>>, D::Error> {
+fn tristate<'de, D: serde::Deserializer<'de>>(
+    d: D,
+) -> std::result::Result<Option<Option<String>>, D::Error> {
     use serde::Deserialize;
     Ok(Some(Option::<String>::deserialize(d)?))
 }
@@ -398,7 +466,9 @@ fn apply_start_opts(req: &mut StartRequest, text: &str) -> Result<()> {
     };
     req.priority = match o.priority {
         None => None,
-        Some(p) if p.fract() == 0.0 && p >= i32::MIN as f64 && p <= i32::MAX as f64 => Some(p as i32),
+        Some(p) if p.fract() == 0.0 && p >= i32::MIN as f64 && p <= i32::MAX as f64 => {
+            Some(p as i32)
+        }
         Some(p) => {
             return Err(invalid(format!(
                 "priority must be an integer between -2147483648 and 2147483647, got {p}"
@@ -416,14 +486,18 @@ fn apply_start_opts(req: &mut StartRequest, text: &str) -> Result<()> {
     req.trigger_source = match o.trigger_source {
         None => None,
         Some(s) => Some(TriggerSource::parse(&s).ok_or_else(|| {
-            invalid(format!("triggerSource must be manual, schedule, event or parent, got '{s}'"))
+            invalid(format!(
+                "triggerSource must be manual, schedule, event or parent, got '{s}'"
+            ))
         })?),
     };
     req.trigger_ref = o.trigger_ref;
     req.parent_close_policy = match o.parent_close_policy {
         None => None,
         Some(s) => Some(ParentClosePolicy::parse(&s).ok_or_else(|| {
-            invalid(format!("parentClosePolicy must be terminate, cancel or abandon, got '{s}'"))
+            invalid(format!(
+                "parentClosePolicy must be terminate, cancel or abandon, got '{s}'"
+            ))
         })?),
     };
     req.parent_run_id = o.parent_run_id;

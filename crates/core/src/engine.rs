@@ -158,7 +158,8 @@ impl<S: Store> Engine<S> {
     /// Creates or replaces a job definition. O(1).
     pub fn register(&self, spec: DefinitionSpec) -> Result<Arc<JobDefinition>> {
         let mut defs = self.register_all(vec![spec])?;
-        defs.pop().ok_or_else(|| JobError::invalid("nothing to register"))
+        defs.pop()
+            .ok_or_else(|| JobError::invalid("nothing to register"))
     }
 
     /// Registers several definitions: all are validated before any is
@@ -229,13 +230,21 @@ impl<S: Store> Engine<S> {
     }
 
     pub fn definition(&self, job_type: &str) -> Option<Arc<JobDefinition>> {
-        self.store.transaction(|tx| Ok(tx.definition(job_type))).ok().flatten()
+        self.store
+            .transaction(|tx| Ok(tx.definition(job_type)))
+            .ok()
+            .flatten()
     }
 
     /// The checks of `start` that precede key evaluation (tenant gate, job
     /// type). The binding runs them when a JS key function throws, so the
     /// contract's error order holds.
-    pub fn start_preflight(&self, job_type: &str, tenant: &TenantArg, has_parent: bool) -> Result<()> {
+    pub fn start_preflight(
+        &self,
+        job_type: &str,
+        tenant: &TenantArg,
+        has_parent: bool,
+    ) -> Result<()> {
         if self.multi_tenant && *tenant == TenantArg::Missing && !has_parent {
             return Err(JobError::MissingTenantId {
                 method: "start".to_owned(),
@@ -257,7 +266,9 @@ impl<S: Store> Engine<S> {
     pub fn start(&self, req: StartRequest) -> Result<RunRow> {
         let now = self.now();
         let mut fx = Effects::default();
-        let row = self.store.transaction(|tx| self.start_in(tx, req, now, &mut fx))?;
+        let row = self
+            .store
+            .transaction(|tx| self.start_in(tx, req, now, &mut fx))?;
         self.deliver(fx);
         Ok(row)
     }
@@ -309,25 +320,35 @@ impl<S: Store> Engine<S> {
             (None, _) => false,
         };
 
-        let input_value: Option<Value> = if matches!(def.dedupe_key_template, Some(KeySpec::Template(_)))
-            || matches!(def.concurrency_key_template, Some(KeySpec::Template(_)))
-        {
-            Some(serde_json::from_str(req.input.get()).map_err(|e| JobError::invalid(e.to_string()))?)
-        } else {
-            None
-        };
-        let eval = |spec: &Option<KeySpec>, given: &Option<String>, kind: &str| -> Result<Option<String>> {
+        let input_value: Option<Value> =
+            if matches!(def.dedupe_key_template, Some(KeySpec::Template(_)))
+                || matches!(def.concurrency_key_template, Some(KeySpec::Template(_)))
+            {
+                Some(
+                    serde_json::from_str(req.input.get())
+                        .map_err(|e| JobError::invalid(e.to_string()))?,
+                )
+            } else {
+                None
+            };
+        let eval = |spec: &Option<KeySpec>,
+                    given: &Option<String>,
+                    kind: &str|
+         -> Result<Option<String>> {
             match spec {
                 None => Ok(None),
                 Some(KeySpec::Template(t)) => t
                     .evaluate(input_value.as_ref().unwrap_or(&Value::Null))
                     .map(Some),
-                Some(KeySpec::Function) => given.clone().map(Some).ok_or_else(|| {
-                    JobError::JobKeyFunctionUnavailable {
-                        job_type: req.job_type.clone(),
-                        kind: kind.to_owned(),
-                    }
-                }),
+                Some(KeySpec::Function) => {
+                    given
+                        .clone()
+                        .map(Some)
+                        .ok_or_else(|| JobError::JobKeyFunctionUnavailable {
+                            job_type: req.job_type.clone(),
+                            kind: kind.to_owned(),
+                        })
+                }
             }
         };
 
@@ -335,25 +356,35 @@ impl<S: Store> Engine<S> {
         let dedupe_key = eval(&def.dedupe_key_template, &req.dedupe_key, "dedupe")?;
         if let (Some(key), Some(window)) = (&dedupe_key, def.dedupe_window_ms) {
             if window > 0 {
-                if let Some(hit) =
-                    tx.find_dedupe(tenant.as_deref(), &req.job_type, key, now.saturating_sub(window))
-                {
+                if let Some(hit) = tx.find_dedupe(
+                    tenant.as_deref(),
+                    &req.job_type,
+                    key,
+                    now.saturating_sub(window),
+                ) {
                     return Ok(hit.clone());
                 }
             }
         }
 
         // 4. Concurrency lane.
-        let concurrency_key = eval(&def.concurrency_key_template, &req.concurrency_key, "concurrency")?;
+        let concurrency_key = eval(
+            &def.concurrency_key_template,
+            &req.concurrency_key,
+            "concurrency",
+        )?;
         let lane: Vec<RunId> = match &concurrency_key {
             Some(k) => tx.lane(tenant.as_deref(), k),
             None => Vec::new(),
         };
         if def.collision_mode == CollisionMode::Reject {
             if let (Some(k), Some(head)) = (&concurrency_key, lane.first()) {
-                let incumbent = tx.run(head).cloned().ok_or_else(|| JobError::JobRunNotFound {
-                    run_id: head.to_string(),
-                })?;
+                let incumbent = tx
+                    .run(head)
+                    .cloned()
+                    .ok_or_else(|| JobError::JobRunNotFound {
+                        run_id: head.to_string(),
+                    })?;
                 return Err(JobError::JobCollision {
                     job_type: req.job_type.clone(),
                     concurrency_key: k.clone(),
@@ -396,7 +427,9 @@ impl<S: Store> Engine<S> {
             job_version: def.version,
             parent_run_id: parent.as_ref().map(|(p, _, _)| *p),
             root_run_id,
-            parent_close_policy: req.parent_close_policy.unwrap_or(ParentClosePolicy::Terminate),
+            parent_close_policy: req
+                .parent_close_policy
+                .unwrap_or(ParentClosePolicy::Terminate),
             scope_entity_type,
             scope_entity_id,
             tenant_id: tenant,
@@ -446,7 +479,9 @@ impl<S: Store> Engine<S> {
         let now = self.now();
         let mut fx = Effects::default();
         self.store.transaction(|tx| {
-            let Some(run) = tx.run(&id) else { return Ok(()) };
+            let Some(run) = tx.run(&id) else {
+                return Ok(());
+            };
             if !Self::visible(&filter, run) || run.status.is_terminal() {
                 return Ok(());
             }
@@ -590,11 +625,18 @@ impl<S: Store> Engine<S> {
     /// (with its cascade). Ignored when the run is no longer running this
     /// attempt (canceled, timed out, replayed). Returns the updated row, if
     /// applied. O(log n) + O(cascade).
-    pub fn finish_attempt(&self, run_id: &RunId, epoch: u32, outcome: AttemptOutcome) -> Result<Option<RunRow>> {
+    pub fn finish_attempt(
+        &self,
+        run_id: &RunId,
+        epoch: u32,
+        outcome: AttemptOutcome,
+    ) -> Result<Option<RunRow>> {
         let now = self.now();
         let mut fx = Effects::default();
         let result = self.store.transaction(|tx| {
-            let Some(run) = tx.run(run_id) else { return Ok(None) };
+            let Some(run) = tx.run(run_id) else {
+                return Ok(None);
+            };
             if run.status != RunStatus::Running || run.claim_epoch != epoch {
                 return Ok(None);
             }
@@ -636,7 +678,9 @@ impl<S: Store> Engine<S> {
                     RunStatus::Failed,
                 ),
             };
-            let no_handler = info.name.is_none() && info.code.is_none() && info.message.starts_with("No handler registered");
+            let no_handler = info.name.is_none()
+                && info.code.is_none()
+                && info.message.starts_with("No handler registered");
             let retry = !no_handler
                 && policy.allows(info.name.as_deref(), info.code.as_deref())
                 && attempts < policy.attempts;
@@ -694,9 +738,7 @@ impl<S: Store> Engine<S> {
             .ok()
             .and_then(|m| m.get(&id).map(|f| f.abort.clone()))
             .unwrap_or_else(|| Arc::new(Notify::new()));
-        let deadline = ticket
-            .timeout_ms
-            .map(|t| self.now().saturating_add(t));
+        let deadline = ticket.timeout_ms.map(|t| self.now().saturating_add(t));
         let timeout = async {
             match deadline {
                 Some(d) => self.clock.sleep_until(d).await,
@@ -785,7 +827,13 @@ impl<S: Store> Engine<S> {
     }
 
     /// Records a step's output. O(1).
-    pub fn step_complete(&self, run_id: &str, epoch: u32, step_id: &str, output: Option<Box<RawValue>>) -> Result<()> {
+    pub fn step_complete(
+        &self,
+        run_id: &str,
+        epoch: u32,
+        step_id: &str,
+        output: Option<Box<RawValue>>,
+    ) -> Result<()> {
         let id = parse_run_id(run_id).ok_or_else(|| JobError::JobRunNotFound {
             run_id: run_id.to_owned(),
         })?;
@@ -905,12 +953,8 @@ impl<S: Store> Engine<S> {
         let Some(id) = parse_run_id(run_id) else {
             return Ok(None);
         };
-        self.store.transaction(|tx| {
-            Ok(tx
-                .run(&id)
-                .filter(|r| Self::visible(&filter, r))
-                .cloned())
-        })
+        self.store
+            .transaction(|tx| Ok(tx.run(&id).filter(|r| Self::visible(&filter, r)).cloned()))
     }
 
     /// Steps of a run in seq order. O(k log k) for its k steps.

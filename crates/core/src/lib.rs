@@ -30,7 +30,9 @@ pub mod store;
 pub mod template;
 
 pub use clock::{Clock, ClockKind};
-pub use engine::{AttemptTicket, Engine, EngineObserver, EngineOptions, HandlerExecutor, StepBegin};
+pub use engine::{
+    AttemptTicket, Engine, EngineObserver, EngineOptions, HandlerExecutor, StepBegin,
+};
 pub use error::{JobError, Result};
 pub use model::*;
 pub use store::memory::MemoryStore;

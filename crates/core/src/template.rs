@@ -145,7 +145,10 @@ mod tests {
         let t = KeyTemplate::parse("{{n}}").unwrap();
         assert_eq!(t.evaluate(&json!({"n": 1e21})).unwrap(), "1e+21");
         assert_eq!(t.evaluate(&json!({"n": 42})).unwrap(), "42");
-        assert_eq!(t.evaluate(&json!({"n": {"k": 1}})).unwrap(), "[object Object]");
+        assert_eq!(
+            t.evaluate(&json!({"n": {"k": 1}})).unwrap(),
+            "[object Object]"
+        );
     }
 
     #[test]
@@ -161,7 +164,11 @@ mod tests {
     #[test]
     fn malformed_placeholders_are_rejected() {
         for bad in ["{{a.b}}", "{{}}", "x{{a", "{{ a-b }}"] {
-            assert_eq!(KeyTemplate::parse(bad).unwrap_err().code(), "JOB_INPUT_INVALID", "{bad}");
+            assert_eq!(
+                KeyTemplate::parse(bad).unwrap_err().code(),
+                "JOB_INPUT_INVALID",
+                "{bad}"
+            );
         }
         assert!(KeyTemplate::parse("plain").is_ok());
     }

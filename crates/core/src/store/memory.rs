@@ -102,8 +102,7 @@ impl MemoryState {
         let r = &self.runs[h as usize];
         let pool = self.pools.entry(r.pool.clone()).or_default();
         if r.run_at <= pool.promoted_until {
-            pool.ready
-                .insert((Reverse(r.priority), r.run_at, r.seq, h));
+            pool.ready.insert((Reverse(r.priority), r.run_at, r.seq, h));
         } else {
             pool.future.insert((r.run_at, r.seq, h));
         }
@@ -218,9 +217,7 @@ impl StoreTx for MemoryTx<'_> {
 
     fn put_definition(&mut self, def: JobDefinition) -> Arc<JobDefinition> {
         let def = Arc::new(def);
-        self.0
-            .definitions
-            .insert(def.job_type.clone(), def.clone());
+        self.0.definitions.insert(def.job_type.clone(), def.clone());
         def
     }
 
@@ -274,7 +271,11 @@ impl StoreTx for MemoryTx<'_> {
         created_after: Millis,
     ) -> Option<&RunRow> {
         let s = &*self.0;
-        let key: DedupeKey = (tenant.map(Arc::from), Arc::from(job_type), Box::from(dedupe_key));
+        let key: DedupeKey = (
+            tenant.map(Arc::from),
+            Arc::from(job_type),
+            Box::from(dedupe_key),
+        );
         let list = s.dedupe.get(&key)?;
         // Created order = createdAt order, so the walk stops at the window.
         for &h in list.iter().rev() {
@@ -331,7 +332,9 @@ impl StoreTx for MemoryTx<'_> {
 
     fn put_step(&mut self, row: StepRow) {
         let s = &mut *self.0;
-        let Some(h) = s.handle(&row.job_run_id) else { return };
+        let Some(h) = s.handle(&row.job_run_id) else {
+            return;
+        };
         let steps = s.steps.entry(h).or_default();
         match steps.by_id.get(&row.step_id) {
             Some(&i) => steps.rows[i] = row,

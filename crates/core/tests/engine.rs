@@ -1,0 +1,416 @@
+//! Engine rules through the public Rust API (no JS involved).
+
+use jobforge_core::engine::{AttemptTicket, HandlerExecutor, StepBegin};
+use jobforge_core::*;
+use serde_json::value::RawValue;
+use std::sync::Mutex;
+
+fn engine(multi_tenant: bool) -> Engine<MemoryStore> {
+    Engine::new(
+        MemoryStore::new(),
+        EngineOptions {
+            multi_tenant,
+            clock: ClockKind::Manual,
+        },
+    )
+}
+
+fn raw(s: &str) -> Box<RawValue> {
+    RawValue::from_string(s.to_owned()).unwrap()
+}
+
+fn spec(t: &str) -> DefinitionSpec {
+    DefinitionSpec {
+        job_type: t.to_owned(),
+        ..DefinitionSpec::default()
+    }
+}
+
+fn req(t: &str, input: &str) -> StartRequest {
+    StartRequest {
+        job_type: t.to_owned(),
+        input: raw(input),
+        ..StartRequest::default()
+    }
+}
+
+fn claim_id(e: &Engine<MemoryStore>, pool: &str) -> Option<RunId> {
+    e.claim_next(pool).unwrap().map(|r| r.id)
+}
+
+fn status(e: &Engine<MemoryStore>, id: &RunId) -> RunStatus {
+    e.find_by_id(&id.to_string(), &TenantArg::Missing)
+        .unwrap()
+        .unwrap()
+        .status
+}
+
+fn complete(e: &Engine<MemoryStore>, row: &RunRow) {
+    e.finish_attempt(&row.id, row.claim_epoch, AttemptOutcome::Completed(None))
+        .unwrap();
+}
+
+fn fail(e: &Engine<MemoryStore>, row: &RunRow, name: Option<&str>) -> Option<RunRow> {
+    e.finish_attempt(
+        &row.id,
+        row.claim_epoch,
+        AttemptOutcome::Failed(FailureInfo {
+            message: "boom".into(),
+            name: name.map(str::to_owned),
+            ..FailureInfo::default()
+        }),
+    )
+    .unwrap()
+}
+
+#[test]
+fn claim_order_is_priority_then_run_at_then_created() {
+    let e = engine(false);
+    e.register(spec("t")).unwrap();
+    let now = e.now();
+    let mut r = req("t", "{}");
+    r.run_at = Some(now - 10);
+    let early = e.start(r).unwrap();
+    let a = e.start(req("t", "{}")).unwrap();
+    let b = e.start(req("t", "{}")).unwrap();
+    let mut hi = req("t", "{}");
+    hi.priority = Some(5);
+    let high = e.start(hi).unwrap();
+    let order: Vec<RunId> = std::iter::from_fn(|| claim_id(&e, "batch")).collect();
+    assert_eq!(order, vec![high.id, early.id, a.id, b.id]);
+}
+
+#[test]
+fn future_runs_wait_for_the_clock_and_pools_are_isolated() {
+    let e = engine(false);
+    e.register(spec("t")).unwrap();
+    let mut later = req("t", "{}");
+    later.run_at = Some(e.now() + 1_000);
+    let l = e.start(later).unwrap();
+    let mut other = req("t", "{}");
+    other.pool = Some("interactive".into());
+    let o = e.start(other).unwrap();
+    assert_eq!(claim_id(&e, "batch"), None);
+    e.advance_time(999);
+    assert_eq!(claim_id(&e, "batch"), None);
+    e.advance_time(1);
+    assert_eq!(claim_id(&e, "batch"), Some(l.id));
+    assert_eq!(claim_id(&e, "interactive"), Some(o.id));
+}
+
+#[test]
+fn queue_lane_runs_one_at_a_time_in_start_order() {
+    let e = engine(false);
+    let mut s = spec("t");
+    s.concurrency_key = Some("acct:{{a}}".into());
+    e.register(s).unwrap();
+    let runs: Vec<RunRow> = (0..5)
+        .map(|_| e.start(req("t", r#"{"a":1}"#)).unwrap())
+        .collect();
+    let other = e.start(req("t", r#"{"a":2}"#)).unwrap();
+    for expected in &runs {
+        let c = e.claim_next("batch").unwrap().unwrap();
+        // The other lane's run is independent of this one.
+        let c = if c.id == other.id {
+            complete(&e, &c);
+            e.claim_next("batch").unwrap().unwrap()
+        } else {
+            c
+        };
+        assert_eq!(c.id, expected.id);
+        // Nothing else of the lane is claimable while it runs.
+        let extra = e.claim_next("batch").unwrap();
+        assert!(extra.is_none() || extra.as_ref().unwrap().id == other.id);
+        if let Some(x) = extra {
+            complete(&e, &x);
+        }
+        complete(&e, &c);
+    }
+}
+
+#[test]
+fn reject_and_replace_collisions() {
+    let e = engine(false);
+    let mut s = spec("r");
+    s.concurrency_key = Some("{{k}}".into());
+    s.collision_mode = Some(CollisionMode::Reject);
+    e.register(s).unwrap();
+    let first = e.start(req("r", r#"{"k":"x"}"#)).unwrap();
+    match e.start(req("r", r#"{"k":"x"}"#)) {
+        Err(JobError::JobCollision { incumbent, .. }) => assert_eq!(incumbent.id, first.id),
+        other => panic!("expected collision, got {other:?}"),
+    }
+
+    let mut s = spec("p");
+    s.concurrency_key = Some("{{k}}".into());
+    s.collision_mode = Some(CollisionMode::Replace);
+    e.register(s).unwrap();
+    let a = e.start(req("p", r#"{"k":"y"}"#)).unwrap();
+    let mut q = spec("q");
+    q.concurrency_key = Some("{{k}}".into());
+    e.register(q).unwrap();
+    let b = e.start(req("q", r#"{"k":"y"}"#)).unwrap();
+    let c = e.start(req("p", r#"{"k":"y"}"#)).unwrap();
+    assert_eq!(status(&e, &a.id), RunStatus::Canceled);
+    assert_eq!(status(&e, &b.id), RunStatus::Canceled);
+    assert_eq!(claim_id(&e, "batch"), Some(first.id));
+    assert_eq!(claim_id(&e, "batch"), Some(c.id));
+}
+
+#[test]
+fn dedupe_returns_newest_live_run_inside_window_per_tenant() {
+    let e = engine(true);
+    let mut s = spec("d");
+    s.dedupe_key = Some("{{id}}".into());
+    s.dedupe_window_ms = Some(1_000);
+    e.register(s).unwrap();
+    let mut a = req("d", r#"{"id":1}"#);
+    a.tenant = TenantArg::Id("A".into());
+    let first = e.start(a.clone()).unwrap();
+    assert_eq!(e.start(a.clone()).unwrap().id, first.id);
+    let mut b = a.clone();
+    b.tenant = TenantArg::Id("B".into());
+    assert_ne!(
+        e.start(b).unwrap().id,
+        first.id,
+        "tenant B must not see A's run"
+    );
+    e.advance_time(1_000);
+    assert_ne!(e.start(a).unwrap().id, first.id, "window is strict");
+}
+
+#[test]
+fn retries_back_off_and_respect_non_retryable_errors() {
+    let e = engine(false);
+    let mut s = spec("t");
+    s.retry = Some(RetryPolicy {
+        attempts: 3,
+        backoff: Backoff::Exponential,
+        base_ms: 100,
+        non_retryable_errors: Some(vec!["Fatal".into()]),
+    });
+    e.register(s).unwrap();
+    let run = e.start(req("t", "{}")).unwrap();
+    let c = e.claim_next("batch").unwrap().unwrap();
+    let after = fail(&e, &c, None).unwrap();
+    assert_eq!(after.status, RunStatus::Pending);
+    assert_eq!(after.run_at, e.now() + 100);
+    assert!(after.error.as_ref().unwrap().retryable);
+    e.advance_time(99);
+    assert_eq!(claim_id(&e, "batch"), None);
+    e.advance_time(1);
+    let c = e.claim_next("batch").unwrap().unwrap();
+    let after = fail(&e, &c, None).unwrap();
+    assert_eq!(after.run_at, e.now() + 200);
+    e.advance_time(200);
+    let c = e.claim_next("batch").unwrap().unwrap();
+    let after = fail(&e, &c, None).unwrap();
+    assert_eq!(after.status, RunStatus::Failed);
+    assert_eq!(after.attempts, 3);
+    assert!(!after.error.unwrap().retryable);
+
+    let run2 = e.start(req("t", "{}")).unwrap();
+    let c = e.claim_next("batch").unwrap().unwrap();
+    assert_eq!(c.id, run2.id);
+    assert_eq!(
+        fail(&e, &c, Some("Fatal")).unwrap().status,
+        RunStatus::Failed
+    );
+    let _ = run;
+}
+
+#[test]
+fn cascade_walks_descendants_only_and_stops_at_abandon() {
+    let e = engine(false);
+    e.register(spec("t")).unwrap();
+    let root = e.start(req("t", "{}")).unwrap();
+    let child = |parent: &RunRow, policy| {
+        let mut r = req("t", "{}");
+        r.parent_run_id = Some(parent.id.to_string());
+        r.parent_close_policy = Some(policy);
+        e.start(r).unwrap()
+    };
+    let mid = child(&root, ParentClosePolicy::Terminate);
+    let sibling = child(&root, ParentClosePolicy::Cancel);
+    let leaf = child(&mid, ParentClosePolicy::Cancel);
+    let abandoned = child(&mid, ParentClosePolicy::Abandon);
+    let under_abandoned = child(&abandoned, ParentClosePolicy::Terminate);
+    assert_eq!(leaf.root_run_id, root.id);
+
+    e.cancel(&mid.id.to_string(), true, &TenantArg::Missing)
+        .unwrap();
+    assert_eq!(status(&e, &mid.id), RunStatus::Canceled);
+    assert_eq!(status(&e, &leaf.id), RunStatus::Canceled);
+    assert_eq!(
+        status(&e, &root.id),
+        RunStatus::Pending,
+        "ancestor untouched"
+    );
+    assert_eq!(
+        status(&e, &sibling.id),
+        RunStatus::Pending,
+        "sibling untouched"
+    );
+    assert_eq!(status(&e, &abandoned.id), RunStatus::Pending);
+    assert_eq!(status(&e, &under_abandoned.id), RunStatus::Pending);
+}
+
+#[test]
+fn a_failed_run_cancels_its_children() {
+    let e = engine(false);
+    e.register(spec("t")).unwrap();
+    let parent = e.start(req("t", "{}")).unwrap();
+    let c = e.claim_next("batch").unwrap().unwrap();
+    assert_eq!(c.id, parent.id);
+    let mut r = req("t", "{}");
+    r.parent_run_id = Some(parent.id.to_string());
+    let kid = e.start(r).unwrap();
+    fail(&e, &c, None);
+    assert_eq!(status(&e, &parent.id), RunStatus::Failed);
+    assert_eq!(status(&e, &kid.id), RunStatus::Canceled);
+}
+
+#[test]
+fn steps_memoize_and_replay_clears_per_mode() {
+    let e = engine(false);
+    let mut s = spec("t");
+    s.replay_from = Some(ReplayFrom::LastStep);
+    e.register(s).unwrap();
+    let run = e.start(req("t", "{}")).unwrap();
+    let id = run.id.to_string();
+    let c = e.claim_next("batch").unwrap().unwrap();
+    assert!(matches!(
+        e.step_begin(&id, c.claim_epoch, "a").unwrap(),
+        StepBegin::Started { attempt: 1 }
+    ));
+    assert!(matches!(
+        e.step_begin(&id, c.claim_epoch, "a"),
+        Err(JobError::JobStepConflict { .. })
+    ));
+    e.step_complete(&id, c.claim_epoch, "a", Some(raw(r#"{"v":1}"#)))
+        .unwrap();
+    assert!(matches!(
+        e.step_begin(&id, c.claim_epoch, "b").unwrap(),
+        StepBegin::Started { .. }
+    ));
+    fail(&e, &c, None);
+    // A step call from the finished attempt is refused.
+    assert!(matches!(
+        e.step_begin(&id, c.claim_epoch, "c"),
+        Err(JobError::JobRunState { .. })
+    ));
+    let replayed = e.replay(&id).unwrap();
+    assert_eq!(replayed.status, RunStatus::Pending);
+    assert_eq!(replayed.attempts, 0);
+    let steps = e.list_steps(&id, &TenantArg::Missing).unwrap();
+    assert_eq!(steps.len(), 1);
+    assert_eq!(steps[0].step_id.as_ref(), "a");
+    let c = e.claim_next("batch").unwrap().unwrap();
+    match e.step_begin(&id, c.claim_epoch, "a").unwrap() {
+        StepBegin::Memoized(Some(out)) => assert_eq!(out.get(), r#"{"v":1}"#),
+        other => panic!("expected memoized, got {other:?}"),
+    }
+    assert!(matches!(
+        e.replay(&id),
+        Err(JobError::JobNotReplayable { .. })
+    ));
+}
+
+#[test]
+fn late_outcome_of_a_canceled_attempt_is_ignored() {
+    let e = engine(false);
+    e.register(spec("t")).unwrap();
+    e.start(req("t", "{}")).unwrap();
+    let c = e.claim_next("batch").unwrap().unwrap();
+    e.cancel(&c.id.to_string(), true, &TenantArg::Missing)
+        .unwrap();
+    assert!(e
+        .finish_attempt(&c.id, c.claim_epoch, AttemptOutcome::Completed(None))
+        .unwrap()
+        .is_none());
+    assert_eq!(status(&e, &c.id), RunStatus::Canceled);
+}
+
+#[test]
+fn errors_leave_nothing_behind() {
+    let e = engine(true);
+    let mut s = spec("t");
+    s.concurrency_key = Some("{{k}}".into());
+    e.register(s).unwrap();
+    assert!(matches!(
+        e.start(req("t", "{}")),
+        Err(JobError::MissingTenantId { .. })
+    ));
+    let mut r = req("t", "{}");
+    r.tenant = TenantArg::Null;
+    assert!(matches!(
+        e.start(r.clone()),
+        Err(JobError::JobTemplateFieldMissing { .. })
+    ));
+    r.input = raw(r#"{"k":1}"#);
+    r.parent_run_id = Some("6f1c1a2e-0000-4000-8000-000000000000".into());
+    assert!(matches!(
+        e.start(r),
+        Err(JobError::ParentRunNotFound { .. })
+    ));
+    assert_eq!(claim_id(&e, "batch"), None);
+    assert!(e
+        .register(DefinitionSpec {
+            job_type: "bad".into(),
+            concurrency_key: Some("{{a.b}}".into()),
+            ..DefinitionSpec::default()
+        })
+        .is_err());
+    assert!(e.definition("bad").is_none());
+}
+
+struct Scripted(Mutex<Vec<AttemptOutcome>>);
+
+impl HandlerExecutor for Scripted {
+    async fn execute(&self, _t: &AttemptTicket) -> AttemptOutcome {
+        let next = self.0.lock().unwrap().pop();
+        match next {
+            Some(o) => o,
+            None => std::future::pending().await,
+        }
+    }
+}
+
+#[tokio::test]
+async fn tick_applies_outcomes_and_times_out_on_the_engine_clock() {
+    let e = engine(false);
+    let mut s = spec("t");
+    s.timeout_ms = Some(50);
+    e.register(s).unwrap();
+    let run = e.start(req("t", "{}")).unwrap();
+    let c = e.claim_next("batch").unwrap().unwrap();
+    let never = Scripted(Mutex::new(vec![]));
+    let id = c.id.to_string();
+    let tick = e.tick(&id, &never);
+    let advance = async {
+        tokio::task::yield_now().await;
+        e.advance_time(50);
+    };
+    let (res, _) = tokio::join!(tick, advance);
+    res.unwrap();
+    let row = e.find_by_id(&id, &TenantArg::Missing).unwrap().unwrap();
+    assert_eq!(row.status, RunStatus::TimedOut);
+    assert_eq!(row.id, run.id);
+
+    let run = e.start(req("t", "{}")).unwrap();
+    e.claim_next("batch").unwrap();
+    let ok = Scripted(Mutex::new(vec![AttemptOutcome::Completed(Some(raw(
+        r#"{"a":1}"#,
+    )))]));
+    e.tick(&run.id.to_string(), &ok).await.unwrap();
+    let row = e
+        .find_by_id(&run.id.to_string(), &TenantArg::Missing)
+        .unwrap()
+        .unwrap();
+    assert_eq!(row.status, RunStatus::Completed);
+    assert_eq!(row.output.unwrap().get(), r#"{"a":1}"#);
+    assert!(matches!(
+        e.tick(&run.id.to_string(), &ok).await,
+        Err(JobError::JobRunState { .. })
+    ));
+}

@@ -1,0 +1,137 @@
+// jobforge demo: a short, realistic scenario on the in-memory store.
+// Run with `npm run demo` (after `npm install`, which builds the addon).
+//
+// An order pipeline: each order is charged (a step that fails once and is
+// retried in place), then fans out child runs for shipping and email.
+// Along the way it shows a concurrency lane, a dedupe hit, a cancel cascade
+// and a replay, and prints what happened to every run.
+'use strict';
+const { JobOrchestrator, JobCollisionError } = require('..');
+
+const jobs = new JobOrchestrator({ loggerFactory: () => quietLogger });
+const quietLogger = { log() {}, warn() {}, error() {}, debug() {} };
+const names = new Map(); // run id → label for the report
+const label = (run, name) => (names.set(run.id, name), run);
+
+let chargeFailures = 0;
+jobs.registerHandler(
+  'order.process',
+  {
+    pool: 'batch',
+    concurrency: { key: 'customer:{{customerId}}', collisionMode: 'queue' },
+    dedupe: { key: 'order:{{orderId}}', windowMs: 60_000 },
+    retry: { attempts: 2, backoff: 'fixed', baseMs: 10, nonRetryableErrors: ['FraudError'] },
+  },
+  async (ctx) => {
+    const charge = await ctx.step(
+      'charge-card',
+      async () => {
+        if (ctx.input.orderId === 'A-1' && chargeFailures++ === 0) {
+          throw new Error('card processor timeout');
+        }
+        return { chargeId: `ch_${ctx.input.orderId}`, amount: ctx.input.amount };
+      },
+      { retry: { attempts: 3, backoff: 'fixed', baseMs: 5 } },
+    );
+    const ship = await ctx.spawnChild('order.ship', { orderId: ctx.input.orderId });
+    const mail = await ctx.spawnChild('order.email', { orderId: ctx.input.orderId }, { closePolicy: 'abandon' });
+    label(ship, `ship ${ctx.input.orderId}`);
+    label(mail, `email ${ctx.input.orderId}`);
+    if (ctx.input.orderId === 'B-7') {
+      const e = new Error('fraud check rejected the order');
+      e.name = 'FraudError'; // listed as non-retryable: fails at once
+      throw e;
+    }
+    return { charged: charge.amount };
+  },
+);
+jobs.registerHandler('order.ship', { retry: { attempts: 1, backoff: 'fixed', baseMs: 0 } }, async (ctx) => ({
+  tracking: `TRK-${ctx.input.orderId}`,
+}));
+jobs.registerHandler('order.email', {}, async (ctx) => ({ sent: `receipt for ${ctx.input.orderId}` }));
+jobs.registerHandler(
+  'report.nightly',
+  { concurrency: { key: 'report', collisionMode: 'reject' }, replayFrom: 'last_step' },
+  async (ctx) => {
+    const rows = await ctx.step('load', async () => ({ rows: 1234 }));
+    if (!ctx.run.error && ctx.run.attempts === 0 && !globalThis.reportFixed) throw new Error('warehouse unavailable');
+    return { exported: rows.rows };
+  },
+);
+
+/** Claims and executes runs until nothing is due for `idleMs`. */
+async function drain(pools = ['batch'], idleMs = 40) {
+  let idleSince = Date.now();
+  while (Date.now() - idleSince < idleMs) {
+    let ran = false;
+    for (const pool of pools) {
+      const run = await jobs.claimNext(pool);
+      if (run) {
+        ran = true;
+        await jobs.tick(run.id);
+      }
+    }
+    if (ran) idleSince = Date.now();
+    else await new Promise((r) => setTimeout(r, 2));
+  }
+}
+
+async function main() {
+  console.log('jobforge demo (in-memory store)\n');
+
+  // 1. Two orders for one customer share a lane: they run one at a time.
+  const a1 = label(await jobs.start('order.process', { orderId: 'A-1', customerId: 'c1', amount: 40 }), 'order A-1');
+  const a2 = label(await jobs.start('order.process', { orderId: 'A-2', customerId: 'c1', amount: 15 }), 'order A-2');
+  console.log(`lane customer:c1 holds ${a1.id.slice(0, 8)} then ${a2.id.slice(0, 8)}`);
+
+  // 2. A duplicate submission of A-1 inside the dedupe window returns the same run.
+  const dup = await jobs.start('order.process', { orderId: 'A-1', customerId: 'c1', amount: 40 });
+  console.log(`dedupe: second start of A-1 returned ${dup.id === a1.id ? 'the same run' : 'a NEW run (unexpected)'}`);
+
+  // 3. An order whose handler fails after spawning children: the failure
+  //    cascades to the 'terminate' child, the 'abandon' child is left alone.
+  const b7 = label(await jobs.start('order.process', { orderId: 'B-7', customerId: 'c2', amount: 99 }), 'order B-7');
+
+  // 4. A report that fails once, then is replayed with its first step memoized.
+  const report = label(await jobs.start('report.nightly', {}), 'nightly report');
+  try {
+    await jobs.start('report.nightly', {});
+  } catch (e) {
+    if (e instanceof JobCollisionError) console.log(`reject lane: second report refused (${e.code}), incumbent ${e.incumbent.id.slice(0, 8)}`);
+  }
+
+  await drain();
+
+  // 5. A scheduled order in the future, canceled with its whole subtree.
+  const later = label(
+    await jobs.start('order.process', { orderId: 'C-3', customerId: 'c3', amount: 5 }, { runAt: new Date(Date.now() + 60_000) }),
+    'order C-3 (scheduled)',
+  );
+  const kid = label(await jobs.start('order.ship', { orderId: 'C-3' }, { parentRunId: later.id }), 'ship C-3 (child)');
+  await jobs.cancel(later.id, { reason: 'customer changed their mind' });
+  console.log(`cancel cascade: C-3 ${(await jobs.findById(later.id)).status}, its child ${(await jobs.findById(kid.id)).status}`);
+
+  globalThis.reportFixed = true;
+  const replayed = await jobs.replay(report.id);
+  console.log(`replay: nightly report back to ${replayed.status}, kept steps: ${(await jobs.listSteps(report.id)).map((s) => s.stepId).join(', ')}`);
+  await drain();
+
+  console.log('\nwhat happened to each run:');
+  for (const [id, name] of names) {
+    const run = await jobs.findById(id);
+    const steps = await jobs.listSteps(id);
+    const detail =
+      run.status === 'completed'
+        ? `output ${JSON.stringify(run.output)}`
+        : run.error
+          ? `error "${run.error.message}"`
+          : '';
+    const stepInfo = steps.length ? ` steps [${steps.map((s) => `${s.stepId}:${s.status}x${s.attempts}`).join(' ')}]` : '';
+    console.log(`  ${name.padEnd(22)} ${run.status.padEnd(9)} attempts=${run.attempts} ${detail}${stepInfo}`);
+  }
+}
+
+main().catch((e) => {
+  console.error(e);
+  process.exit(1);
+});

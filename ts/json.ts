@@ -5,10 +5,14 @@
  * is rejected instead of being silently dropped or mangled.
  */
 
+/** Deepest nesting of arrays/objects accepted in an input or output. */
+export const MAX_JSON_DEPTH = 1000;
+
 /** Returns why `value` is not a JSON value, or null when it is. */
 export function jsonProblem(value: unknown): string | null {
   const seen = new Set<object>();
-  const walk = (v: unknown, path: string, inArray: boolean): string | null => {
+  let depth = 0;
+  const walk = (v: unknown, path: string): string | null => {
     switch (typeof v) {
       case 'string':
       case 'boolean':
@@ -30,6 +34,7 @@ export function jsonProblem(value: unknown): string | null {
           return Number.isNaN(v.getTime()) ? `${path} is an invalid Date` : null;
         }
         if (seen.has(v)) return `${path} is a cyclic reference`;
+        if (depth >= MAX_JSON_DEPTH) return `value nests deeper than ${MAX_JSON_DEPTH} levels`;
         const proto = Object.getPrototypeOf(v);
         const isArray = Array.isArray(v);
         if (!isArray && proto !== Object.prototype && proto !== null) {
@@ -37,33 +42,34 @@ export function jsonProblem(value: unknown): string | null {
           return `${path} is a ${name} instance, not a plain object`;
         }
         seen.add(v);
+        depth++;
         if (isArray) {
           const a = v as unknown[];
           for (let i = 0; i < a.length; i++) {
-            const p = walk(a[i], `${path}[${i}]`, true);
+            const p = walk(a[i], `${path}[${i}]`);
             if (p) return p;
           }
         } else {
           for (const k of Object.keys(v)) {
-            const p = walk((v as Record<string, unknown>)[k], `${path}.${k}`, false);
+            const p = walk((v as Record<string, unknown>)[k], `${path}.${k}`);
             if (p) return p;
           }
         }
         seen.delete(v);
+        depth--;
         return null;
       }
       default:
         return `${path} has unsupported type ${typeof v}`;
     }
-    void inArray;
   };
-  return walk(value, 'value', false);
+  return walk(value, 'value');
 }
 
 /** JSON text of `value` after checking it, or the reason it is not JSON. */
 export function toJsonText(value: unknown, what: string): { ok: true; text: string } | { ok: false; reason: string } {
   const problem = jsonProblem(value);
-  if (problem) return { ok: false, reason: `${what}: ${problem.replace(/^value/, what)}` };
+  if (problem) return { ok: false, reason: problem.replace(/^value/, what) };
   try {
     return { ok: true, text: JSON.stringify(value) ?? 'null' };
   } catch (e) {

@@ -8,9 +8,8 @@ use crate::clock::{clamp_time, Clock, ClockKind};
 use crate::error::{JobError, Result};
 use crate::model::*;
 use crate::store::{Store, StoreTx};
-use crate::template::KeyTemplate;
+use crate::template::{InputFields, KeyTemplate};
 use serde_json::value::RawValue;
-use serde_json::Value;
 use std::collections::HashMap;
 use std::future::Future;
 use std::sync::{Arc, Mutex, RwLock};
@@ -320,26 +319,19 @@ impl<S: Store> Engine<S> {
             (None, _) => false,
         };
 
-        let input_value: Option<Value> =
-            if matches!(def.dedupe_key_template, Some(KeySpec::Template(_)))
-                || matches!(def.concurrency_key_template, Some(KeySpec::Template(_)))
-            {
-                Some(
-                    serde_json::from_str(req.input.get())
-                        .map_err(|e| JobError::invalid(e.to_string()))?,
-                )
-            } else {
-                None
-            };
+        let needs_fields = matches!(def.dedupe_key_template, Some(KeySpec::Template(_)))
+            || matches!(def.concurrency_key_template, Some(KeySpec::Template(_)));
+        let input_fields = needs_fields.then(|| InputFields::parse(&req.input));
         let eval = |spec: &Option<KeySpec>,
                     given: &Option<String>,
                     kind: &str|
          -> Result<Option<String>> {
             match spec {
                 None => Ok(None),
-                Some(KeySpec::Template(t)) => t
-                    .evaluate(input_value.as_ref().unwrap_or(&Value::Null))
-                    .map(Some),
+                Some(KeySpec::Template(t)) => match &input_fields {
+                    Some(fields) => t.evaluate(fields).map(Some),
+                    None => Ok(None),
+                },
                 Some(KeySpec::Function) => {
                     given
                         .clone()

@@ -4,7 +4,24 @@
 //! them, so keys match the ones the TypeScript system produced.
 
 use crate::error::{JobError, Result};
+use serde_json::value::RawValue;
 use serde_json::Value;
+use std::collections::HashMap;
+
+/// The input's own top-level fields, each left as raw JSON text so that a
+/// deeply nested input costs nothing beyond the fields a template reads.
+pub struct InputFields<'a>(HashMap<String, &'a RawValue>);
+
+impl<'a> InputFields<'a> {
+    /// Any JSON that is not an object has no fields.
+    pub fn parse(input: &'a RawValue) -> Self {
+        InputFields(serde_json::from_str(input.get()).unwrap_or_default())
+    }
+
+    fn get(&self, field: &str) -> Option<&'a RawValue> {
+        self.0.get(field).copied()
+    }
+}
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum Part {
@@ -62,20 +79,30 @@ impl KeyTemplate {
     /// Renders the key. A field that is missing or `null` in the input (only
     /// the input's own fields count, never inherited ones such as
     /// `constructor`) is a `JobTemplateFieldMissing` error.
-    pub fn evaluate(&self, input: &Value) -> Result<String> {
+    pub fn evaluate(&self, input: &InputFields<'_>) -> Result<String> {
         let mut out = String::new();
         for part in &self.parts {
             match part {
                 Part::Literal(s) => out.push_str(s),
-                Part::Field(f) => match input.as_object().and_then(|o| o.get(f)) {
-                    None | Some(Value::Null) => {
-                        return Err(JobError::JobTemplateFieldMissing {
-                            template: self.source.clone(),
-                            field: f.clone(),
-                        })
+                Part::Field(f) => {
+                    let missing = || JobError::JobTemplateFieldMissing {
+                        template: self.source.clone(),
+                        field: f.clone(),
+                    };
+                    let raw = input.get(f).ok_or_else(missing)?;
+                    let text = raw.get().trim_start();
+                    if text.starts_with('{') {
+                        // Any object renders as String({}) does.
+                        out.push_str("[object Object]");
+                        continue;
                     }
-                    Some(v) => js_string(v, &mut out),
-                },
+                    let v: Value = serde_json::from_str(text)
+                        .map_err(|e| JobError::invalid(format!("input field '{f}': {e}")))?;
+                    if v.is_null() {
+                        return Err(missing());
+                    }
+                    js_string(&v, &mut out);
+                }
             }
         }
         Ok(out)
@@ -133,32 +160,40 @@ fn js_number(f: f64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn fields(v: serde_json::Value) -> Box<RawValue> {
+        serde_json::value::to_raw_value(&v).unwrap()
+    }
+
+    fn eval(t: &KeyTemplate, v: serde_json::Value) -> Result<String> {
+        let raw = fields(v);
+        t.evaluate(&InputFields::parse(&raw))
+    }
     use serde_json::json;
 
     #[test]
     fn renders_fields_like_js_string() {
         let t = KeyTemplate::parse("acct:{{ id }}/{{n}}/{{b}}/{{a}}").unwrap();
-        let key = t
-            .evaluate(&json!({"id": "x", "n": 1.5, "b": true, "a": [1, null, "z"]}))
-            .unwrap();
+        let key = eval(
+            &t,
+            json!({"id": "x", "n": 1.5, "b": true, "a": [1, null, "z"]}),
+        )
+        .unwrap();
         assert_eq!(key, "acct:x/1.5/true/1,,z");
         let t = KeyTemplate::parse("{{n}}").unwrap();
-        assert_eq!(t.evaluate(&json!({"n": 1e21})).unwrap(), "1e+21");
-        assert_eq!(t.evaluate(&json!({"n": 42})).unwrap(), "42");
-        assert_eq!(
-            t.evaluate(&json!({"n": {"k": 1}})).unwrap(),
-            "[object Object]"
-        );
+        assert_eq!(eval(&t, json!({"n": 1e21})).unwrap(), "1e+21");
+        assert_eq!(eval(&t, json!({"n": 42})).unwrap(), "42");
+        assert_eq!(eval(&t, json!({"n": {"k": 1}})).unwrap(), "[object Object]");
     }
 
     #[test]
     fn missing_null_and_inherited_fields_are_errors() {
         let t = KeyTemplate::parse("{{constructor}}").unwrap();
-        let err = t.evaluate(&json!({})).unwrap_err();
+        let err = eval(&t, json!({})).unwrap_err();
         assert_eq!(err.code(), "JOB_TEMPLATE_FIELD_MISSING");
         let t = KeyTemplate::parse("{{a}}").unwrap();
-        assert!(t.evaluate(&json!({"a": null})).is_err());
-        assert!(t.evaluate(&json!(5)).is_err());
+        assert!(eval(&t, json!({"a": null})).is_err());
+        assert!(eval(&t, json!(5)).is_err());
     }
 
     #[test]

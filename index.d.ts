@@ -27,7 +27,23 @@ export declare class NativeEngine {
   startPreflight(jobType: string, tenantGiven: boolean, tenantId: string | undefined | null, hasParent: boolean): void
   cancel(runId: string, cascade: boolean, tenantGiven: boolean, tenantId?: string | undefined | null): void
   claimNext(pool: string): string | null
-  /** Executes one claimed run through the dispatch function. */
+  /**
+   * Starts the attempt of a claimed run: `{"run","epoch","timeoutMs"}`.
+   * With `finish_attempt` this is the synchronous path `tick` uses from
+   * JS: the handler runs on the JS thread with no thread hop.
+   */
+  beginAttempt(runId: string): string
+  /**
+   * Applies an attempt's outcome JSON (`completed` / `failed` /
+   * `timed_out` / `no_handler`). Returns whether it was applied (false
+   * when the run was canceled or replayed meanwhile).
+   */
+  finishAttempt(runId: string, epoch: number, outcomeJson: string): boolean
+  /**
+   * Executes one claimed run with the handler called through the
+   * threadsafe dispatch function, from the engine's async runtime (the
+   * path a Rust-driven scheduler uses).
+   */
   tick(runId: string): Promise<void>
   /** `ctx.step` begin: `{"memoized":true,"output":…}` or `{"attempt":n}`. */
   stepBegin(runId: string, epoch: number, stepId: string): string

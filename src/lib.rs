@@ -75,6 +75,15 @@ struct JsExecutor {
     dispatch: Arc<DispatchFn>,
 }
 
+fn ticket_json(t: &AttemptTicket) -> String {
+    format!(
+        "{{\"run\":{},\"epoch\":{},\"timeoutMs\":{}}}",
+        t.run.to_json(),
+        t.epoch,
+        t.timeout_ms.map_or("null".to_owned(), |ms| ms.to_string())
+    )
+}
+
 #[derive(serde::Deserialize)]
 struct OutcomeError {
     message: Option<String>,
@@ -86,10 +95,12 @@ struct OutcomeError {
 /// The outcome JSON the TS dispatcher resolves with. `output` stays raw
 /// text so the handler's key order is kept.
 #[derive(serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
 struct OutcomeWire {
     status: String,
     output: Option<Box<RawValue>>,
     error: Option<OutcomeError>,
+    timeout_ms: Option<i64>,
 }
 
 fn parse_outcome(text: &str) -> AttemptOutcome {
@@ -105,6 +116,9 @@ fn parse_outcome(text: &str) -> AttemptOutcome {
     match wire.status.as_str() {
         "completed" => AttemptOutcome::Completed(wire.output.filter(|o| o.get() != "null")),
         "no_handler" => AttemptOutcome::NoHandler,
+        "timed_out" => AttemptOutcome::TimedOut {
+            timeout_ms: wire.timeout_ms.unwrap_or(0),
+        },
         _ => {
             let e = wire.error;
             AttemptOutcome::Failed(FailureInfo {
@@ -122,14 +136,7 @@ fn parse_outcome(text: &str) -> AttemptOutcome {
 
 impl HandlerExecutor for JsExecutor {
     async fn execute(&self, ticket: &AttemptTicket) -> AttemptOutcome {
-        let payload = format!(
-            "{{\"run\":{},\"epoch\":{},\"timeoutMs\":{}}}",
-            ticket.run.to_json(),
-            ticket.epoch,
-            ticket
-                .timeout_ms
-                .map_or("null".to_owned(), |t| t.to_string())
-        );
+        let payload = ticket_json(ticket);
         let failed = |message: String| {
             AttemptOutcome::Failed(FailureInfo {
                 message,
@@ -269,7 +276,32 @@ impl NativeEngine {
             .map_err(to_napi)
     }
 
-    /// Executes one claimed run through the dispatch function.
+    /// Starts the attempt of a claimed run: `{"run","epoch","timeoutMs"}`.
+    /// With `finish_attempt` this is the synchronous path `tick` uses from
+    /// JS: the handler runs on the JS thread with no thread hop.
+    #[napi]
+    pub fn begin_attempt(&self, run_id: String) -> Result<String> {
+        let t = self.engine.begin_attempt(&run_id).map_err(to_napi)?;
+        Ok(ticket_json(&t))
+    }
+
+    /// Applies an attempt's outcome JSON (`completed` / `failed` /
+    /// `timed_out` / `no_handler`). Returns whether it was applied (false
+    /// when the run was canceled or replayed meanwhile).
+    #[napi]
+    pub fn finish_attempt(&self, run_id: String, epoch: u32, outcome_json: String) -> Result<bool> {
+        let Ok(id) = run_id.parse::<RunId>() else {
+            return Err(to_napi(JobError::JobRunNotFound { run_id }));
+        };
+        self.engine
+            .finish_attempt(&id, epoch, parse_outcome(&outcome_json))
+            .map(|r| r.is_some())
+            .map_err(to_napi)
+    }
+
+    /// Executes one claimed run with the handler called through the
+    /// threadsafe dispatch function, from the engine's async runtime (the
+    /// path a Rust-driven scheduler uses).
     #[napi]
     pub async fn tick(&self, run_id: String) -> Result<()> {
         let engine = self.engine.clone();

@@ -22,7 +22,7 @@ import { consoleLogger } from './handler';
 import { toJsonText } from './json';
 import { NativeEngine } from './native';
 import type { JobDefinitionRow, JobRun, JobStep } from './rows';
-import { parseDefinition, parseRun, parseStep } from './rows';
+import { materializeRun, parseDefinition, parseRun, parseStep } from './rows';
 
 export interface JobOrchestratorOptions {
   /** Every start/cancel/query needs `tenantId` (null = cross-tenant work). */
@@ -77,13 +77,58 @@ export interface HandlerRegistration {
 
 type Outcome =
   | { status: 'completed'; output: unknown }
+  | { status: 'timed_out'; timeoutMs: number }
   | { status: 'failed'; error: { message: string; stack?: string; name?: string; code?: string } }
   | { status: 'no_handler' };
+
+interface ManualTimer {
+  deadline: number;
+  resolve: () => void;
+}
 
 interface DispatchPayload {
   run: Record<string, unknown>;
   epoch: number;
   timeoutMs: number | null;
+}
+
+/**
+ * One executing attempt. The AbortController behind `ctx.signal` is built
+ * only when a handler reads the signal (most never do, and constructing one
+ * costs more than the rest of an attempt's bookkeeping).
+ */
+class Attempt {
+  private controller?: AbortController;
+  private reason?: string;
+  private waiters?: (() => void)[];
+  /** Set by `attempt()` to stop racing the handler. */
+  onAbort?: () => void;
+
+  get aborted(): boolean {
+    return this.reason !== undefined;
+  }
+
+  get signal(): AbortSignal {
+    if (!this.controller) {
+      this.controller = new AbortController();
+      if (this.reason !== undefined) this.controller.abort(this.reason);
+    }
+    return this.controller.signal;
+  }
+
+  abort(reason: string): void {
+    if (this.reason !== undefined) return;
+    this.reason = reason;
+    this.controller?.abort(reason);
+    this.onAbort?.();
+    for (const w of this.waiters ?? []) w();
+    this.waiters = undefined;
+  }
+
+  whenAborted(): Promise<void> {
+    if (this.reason !== undefined) return Promise.resolve();
+    return new Promise((resolve) => (this.waiters ??= []).push(resolve));
+  }
 }
 
 function call<T>(f: () => T): T {
@@ -129,7 +174,9 @@ export class JobOrchestrator {
   private readonly native: NativeEngine;
   private readonly handlers = new Map<string, HandlerRegistration>();
   /** AbortControllers of executing attempts, by run id. */
-  private readonly inFlight = new Map<string, AbortController>();
+  private readonly inFlight = new Map<string, Attempt>();
+  /** Pending engine-time sleeps of a manual clock, fired by `advanceTime`. */
+  private readonly manualTimers = new Set<ManualTimer>();
   private readonly loggerFactory: (run: JobRun) => JobLogger;
   readonly multiTenant: boolean;
   readonly clock: 'system' | 'manual';
@@ -314,14 +361,21 @@ export class JobOrchestrator {
     return json === null ? null : parseRun(json);
   }
 
-  /** Executes one claimed (`running`) run: handler, retries, cascade. */
+  /**
+   * Executes one claimed (`running`) run: the engine opens the attempt, the
+   * handler runs here on the JS thread (racing its timeout and a cancel),
+   * and the engine applies the outcome (completion, retry, failure,
+   * cascade). Two synchronous native calls per run, no thread hop.
+   */
   async tick(runId: string): Promise<void> {
     if (typeof runId !== 'string') throw new JobInputInvalidError('runId must be a string');
-    try {
-      await this.native.tick(runId);
-    } catch (e) {
-      throw translateNativeError(e);
-    }
+    const ticket = JSON.parse(call(() => this.native.beginAttempt(runId))) as DispatchPayload;
+    const run = materializeRun(ticket.run);
+    const outcome = await this.attempt(run, ticket.epoch, ticket.timeoutMs);
+    if (outcome === null) return; // canceled meanwhile: nothing to apply
+    const applied = call(() => this.native.finishAttempt(run.id, ticket.epoch, JSON.stringify(outcome)));
+    if (applied && outcome.status === 'timed_out') this.inFlight.get(run.id)?.abort('timed_out');
+    this.inFlight.delete(run.id);
   }
 
   // ── queries ────────────────────────────────────────────────────────
@@ -350,21 +404,34 @@ export class JobOrchestrator {
     }
     const t = this.native.advanceTime(ms);
     if (t === null) throw new JobClockError("advanceTime needs an orchestrator created with clock: 'manual'");
+    for (const timer of [...this.manualTimers].sort((x, y) => x.deadline - y.deadline)) {
+      if (timer.deadline <= t) {
+        this.manualTimers.delete(timer);
+        timer.resolve();
+      }
+    }
     return new Date(t);
   }
 
-  /** Engine-time sleep: a timer on the system clock, `advanceTime` on the manual one. */
-  private sleep(ms: number, signal?: AbortSignal): { promise: Promise<void>; cancel: () => void } {
+  /**
+   * Engine-time sleep: a timer on the system clock; on the manual clock a
+   * timer that `advanceTime` fires. Cancelable, so a finished race leaves
+   * nothing behind that could keep the process alive.
+   */
+  private sleep(ms: number): { promise: Promise<void>; cancel: () => void } {
     if (this.clock === 'manual') {
-      return { promise: this.native.sleep(ms), cancel: () => undefined };
+      const deadline = this.native.now() + ms;
+      let entry!: ManualTimer;
+      const promise = new Promise<void>((resolve) => {
+        entry = { deadline, resolve };
+      });
+      if (deadline <= this.native.now()) entry.resolve();
+      else this.manualTimers.add(entry);
+      return { promise, cancel: () => this.manualTimers.delete(entry) };
     }
     let timer: NodeJS.Timeout | undefined;
     const promise = new Promise<void>((resolve) => {
       timer = setTimeout(resolve, ms);
-      signal?.addEventListener('abort', () => {
-        clearTimeout(timer);
-        resolve();
-      });
     });
     return { promise, cancel: () => clearTimeout(timer) };
   }
@@ -374,21 +441,27 @@ export class JobOrchestrator {
   private onAbort(message: string): void {
     try {
       const { runId, reason } = JSON.parse(message) as { runId: string; reason: string };
-      const ctl = this.inFlight.get(runId);
-      if (ctl && !ctl.signal.aborted) ctl.abort(reason);
+      this.inFlight.get(runId)?.abort(reason);
     } catch {
       /* malformed notification: nothing to abort */
     }
   }
 
+  /**
+   * Dispatch target of the threadsafe-function bridge: the engine's async
+   * runtime calls this (via `call_async_catch`) with the attempt ticket and
+   * applies the resolved outcome itself, timeout and cancel included.
+   */
   private async dispatch(payloadText: string): Promise<string> {
     let outcome: Outcome;
     let runId = '';
     try {
       const payload = JSON.parse(payloadText) as DispatchPayload;
-      const run = parseRun(JSON.stringify(payload.run));
+      const run = materializeRun(payload.run);
       runId = run.id;
-      outcome = await this.execute(run, payload.epoch);
+      const attempt = new Attempt();
+      this.inFlight.set(runId, attempt);
+      outcome = await this.execute(run, payload.epoch, attempt);
     } catch (e) {
       outcome = { status: 'failed', error: describeFailure(e) };
     } finally {
@@ -397,12 +470,30 @@ export class JobOrchestrator {
     return JSON.stringify(outcome);
   }
 
-  private async execute(run: JobRun, epoch: number): Promise<Outcome> {
+  /** Runs the handler racing the attempt's timeout and a cancel; null = canceled. */
+  private async attempt(run: JobRun, epoch: number, timeoutMs: number | null): Promise<Outcome | null> {
+    const attempt = new Attempt();
+    this.inFlight.set(run.id, attempt);
+    const canceled = new Promise<null>((resolve) => {
+      attempt.onAbort = () => resolve(null);
+    });
+    const timer = timeoutMs === null ? null : this.sleep(timeoutMs);
+    const racers: Promise<Outcome | null>[] = [this.execute(run, epoch, attempt), canceled];
+    if (timer && timeoutMs !== null) {
+      racers.push(timer.promise.then((): Outcome => ({ status: 'timed_out', timeoutMs })));
+    }
+    try {
+      return await Promise.race(racers);
+    } finally {
+      timer?.cancel();
+      attempt.onAbort = undefined;
+    }
+  }
+
+  private async execute(run: JobRun, epoch: number, attempt: Attempt): Promise<Outcome> {
     const reg = this.handlers.get(run.jobType);
     if (!reg) return { status: 'no_handler' };
-    const controller = new AbortController();
-    this.inFlight.set(run.id, controller);
-    const ctx = this.makeContext(run, epoch, controller.signal);
+    const ctx = this.makeContext(run, epoch, attempt);
     let value: unknown;
     try {
       const h = reg.handlerClass;
@@ -417,19 +508,21 @@ export class JobOrchestrator {
     return { status: 'completed', output: JSON.parse(j.text) };
   }
 
-  private makeContext(run: JobRun, epoch: number, signal: AbortSignal): JobContext<unknown> {
+  private makeContext(run: JobRun, epoch: number, attempt: Attempt): JobContext<unknown> {
     let logger: JobLogger | undefined;
     const loggerFactory = this.loggerFactory;
     return {
       input: run.input,
       run,
-      signal,
+      get signal() {
+        return attempt.signal;
+      },
       // Built on first use: most handlers never log.
       get logger() {
         return (logger ??= loggerFactory(run));
       },
       step: <T>(stepId: string, fn: () => Promise<T> | T, opts?: StepOptions) =>
-        this.runStep(run.id, epoch, signal, stepId, fn, opts),
+        this.runStep(run.id, epoch, attempt, stepId, fn, opts),
       spawnChild: (type: string, input: unknown, opts?: SpawnChildOptions) =>
         this.start(type, input, {
           parentRunId: run.id,
@@ -446,7 +539,7 @@ export class JobOrchestrator {
   private async runStep<T>(
     runId: string,
     epoch: number,
-    signal: AbortSignal,
+    attempt: Attempt,
     stepId: string,
     fn: () => Promise<T> | T,
     opts: StepOptions | undefined,
@@ -468,7 +561,7 @@ export class JobOrchestrator {
       let value: T;
       let outputText: string;
       try {
-        value = await this.withTimeout(Promise.resolve().then(fn), stepId, timeoutMs, signal);
+        value = await this.withTimeout(Promise.resolve().then(fn), stepId, timeoutMs);
         const j = toJsonText(value ?? null, `step '${stepId}' output`);
         if (!j.ok) throw new JobInputInvalidError(j.reason);
         outputText = j.text;
@@ -476,9 +569,12 @@ export class JobOrchestrator {
         const delay = call(() =>
           this.native.stepFail(runId, epoch, stepId, JSON.stringify(describeFailure(err)), policyText),
         );
-        if (delay === null || signal.aborted) throw err;
-        await this.sleep(delay, signal).promise;
-        if (signal.aborted) throw err;
+        if (delay === null || attempt.aborted) throw err;
+        // Back off in engine time; a cancel or timeout ends the wait early.
+        const pause = this.sleep(delay);
+        await Promise.race([pause.promise, attempt.whenAborted()]);
+        pause.cancel();
+        if (attempt.aborted) throw err;
         continue;
       }
       call(() => this.native.stepComplete(runId, epoch, stepId, outputText));
@@ -486,9 +582,9 @@ export class JobOrchestrator {
     }
   }
 
-  private async withTimeout<T>(p: Promise<T>, stepId: string, timeoutMs: number | undefined, signal: AbortSignal): Promise<T> {
+  private async withTimeout<T>(p: Promise<T>, stepId: string, timeoutMs: number | undefined): Promise<T> {
     if (timeoutMs === undefined) return p;
-    const t = this.sleep(timeoutMs, signal);
+    const t = this.sleep(timeoutMs);
     try {
       return await Promise.race([
         p,

@@ -119,9 +119,10 @@ impl<S: Store> Engine<S> {
             return;
         }
         let observer = self.observer.read().ok().and_then(|o| o.clone());
-        let in_flight = self.in_flight.lock().unwrap_or_else(|p| p.into_inner());
+        let mut in_flight = self.in_flight.lock().unwrap_or_else(|p| p.into_inner());
         for (id, reason) in fx.aborted {
-            if let Some(f) = in_flight.get(&id) {
+            // The attempt is over: wake a waiting `tick` and forget it.
+            if let Some(f) = in_flight.remove(&id) {
                 f.abort.notify_one();
             }
             if let Some(o) = &observer {

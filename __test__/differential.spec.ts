@@ -742,7 +742,7 @@ if (!baselinePresent) {
     t.true(reran.some((x) => (x.attempts as number) >= 2), 'a re-run step counts up its attempts');
     for (const x of forge.steps.flat()) {
       if (x.status === 'completed') t.is(x.error, null, `completed step ${String(x.stepId)} carries no error`);
-      else if (x.status === 'failed') t.is((x.error as { attempt: number }).attempt, x.attempts, 'error.attempt = attempts');
+      else if (x.status === 'failed') t.is((x.error as { attempt: number }).attempt, x.attempts as number, 'error.attempt = attempts');
     }
     const masked = forge.steps.map((rows, i) => maskRerunSteps(base.steps[i]!, rows));
     t.deepEqual(

@@ -2,8 +2,8 @@
  * Shared helpers of the jobforge test suite. Nothing here asserts; the
  * helpers only drive the orchestrator and wait for things to happen.
  */
-import { JobOrchestrator } from '..';
-import type { JobLogger, JobOrchestratorOptions, JobRun, JobStep } from '..';
+import { JobOrchestrator } from '../dist';
+import type { JobContext, JobLogger, JobOrchestratorOptions, JobRun, JobStep } from '../dist';
 
 /** RFC 4122 version-4 UUID. */
 export const UUID_V4 = /^[0-9a-f]{8}-[0-9a-f]{4}-4[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}$/;
@@ -197,11 +197,33 @@ export function codedError(message: string, code: string, name?: string): Error 
   return e;
 }
 
-/**
- * Starts a never-settling handler execution and returns once the handler
- * is running. `tick` is the pending tick promise.
- */
-export interface Hanging {
-  tick: Promise<void>;
+/** One execution of a {@link hanging} handler. */
+export interface HangingAttempt {
+  runId: string;
+  input: unknown;
   signal: AbortSignal;
+  /** Settles the handler's promise with `value` (it never settles otherwise). */
+  release: (value?: unknown) => void;
+}
+
+/**
+ * A handler that never settles on its own; each execution is recorded in
+ * `attempts` so a test can wait for it, watch its signal or release it.
+ */
+export function hanging(): {
+  handler: (ctx: JobContext<unknown>) => Promise<unknown>;
+  attempts: HangingAttempt[];
+  /** Waits until the handler has been entered `n` times. */
+  entered: (n?: number) => Promise<HangingAttempt>;
+} {
+  const attempts: HangingAttempt[] = [];
+  const handler = (ctx: JobContext<unknown>): Promise<unknown> =>
+    new Promise((resolve) => {
+      attempts.push({ runId: ctx.run.id, input: ctx.input, signal: ctx.signal, release: resolve });
+    });
+  const entered = async (n = 1): Promise<HangingAttempt> => {
+    await waitFor(() => attempts.length >= n, `handler entered ${n} time(s)`);
+    return attempts[n - 1]!;
+  };
+  return { handler, attempts, entered };
 }

@@ -54,6 +54,22 @@ export declare class NativeEngine {
   findById(runId: string, tenantGiven: boolean, tenantId?: string | undefined | null): string | null
   /** Steps of a run as a JSON array, in seq order. */
   listSteps(runId: string, tenantGiven: boolean, tenantId?: string | undefined | null): string
+  /**
+   * Runs of a scope as a JSON array. `query_json`: `{status?, jobType?,
+   * limit?, offset?, orderBy?}`.
+   */
+  listForScope(tenantGiven: boolean, tenantId: string | undefined | null, entityType: string, entityId: string, queryJson: string): string
+  cancelForScope(tenantGiven: boolean, tenantId: string | undefined | null, entityType: string, entityId: string): number
+  rescheduleForScope(tenantGiven: boolean, tenantId: string | undefined | null, entityType: string, entityId: string, runAt: number): number
+  /** `[{pool, status, count}]`, sorted by pool then status. */
+  countByPoolAndStatus(tenantGiven: boolean, tenantId?: string | undefined | null): string
+  listRecentFailed(tenantGiven: boolean, tenantId?: string | undefined | null, limit?: number | undefined | null): string
+  /** `{"rows": [...], "nextCursor": string | null}`. */
+  listJobRuns(tenantGiven: boolean, tenantId: string | undefined | null, queryJson: string): string
+  /** `{run, children: [...]}` nested, or null. */
+  getRunTree(tenantGiven: boolean, tenantId: string | undefined | null, rootRunId: string): string | null
+  findStep(tenantGiven: boolean, tenantId: string | undefined | null, runId: string, stepId: string): string | null
+  recordStep(tenantGiven: boolean, tenantId: string | undefined | null, recordJson: string): string
   /** Engine time in epoch ms. */
   now(): number
   /** Moves a manual clock; returns the new time, or null on the system clock. */

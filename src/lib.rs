@@ -402,6 +402,180 @@ impl NativeEngine {
         serde_json::to_string(&steps).map_err(|e| invalid(e.to_string()))
     }
 
+    // ── run service ────────────────────────────────────────────────────
+
+    /// Runs of a scope as a JSON array. `query_json`: `{status?, jobType?,
+    /// limit?, offset?, orderBy?}`.
+    #[napi]
+    pub fn list_for_scope(
+        &self,
+        tenant_given: bool,
+        tenant_id: Option<String>,
+        entity_type: String,
+        entity_id: String,
+        query_json: String,
+    ) -> Result<String> {
+        let q = parse_scope_query(&query_json)?;
+        let rows = self
+            .engine
+            .list_for_scope(
+                &tenant_arg(tenant_given, tenant_id),
+                &entity_type,
+                &entity_id,
+                &q,
+            )
+            .map_err(to_napi)?;
+        Ok(rows_json(&rows))
+    }
+
+    #[napi]
+    pub fn cancel_for_scope(
+        &self,
+        tenant_given: bool,
+        tenant_id: Option<String>,
+        entity_type: String,
+        entity_id: String,
+    ) -> Result<u32> {
+        self.engine
+            .cancel_for_scope(
+                &tenant_arg(tenant_given, tenant_id),
+                &entity_type,
+                &entity_id,
+            )
+            .map_err(to_napi)
+    }
+
+    #[napi]
+    pub fn reschedule_for_scope(
+        &self,
+        tenant_given: bool,
+        tenant_id: Option<String>,
+        entity_type: String,
+        entity_id: String,
+        run_at: f64,
+    ) -> Result<u32> {
+        if !run_at.is_finite() || run_at.fract() != 0.0 || run_at.abs() > 8.64e15 {
+            return Err(invalid("newRunAt must be a valid Date"));
+        }
+        self.engine
+            .reschedule_for_scope(
+                &tenant_arg(tenant_given, tenant_id),
+                &entity_type,
+                &entity_id,
+                run_at as i64,
+            )
+            .map_err(to_napi)
+    }
+
+    /// `[{pool, status, count}]`, sorted by pool then status.
+    #[napi]
+    pub fn count_by_pool_and_status(
+        &self,
+        tenant_given: bool,
+        tenant_id: Option<String>,
+    ) -> Result<String> {
+        let counts = self
+            .engine
+            .count_by_pool_and_status(&tenant_arg(tenant_given, tenant_id))
+            .map_err(to_napi)?;
+        let items: Vec<String> = counts
+            .iter()
+            .map(|(pool, status, count)| {
+                format!(
+                    "{{\"pool\":{},\"status\":\"{}\",\"count\":{count}}}",
+                    Value::String(pool.to_string()),
+                    status.as_str()
+                )
+            })
+            .collect();
+        Ok(format!("[{}]", items.join(",")))
+    }
+
+    #[napi]
+    pub fn list_recent_failed(
+        &self,
+        tenant_given: bool,
+        tenant_id: Option<String>,
+        limit: Option<f64>,
+    ) -> Result<String> {
+        let limit = page_limit(limit)?;
+        let rows = self
+            .engine
+            .list_recent_failed(&tenant_arg(tenant_given, tenant_id), limit)
+            .map_err(to_napi)?;
+        Ok(rows_json(&rows))
+    }
+
+    /// `{"rows": [...], "nextCursor": string | null}`.
+    #[napi]
+    pub fn list_job_runs(
+        &self,
+        tenant_given: bool,
+        tenant_id: Option<String>,
+        query_json: String,
+    ) -> Result<String> {
+        let q = parse_job_run_query(&query_json)?;
+        let (rows, next) = self
+            .engine
+            .list_job_runs(&tenant_arg(tenant_given, tenant_id), &q)
+            .map_err(to_napi)?;
+        let cursor = next.map_or("null".to_owned(), |(t, id)| {
+            format!("\"{}\"", encode_cursor(t, id))
+        });
+        Ok(format!(
+            "{{\"rows\":{},\"nextCursor\":{cursor}}}",
+            rows_json(&rows)
+        ))
+    }
+
+    /// `{run, children: [...]}` nested, or null.
+    #[napi]
+    pub fn get_run_tree(
+        &self,
+        tenant_given: bool,
+        tenant_id: Option<String>,
+        root_run_id: String,
+    ) -> Result<Option<String>> {
+        let Some(rows) = self
+            .engine
+            .run_tree(&tenant_arg(tenant_given, tenant_id), &root_run_id)
+            .map_err(to_napi)?
+        else {
+            return Ok(None);
+        };
+        Ok(Some(tree_json(&rows)))
+    }
+
+    #[napi]
+    pub fn find_step(
+        &self,
+        tenant_given: bool,
+        tenant_id: Option<String>,
+        run_id: String,
+        step_id: String,
+    ) -> Result<Option<String>> {
+        let step = self
+            .engine
+            .find_step(&tenant_arg(tenant_given, tenant_id), &run_id, &step_id)
+            .map_err(to_napi)?;
+        Ok(step.and_then(|s| serde_json::to_string(&s).ok()))
+    }
+
+    #[napi]
+    pub fn record_step(
+        &self,
+        tenant_given: bool,
+        tenant_id: Option<String>,
+        record_json: String,
+    ) -> Result<String> {
+        let rec = parse_record_step(&record_json)?;
+        let row = self
+            .engine
+            .record_step(&tenant_arg(tenant_given, tenant_id), rec)
+            .map_err(to_napi)?;
+        serde_json::to_string(&row).map_err(|e| invalid(e.to_string()))
+    }
+
     /// Engine time in epoch ms.
     #[napi]
     pub fn now(&self) -> f64 {
@@ -536,4 +710,210 @@ fn apply_start_opts(req: &mut StartRequest, text: &str) -> Result<()> {
     req.concurrency_key = o.concurrency_key;
     req.dedupe_key = o.dedupe_key;
     Ok(())
+}
+
+// ── run-service helpers ────────────────────────────────────────────────
+
+const DEFAULT_PAGE: usize = 50;
+const MAX_PAGE: usize = 500;
+
+/// `limit`: absent → 50, above 500 → 500; anything but a positive integer
+/// is an error.
+fn page_limit(limit: Option<f64>) -> Result<usize> {
+    match limit {
+        None => Ok(DEFAULT_PAGE),
+        Some(l) if l.is_finite() && l.fract() == 0.0 && l >= 1.0 => Ok((l as usize).min(MAX_PAGE)),
+        Some(l) => Err(invalid(format!(
+            "limit must be a positive integer, got {l}"
+        ))),
+    }
+}
+
+fn rows_json(rows: &[jobforge_core::RunRow]) -> String {
+    let mut out = String::from("[");
+    for (i, r) in rows.iter().enumerate() {
+        if i > 0 {
+            out.push(',');
+        }
+        out.push_str(&r.to_json());
+    }
+    out.push(']');
+    out
+}
+
+fn tree_json(rows: &[jobforge_core::RunRow]) -> String {
+    use std::collections::HashMap;
+    let mut children: HashMap<RunId, Vec<usize>> = HashMap::new();
+    for (i, r) in rows.iter().enumerate().skip(1) {
+        if let Some(p) = r.parent_run_id {
+            children.entry(p).or_default().push(i);
+        }
+    }
+    // Iterative: a deep chain of children must not exhaust the stack.
+    enum Step {
+        Open(usize),
+        Close,
+        Comma,
+    }
+    let mut out = String::new();
+    let mut stack = vec![Step::Open(0)];
+    while let Some(step) = stack.pop() {
+        match step {
+            Step::Comma => out.push(','),
+            Step::Close => out.push_str("]}"),
+            Step::Open(i) => {
+                out.push_str("{\"run\":");
+                out.push_str(&rows[i].to_json());
+                out.push_str(",\"children\":[");
+                stack.push(Step::Close);
+                if let Some(kids) = children.get(&rows[i].id) {
+                    for (n, k) in kids.iter().enumerate().rev() {
+                        stack.push(Step::Open(*k));
+                        if n > 0 {
+                            stack.push(Step::Comma);
+                        }
+                    }
+                }
+            }
+        }
+    }
+    out
+}
+
+fn encode_cursor(created_at: i64, id: u128) -> String {
+    format!("c1{:016x}{:032x}", created_at as u64, id)
+}
+
+fn decode_cursor(c: &str) -> Result<(i64, u128)> {
+    let bad = || invalid("cursor is malformed (pass nextCursor from a previous page unchanged)");
+    let hex = c
+        .strip_prefix("c1")
+        .filter(|h| h.len() == 48)
+        .ok_or_else(bad)?;
+    let t = u64::from_str_radix(&hex[..16], 16).map_err(|_| bad())? as i64;
+    let id = u128::from_str_radix(&hex[16..], 16).map_err(|_| bad())?;
+    Ok((t, id))
+}
+
+fn status_of(s: &str) -> Result<jobforge_core::RunStatus> {
+    jobforge_core::RunStatus::parse(s).ok_or_else(|| invalid(format!("unknown run status '{s}'")))
+}
+
+fn parse_scope_query(text: &str) -> Result<jobforge_core::engine::ScopeQuery> {
+    let v: Value = serde_json::from_str(text).map_err(|e| invalid(format!("query: {e}")))?;
+    let statuses = match v.get("status") {
+        None | Some(Value::Null) => None,
+        Some(Value::String(s)) => Some(vec![status_of(s)?]),
+        Some(Value::Array(a)) => Some(
+            a.iter()
+                .map(|x| {
+                    x.as_str()
+                        .ok_or_else(|| invalid("status must be a string or an array of strings"))
+                        .and_then(status_of)
+                })
+                .collect::<Result<Vec<_>>>()?,
+        ),
+        Some(_) => return Err(invalid("status must be a string or an array of strings")),
+    };
+    let job_type = match v.get("jobType") {
+        None | Some(Value::Null) => None,
+        Some(Value::String(s)) => Some(s.clone()),
+        Some(_) => return Err(invalid("jobType must be a string")),
+    };
+    let offset = match v.get("offset").and_then(Value::as_f64) {
+        None if v.get("offset").is_none_or(Value::is_null) => 0,
+        Some(o) if o.fract() == 0.0 && o >= 0.0 => o as usize,
+        _ => return Err(invalid("offset must be a non-negative integer")),
+    };
+    let limit = match v.get("limit") {
+        None | Some(Value::Null) => page_limit(None)?,
+        Some(l) => page_limit(Some(
+            l.as_f64()
+                .ok_or_else(|| invalid("limit must be a positive integer"))?,
+        ))?,
+    };
+    let ascending = match v.get("orderBy").and_then(Value::as_str) {
+        None if v.get("orderBy").is_none_or(Value::is_null) => false,
+        Some("createdAt:desc") => false,
+        Some("createdAt:asc") => true,
+        _ => {
+            return Err(invalid(
+                "orderBy must be 'createdAt:desc' or 'createdAt:asc'",
+            ))
+        }
+    };
+    Ok(jobforge_core::engine::ScopeQuery {
+        statuses,
+        job_type,
+        limit,
+        offset,
+        ascending,
+    })
+}
+
+fn parse_job_run_query(text: &str) -> Result<jobforge_core::engine::JobRunQuery> {
+    let v: Value = serde_json::from_str(text).map_err(|e| invalid(format!("query: {e}")))?;
+    let s = |k: &str| -> Result<Option<String>> {
+        match v.get(k) {
+            None | Some(Value::Null) => Ok(None),
+            Some(Value::String(x)) => Ok(Some(x.clone())),
+            Some(_) => Err(invalid(format!("{k} must be a string"))),
+        }
+    };
+    let since = match v.get("since") {
+        None | Some(Value::Null) => None,
+        Some(x) => Some(
+            x.as_f64()
+                .filter(|f| f.is_finite() && f.fract() == 0.0)
+                .ok_or_else(|| invalid("since must be a valid Date"))? as i64,
+        ),
+    };
+    let limit = match v.get("limit") {
+        None | Some(Value::Null) => page_limit(None)?,
+        Some(l) => page_limit(Some(
+            l.as_f64()
+                .ok_or_else(|| invalid("limit must be a positive integer"))?,
+        ))?,
+    };
+    Ok(jobforge_core::engine::JobRunQuery {
+        pool: s("poolId")?,
+        root_run_id: s("rootRunId")?,
+        status: s("status")?.map(|x| status_of(&x)).transpose()?,
+        since,
+        cursor: s("cursor")?.map(|c| decode_cursor(&c)).transpose()?,
+        limit,
+    })
+}
+
+fn parse_record_step(text: &str) -> Result<jobforge_core::engine::RecordStep> {
+    #[derive(serde::Deserialize)]
+    #[serde(rename_all = "camelCase")]
+    struct Wire {
+        job_run_id: String,
+        step_id: String,
+        seq: Option<u32>,
+        status: String,
+        input: Option<Box<RawValue>>,
+        output: Option<Box<RawValue>>,
+        error: Option<jobforge_core::RunError>,
+        attempts: Option<u32>,
+        started_at: Option<i64>,
+        finished_at: Option<i64>,
+    }
+    let w: Wire = serde_json::from_str(text).map_err(|e| invalid(format!("recordStep: {e}")))?;
+    let status = jobforge_core::StepStatus::parse(&w.status)
+        .ok_or_else(|| invalid(format!("unknown step status '{}'", w.status)))?;
+    let not_null = |r: Option<Box<RawValue>>| r.filter(|x| x.get() != "null");
+    Ok(jobforge_core::engine::RecordStep {
+        job_run_id: w.job_run_id,
+        step_id: w.step_id,
+        seq: w.seq.unwrap_or(0),
+        status,
+        input: not_null(w.input),
+        output: not_null(w.output),
+        error: w.error,
+        attempts: w.attempts,
+        started_at: w.started_at,
+        finished_at: w.finished_at,
+    })
 }

@@ -16,6 +16,11 @@ export type {
   JobOrchestratorOptions,
   JobPoolDef,
   JobUpsertEntry,
+  ListForScopeOptions,
+  ListJobRunsOptions,
+  PoolStatusCount,
+  RecordStepInput,
+  RunTreeNode,
   StartOptions,
   TenantOptions,
 } from './orchestrator';

@@ -21,8 +21,8 @@ import type {
 import { consoleLogger } from './handler';
 import { toJsonText } from './json';
 import { NativeEngine } from './native';
-import type { JobDefinitionRow, JobRun, JobStep } from './rows';
-import { materializeRun, parseDefinition, parseRun, parseStep } from './rows';
+import type { JobDefinitionRow, JobRun, JobRunError, JobRunStatus, JobStep } from './rows';
+import { materializeRun, parseDefinition, parseRun, parseRuns, parseStep } from './rows';
 
 export interface JobOrchestratorOptions {
   /** Every start/cancel/query needs `tenantId` (null = cross-tenant work). */
@@ -54,6 +54,50 @@ export interface CancelOptions {
 
 export interface TenantOptions {
   tenantId?: string | null;
+}
+
+export interface ListForScopeOptions extends TenantOptions {
+  status?: JobRunStatus | JobRunStatus[];
+  jobType?: string;
+  limit?: number;
+  offset?: number;
+  orderBy?: 'createdAt:desc' | 'createdAt:asc';
+}
+
+export interface ListJobRunsOptions extends TenantOptions {
+  poolId?: string;
+  rootRunId?: string;
+  status?: JobRunStatus;
+  /** Only runs created at or after this instant. */
+  since?: Date;
+  /** `nextCursor` of the previous page. */
+  cursor?: string;
+  limit?: number;
+}
+
+export interface PoolStatusCount {
+  pool: string;
+  status: JobRunStatus;
+  count: number;
+}
+
+export interface RunTreeNode {
+  run: JobRun;
+  children: RunTreeNode[];
+}
+
+export interface RecordStepInput {
+  jobRunId: string;
+  stepId: string;
+  kind?: 'task';
+  seq?: number;
+  status: JobStep['status'];
+  input?: unknown;
+  output?: unknown;
+  error?: JobRunError;
+  attempts?: number;
+  startedAt?: Date;
+  finishedAt?: Date;
 }
 
 export interface JobUpsertEntry {
@@ -388,6 +432,108 @@ export class JobOrchestrator {
   async listSteps(runId: string, opts?: TenantOptions): Promise<JobStep[]> {
     const json = call(() => this.native.listSteps(String(runId), tenantGiven(opts), opts?.tenantId ?? null));
     return (JSON.parse(json) as Record<string, unknown>[]).map(parseStep);
+  }
+
+  /** A step row of a run, or null. */
+  async findStep(runId: string, stepId: string, opts?: TenantOptions): Promise<JobStep | null> {
+    const json = call(() =>
+      this.native.findStep(tenantGiven(opts), opts?.tenantId ?? null, String(runId), String(stepId)),
+    );
+    return json === null ? null : parseStep(JSON.parse(json));
+  }
+
+  /** Inserts or updates the step row of `(jobRunId, stepId)` (the step service's upsert). */
+  async recordStep(input: RecordStepInput, opts?: TenantOptions): Promise<JobStep> {
+    if (input === null || typeof input !== 'object') throw new JobInputInvalidError('recordStep needs an object');
+    const wire: Record<string, unknown> = { ...input };
+    for (const k of ['startedAt', 'finishedAt'] as const) {
+      const d = input[k];
+      if (d !== undefined && d !== null) {
+        if (!(d instanceof Date) || Number.isNaN(d.getTime())) throw new JobInputInvalidError(`${k} must be a valid Date`);
+        wire[k] = d.getTime();
+      }
+    }
+    for (const k of ['input', 'output'] as const) {
+      if (input[k] !== undefined) {
+        const j = toJsonText(input[k], k);
+        if (!j.ok) throw new JobInputInvalidError(j.reason);
+      }
+    }
+    const json = call(() => this.native.recordStep(tenantGiven(opts), opts?.tenantId ?? null, JSON.stringify(wire)));
+    return parseStep(JSON.parse(json));
+  }
+
+  // ── run service ────────────────────────────────────────────────────
+
+  /** Runs of a scope, newest first unless `orderBy: 'createdAt:asc'`; limit default 50, max 500. */
+  async listForScope(entityType: string, entityId: string, opts: ListForScopeOptions = {}): Promise<JobRun[]> {
+    const o = opts ?? {};
+    const q = { status: o.status, jobType: o.jobType, limit: o.limit, offset: o.offset, orderBy: o.orderBy };
+    const json = call(() =>
+      this.native.listForScope(tenantGiven(o), o.tenantId ?? null, String(entityType), String(entityId), JSON.stringify(q)),
+    );
+    return parseRuns(json);
+  }
+
+  /** Cancels (with cascade) every live run of a scope; resolves with how many were canceled. */
+  async cancelForScope(entityType: string, entityId: string, opts: CancelOptions = {}): Promise<number> {
+    const o = opts ?? {};
+    return call(() => this.native.cancelForScope(tenantGiven(o), o.tenantId ?? null, String(entityType), String(entityId)));
+  }
+
+  /** Moves the `runAt` of a scope's pending runs (others untouched); resolves with how many moved. */
+  async rescheduleForScope(entityType: string, entityId: string, newRunAt: Date, opts: TenantOptions = {}): Promise<number> {
+    if (!(newRunAt instanceof Date) || Number.isNaN(newRunAt.getTime())) {
+      throw new JobInputInvalidError('newRunAt must be a valid Date');
+    }
+    const o = opts ?? {};
+    return call(() =>
+      this.native.rescheduleForScope(tenantGiven(o), o.tenantId ?? null, String(entityType), String(entityId), newRunAt.getTime()),
+    );
+  }
+
+  /** Live run counts per pool and status (maintained incrementally). */
+  async countByPoolAndStatus(tenantId?: string | null): Promise<PoolStatusCount[]> {
+    const given = tenantId !== undefined;
+    return JSON.parse(call(() => this.native.countByPoolAndStatus(given, tenantId ?? null))) as PoolStatusCount[];
+  }
+
+  /** Failed runs, most recently finished first; limit default 50, max 500. */
+  async listRecentFailed(limit?: number, tenantId?: string | null): Promise<JobRun[]> {
+    if (limit !== undefined && typeof limit !== 'number') throw new JobInputInvalidError('limit must be a number');
+    const given = tenantId !== undefined;
+    return parseRuns(call(() => this.native.listRecentFailed(given, tenantId ?? null, limit ?? null)));
+  }
+
+  /**
+   * One page of runs, newest first by `(createdAt, id)`. Pass `nextCursor`
+   * back as `cursor` for the next page; it is null on the last page.
+   * `limit` default 50, max 500.
+   */
+  async listJobRuns(opts: ListJobRunsOptions = {}): Promise<{ rows: JobRun[]; nextCursor: string | null }> {
+    const o = opts ?? {};
+    let since: number | undefined;
+    if (o.since !== undefined) {
+      if (!(o.since instanceof Date) || Number.isNaN(o.since.getTime())) throw new JobInputInvalidError('since must be a valid Date');
+      since = o.since.getTime();
+    }
+    const q = { poolId: o.poolId, rootRunId: o.rootRunId, status: o.status, since, cursor: o.cursor, limit: o.limit };
+    const page = JSON.parse(call(() => this.native.listJobRuns(tenantGiven(o), o.tenantId ?? null, JSON.stringify(q)))) as {
+      rows: Record<string, unknown>[];
+      nextCursor: string | null;
+    };
+    return { rows: page.rows.map(materializeRun), nextCursor: page.nextCursor };
+  }
+
+  /** The tree of runs under a root (parent → children, each with its status), or null. */
+  async getRunTree(rootRunId: string, opts?: TenantOptions): Promise<RunTreeNode | null> {
+    const json = call(() => this.native.getRunTree(tenantGiven(opts), opts?.tenantId ?? null, String(rootRunId)));
+    if (json === null) return null;
+    const walk = (n: { run: Record<string, unknown>; children: unknown[] }): RunTreeNode => ({
+      run: materializeRun(n.run),
+      children: n.children.map((c) => walk(c as { run: Record<string, unknown>; children: unknown[] })),
+    });
+    return walk(JSON.parse(json));
   }
 
   // ── time ───────────────────────────────────────────────────────────

@@ -115,6 +115,10 @@ export function parseRun(json: string): JobRun {
   return materializeRun(JSON.parse(json) as Raw);
 }
 
+export function parseRuns(json: string): JobRun[] {
+  return (JSON.parse(json) as Raw[]).map(materializeRun);
+}
+
 export function parseStep(r: Raw): JobStep {
   r.startedAt = date(r.startedAt);
   r.finishedAt = date(r.finishedAt);

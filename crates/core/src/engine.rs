@@ -7,7 +7,7 @@
 use crate::clock::{clamp_time, Clock, ClockKind};
 use crate::error::{JobError, Result};
 use crate::model::*;
-use crate::store::{Store, StoreTx};
+use crate::store::{PageQuery, Store, StoreTx};
 use crate::template::{InputFields, KeyTemplate};
 use serde_json::value::RawValue;
 use std::collections::HashMap;
@@ -51,6 +51,44 @@ pub enum StepBegin {
     Memoized(Option<Box<RawValue>>),
     /// The step was recorded `running`; this is its attempt number.
     Started { attempt: u32 },
+}
+
+/// Filters of `list_for_scope`.
+#[derive(Debug, Clone)]
+pub struct ScopeQuery {
+    pub statuses: Option<Vec<RunStatus>>,
+    pub job_type: Option<String>,
+    pub limit: usize,
+    pub offset: usize,
+    /// Oldest first when true; newest first (default) otherwise.
+    pub ascending: bool,
+}
+
+/// Filters of `list_job_runs`.
+#[derive(Debug, Clone, Default)]
+pub struct JobRunQuery {
+    pub pool: Option<String>,
+    pub root_run_id: Option<String>,
+    pub status: Option<RunStatus>,
+    pub since: Option<Millis>,
+    /// Exclusive upper `(createdAt, id)` bound from the previous page.
+    pub cursor: Option<(Millis, u128)>,
+    pub limit: usize,
+}
+
+/// Input of `record_step` (the step service's upsert).
+#[derive(Debug, Clone)]
+pub struct RecordStep {
+    pub job_run_id: String,
+    pub step_id: String,
+    pub seq: u32,
+    pub status: StepStatus,
+    pub input: Option<Box<RawValue>>,
+    pub output: Option<Box<RawValue>>,
+    pub error: Option<RunError>,
+    pub attempts: Option<u32>,
+    pub started_at: Option<Millis>,
+    pub finished_at: Option<Millis>,
 }
 
 #[derive(Debug, Clone, Copy, Default)]
@@ -959,6 +997,246 @@ impl<S: Store> Engine<S> {
         self.store.transaction(|tx| match tx.run(&id) {
             Some(r) if Self::visible(&filter, r) => Ok(tx.steps(&id)),
             _ => Ok(Vec::new()),
+        })
+    }
+
+    /// Runs of a scope, filtered and paged. O(r) for the scope's r runs.
+    pub fn list_for_scope(
+        &self,
+        tenant: &TenantArg,
+        entity_type: &str,
+        entity_id: &str,
+        q: &ScopeQuery,
+    ) -> Result<Vec<RunRow>> {
+        let filter = self.gate("listForScope", tenant)?;
+        let t = filter.flatten();
+        self.store.transaction(|tx| {
+            let mut ids = tx.scope_runs(t.as_deref(), entity_type, entity_id);
+            if !q.ascending {
+                ids.reverse();
+            }
+            Ok(ids
+                .iter()
+                .filter_map(|id| tx.run(id))
+                .filter(|r| q.statuses.as_ref().is_none_or(|s| s.contains(&r.status)))
+                .filter(|r| q.job_type.as_deref().is_none_or(|j| &*r.job_type == j))
+                .skip(q.offset)
+                .take(q.limit)
+                .cloned()
+                .collect())
+        })
+    }
+
+    /// Cancels (with cascade) every live run of a scope; returns how many
+    /// of the scope's runs were canceled. O(r + cascade).
+    pub fn cancel_for_scope(
+        &self,
+        tenant: &TenantArg,
+        entity_type: &str,
+        entity_id: &str,
+    ) -> Result<u32> {
+        let filter = self.gate("cancelForScope", tenant)?;
+        let t = filter.flatten();
+        let now = self.now();
+        let mut fx = Effects::default();
+        let n = self.store.transaction(|tx| {
+            let mut n = 0;
+            for id in tx.scope_runs(t.as_deref(), entity_type, entity_id) {
+                if tx.run(&id).is_some_and(|r| !r.status.is_terminal()) {
+                    self.cancel_tree(tx, id, true, true, now, &mut fx);
+                    n += 1;
+                }
+            }
+            Ok(n)
+        })?;
+        self.deliver(fx);
+        Ok(n)
+    }
+
+    /// Moves the `runAt` of a scope's pending runs; returns how many moved.
+    /// O(r log n).
+    pub fn reschedule_for_scope(
+        &self,
+        tenant: &TenantArg,
+        entity_type: &str,
+        entity_id: &str,
+        run_at: Millis,
+    ) -> Result<u32> {
+        let filter = self.gate("rescheduleForScope", tenant)?;
+        let t = filter.flatten();
+        let now = self.now();
+        let run_at = clamp_time(run_at);
+        self.store.transaction(|tx| {
+            let mut n = 0;
+            for id in tx.scope_runs(t.as_deref(), entity_type, entity_id) {
+                if tx.run(&id).is_some_and(|r| r.status == RunStatus::Pending) {
+                    tx.update_run(&id, &mut |r| {
+                        r.run_at = run_at;
+                        r.updated_at = now;
+                    });
+                    n += 1;
+                }
+            }
+            Ok(n)
+        })
+    }
+
+    /// Live counts per pool and status. O(groups): maintained on every
+    /// transition, never counted from rows.
+    pub fn count_by_pool_and_status(
+        &self,
+        tenant: &TenantArg,
+    ) -> Result<Vec<(Arc<str>, RunStatus, u64)>> {
+        let filter = self.gate("countByPoolAndStatus", tenant)?;
+        let t = filter.flatten();
+        self.store
+            .transaction(|tx| Ok(tx.status_counts(t.as_deref())))
+    }
+
+    /// Most recently finished failed runs. O(log n + k).
+    pub fn list_recent_failed(&self, tenant: &TenantArg, limit: usize) -> Result<Vec<RunRow>> {
+        let filter = self.gate("listRecentFailed", tenant)?;
+        let t = filter.flatten();
+        self.store.transaction(|tx| {
+            Ok(tx
+                .recent_failed(t.as_deref(), limit)
+                .iter()
+                .filter_map(|id| tx.run(id).cloned())
+                .collect())
+        })
+    }
+
+    /// One page of runs, newest first by `(createdAt, id)`, and the cursor
+    /// of the next page (`None` on the last). O(log n + k) on the narrowest
+    /// index; other filters are checked per row.
+    pub fn list_job_runs(
+        &self,
+        tenant: &TenantArg,
+        q: &JobRunQuery,
+    ) -> Result<(Vec<RunRow>, Option<(Millis, u128)>)> {
+        let filter = self.gate("listJobRuns", tenant)?;
+        let t = filter.flatten();
+        let root = match &q.root_run_id {
+            Some(r) => match parse_run_id(r) {
+                Some(id) => Some(id),
+                None => return Ok((Vec::new(), None)),
+            },
+            None => None,
+        };
+        self.store.transaction(|tx| {
+            // One extra row tells whether another page exists.
+            let ids = tx.page_runs(&PageQuery {
+                tenant: t.as_deref(),
+                pool: q.pool.as_deref(),
+                status: q.status,
+                root: root.as_ref(),
+                since: q.since.unwrap_or(i64::MIN),
+                before: q.cursor,
+                limit: q.limit + 1,
+            });
+            let mut rows: Vec<RunRow> = ids.iter().filter_map(|id| tx.run(id).cloned()).collect();
+            let next = if rows.len() > q.limit {
+                rows.truncate(q.limit);
+                rows.last().map(|r| (r.created_at, r.id.as_u128()))
+            } else {
+                None
+            };
+            Ok((rows, next))
+        })
+    }
+
+    /// A root run and its descendants (root first, then created order), or
+    /// `None` when the root is unknown or another tenant's. O(tree).
+    pub fn run_tree(&self, tenant: &TenantArg, root_run_id: &str) -> Result<Option<Vec<RunRow>>> {
+        let filter = self.gate("getRunTree", tenant)?;
+        let Some(id) = parse_run_id(root_run_id) else {
+            return Ok(None);
+        };
+        self.store.transaction(|tx| {
+            match tx.run(&id) {
+                Some(r) if Self::visible(&filter, r) => {}
+                _ => return Ok(None),
+            }
+            Ok(Some(
+                tx.tree_runs(&id)
+                    .iter()
+                    .filter_map(|i| tx.run(i).cloned())
+                    .collect(),
+            ))
+        })
+    }
+
+    /// One step row. O(1).
+    pub fn find_step(
+        &self,
+        tenant: &TenantArg,
+        run_id: &str,
+        step_id: &str,
+    ) -> Result<Option<StepRow>> {
+        let filter = self.gate("findStep", tenant)?;
+        let Some(id) = parse_run_id(run_id) else {
+            return Ok(None);
+        };
+        self.store.transaction(|tx| match tx.run(&id) {
+            Some(r) if Self::visible(&filter, r) => Ok(tx.step(&id, step_id).cloned()),
+            _ => Ok(None),
+        })
+    }
+
+    /// Inserts or updates the row of `(jobRunId, stepId)`: given fields
+    /// replace stored ones, absent fields keep theirs. O(1).
+    pub fn record_step(&self, tenant: &TenantArg, rec: RecordStep) -> Result<StepRow> {
+        let filter = self.gate("recordStep", tenant)?;
+        let not_found = || JobError::JobRunNotFound {
+            run_id: rec.job_run_id.clone(),
+        };
+        let id = parse_run_id(&rec.job_run_id).ok_or_else(not_found)?;
+        if rec.step_id.is_empty() {
+            return Err(JobError::invalid("stepId must be a non-empty string"));
+        }
+        self.store.transaction(|tx| {
+            let run = tx
+                .run(&id)
+                .filter(|r| Self::visible(&filter, r))
+                .ok_or_else(not_found)?;
+            let epoch = run.claim_epoch;
+            let prev = tx.step(&id, &rec.step_id).cloned();
+            let row = StepRow {
+                id: prev.as_ref().map_or_else(Uuid::new_v4, |p| p.id),
+                job_run_id: id,
+                step_id: rec.step_id.as_str().into(),
+                kind: "task",
+                seq: match (&prev, rec.seq) {
+                    (Some(p), _) => p.seq,
+                    (None, 0) => tx.max_step_seq(&id) + 1,
+                    (None, n) => n,
+                },
+                status: rec.status,
+                input: rec
+                    .input
+                    .clone()
+                    .or_else(|| prev.as_ref().and_then(|p| p.input.clone())),
+                output: rec
+                    .output
+                    .clone()
+                    .or_else(|| prev.as_ref().and_then(|p| p.output.clone())),
+                error: rec
+                    .error
+                    .clone()
+                    .map(Box::new)
+                    .or_else(|| prev.as_ref().and_then(|p| p.error.clone())),
+                attempts: rec
+                    .attempts
+                    .or(prev.as_ref().map(|p| p.attempts))
+                    .unwrap_or(0),
+                started_at: rec.started_at.or(prev.as_ref().and_then(|p| p.started_at)),
+                finished_at: rec
+                    .finished_at
+                    .or(prev.as_ref().and_then(|p| p.finished_at)),
+                epoch,
+            };
+            tx.put_step(row.clone());
+            Ok(row)
         })
     }
 

@@ -13,7 +13,7 @@
 //! Only claimable runs (pending and lane head or unkeyed) sit in a pool
 //! index, so a lane of a million queued runs costs its pool one entry.
 
-use super::{Store, StoreTx, TenantRef};
+use super::{PageQuery, Store, StoreTx, TenantRef};
 use crate::error::Result;
 use crate::model::{JobDefinition, Millis, RunId, RunRow, RunStatus, StepRow, StepStatus};
 use std::cmp::Reverse;
@@ -51,12 +51,38 @@ pub struct MemoryState {
     children: HashMap<Handle, Vec<Handle>>,
     steps: HashMap<Handle, RunSteps>,
     seq: u64,
+    q: QueryIndex,
+}
+
+/// `(createdAt, id)`: the keyset order of `listJobRuns` (newest first).
+type CreatedKey = (Millis, u128, Handle);
+type Tenant = Option<Arc<str>>;
+
+/// Indexes behind the run-service queries. Every set is ordered by
+/// `(createdAt, id)` so a page is a range walk: O(log n + k).
+#[derive(Default)]
+struct QueryIndex {
+    by_tenant: HashMap<Tenant, BTreeSet<CreatedKey>>,
+    by_pool: HashMap<(Tenant, Arc<str>), BTreeSet<CreatedKey>>,
+    by_status: HashMap<(Tenant, RunStatus), BTreeSet<CreatedKey>>,
+    /// Failed runs by `(finishedAt, id)`, for `listRecentFailed`.
+    failed: HashMap<Tenant, BTreeSet<CreatedKey>>,
+    /// Runs of a scope in created order.
+    scope: HashMap<(Tenant, Box<str>, Box<str>), Vec<Handle>>,
+    /// Every descendant of a root, in created order (the root excluded).
+    tree: HashMap<Handle, Vec<Handle>>,
+    counts: HashMap<(Tenant, Arc<str>, RunStatus), u64>,
+}
+
+fn created_key(r: &RunRow, h: Handle) -> CreatedKey {
+    (r.created_at, r.id.as_u128(), h)
 }
 
 /// The fields whose change requires re-indexing.
 #[derive(PartialEq, Eq, Clone)]
 struct IndexView {
     status: RunStatus,
+    finished_at: Option<Millis>,
     pool: Arc<str>,
     priority: i32,
     run_at: Millis,
@@ -67,6 +93,7 @@ impl IndexView {
     fn of(r: &RunRow) -> Self {
         IndexView {
             status: r.status,
+            finished_at: r.finished_at,
             pool: r.pool.clone(),
             priority: r.priority,
             run_at: r.run_at,
@@ -131,10 +158,50 @@ impl MemoryState {
             .map(|(_, h)| *h)
     }
 
+    /// Status-keyed query indexes and counts follow a status change.
+    fn reindex_status(&mut self, h: Handle, before: &IndexView, after: &IndexView) {
+        let r = &self.runs[h as usize];
+        let key = created_key(r, h);
+        let t = r.tenant_id.clone();
+        let q = &mut self.q;
+        if before.status != after.status {
+            if let Some(set) = q.by_status.get_mut(&(t.clone(), before.status)) {
+                set.remove(&key);
+            }
+            q.by_status
+                .entry((t.clone(), after.status))
+                .or_default()
+                .insert(key);
+            if let Some(c) = q
+                .counts
+                .get_mut(&(t.clone(), before.pool.clone(), before.status))
+            {
+                *c = c.saturating_sub(1);
+            }
+            *q.counts
+                .entry((t.clone(), after.pool.clone(), after.status))
+                .or_default() += 1;
+        }
+        if before.status == RunStatus::Failed {
+            if let Some(set) = q.failed.get_mut(&t) {
+                set.remove(&(before.finished_at.unwrap_or(0), key.1, h));
+            }
+        }
+        if after.status == RunStatus::Failed {
+            q.failed
+                .entry(t)
+                .or_default()
+                .insert((after.finished_at.unwrap_or(0), key.1, h));
+        }
+    }
+
     fn reindex(&mut self, h: Handle, before: IndexView) {
         let after = IndexView::of(&self.runs[h as usize]);
         if before == after {
             return;
+        }
+        if before.status != after.status || before.finished_at != after.finished_at {
+            self.reindex_status(h, &before, &after);
         }
         let lane = lane_key(&self.runs[h as usize]);
         let old_head = lane.as_ref().and_then(|k| self.lane_head(k));
@@ -241,6 +308,32 @@ impl StoreTx for MemoryTx<'_> {
         let lane = lane_key(&row);
         let lane_seq = row.lane_seq;
         let pending = row.status == RunStatus::Pending;
+        // Query indexes.
+        let key = created_key(&row, h);
+        let t = row.tenant_id.clone();
+        s.q.by_tenant.entry(t.clone()).or_default().insert(key);
+        s.q.by_pool
+            .entry((t.clone(), row.pool.clone()))
+            .or_default()
+            .insert(key);
+        s.q.by_status
+            .entry((t.clone(), row.status))
+            .or_default()
+            .insert(key);
+        *s.q.counts
+            .entry((t.clone(), row.pool.clone(), row.status))
+            .or_default() += 1;
+        if let (Some(et), Some(eid)) = (&row.scope_entity_type, &row.scope_entity_id) {
+            s.q.scope
+                .entry((t, et.clone(), eid.clone()))
+                .or_default()
+                .push(h);
+        }
+        if row.parent_run_id.is_some() {
+            if let Some(&root) = s.ids.get(&row.root_run_id) {
+                s.q.tree.entry(root).or_default().push(h);
+            }
+        }
         s.runs.push(row);
         if let Some(k) = lane {
             s.lanes.entry(k).or_default().insert(lane_seq, h);
@@ -383,5 +476,114 @@ impl StoreTx for MemoryTx<'_> {
                 s.steps.remove(&h);
             }
         }
+    }
+
+    fn scope_runs(&self, tenant: TenantRef<'_>, entity_type: &str, entity_id: &str) -> Vec<RunId> {
+        let s = &*self.0;
+        let key = (
+            tenant.map(Arc::from),
+            Box::from(entity_type),
+            Box::from(entity_id),
+        );
+        s.q.scope
+            .get(&key)
+            .map(|v| v.iter().map(|h| s.runs[*h as usize].id).collect())
+            .unwrap_or_default()
+    }
+
+    fn status_counts(&self, tenant: TenantRef<'_>) -> Vec<(Arc<str>, RunStatus, u64)> {
+        let mut out: Vec<(Arc<str>, RunStatus, u64)> = self
+            .0
+            .q
+            .counts
+            .iter()
+            .filter(|((t, _, _), c)| t.as_deref() == tenant && **c > 0)
+            .map(|((_, pool, status), c)| (pool.clone(), *status, *c))
+            .collect();
+        out.sort_by(|a, b| a.0.cmp(&b.0).then(a.1.as_str().cmp(b.1.as_str())));
+        out
+    }
+
+    fn recent_failed(&self, tenant: TenantRef<'_>, limit: usize) -> Vec<RunId> {
+        let s = &*self.0;
+        s.q.failed
+            .get(&tenant.map(Arc::from))
+            .map(|set| {
+                set.iter()
+                    .rev()
+                    .take(limit)
+                    .map(|(_, _, h)| s.runs[*h as usize].id)
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
+    fn page_runs(&self, q: &PageQuery<'_>) -> Vec<RunId> {
+        let s = &*self.0;
+        let tenant: Tenant = q.tenant.map(Arc::from);
+        let matches = |h: Handle| {
+            let r = &s.runs[h as usize];
+            q.pool.is_none_or(|p| &*r.pool == p)
+                && q.status.is_none_or(|st| r.status == st)
+                && r.tenant_id.as_deref() == q.tenant
+        };
+        let before = q.before.map(|(t, id)| (t, id, Handle::MAX));
+        let in_range =
+            |k: &CreatedKey| before.is_none_or(|b| (k.0, k.1) < (b.0, b.1)) && k.0 >= q.since;
+        let mut out = Vec::new();
+        if let Some(root) = q.root {
+            // A tree is small: gather, order, filter.
+            let Some(&rh) = s.ids.get(root) else {
+                return out;
+            };
+            let mut keys: Vec<CreatedKey> = std::iter::once(rh)
+                .chain(s.q.tree.get(&rh).into_iter().flatten().copied())
+                .map(|h| created_key(&s.runs[h as usize], h))
+                .filter(|k| in_range(k) && matches(k.2))
+                .collect();
+            keys.sort_unstable_by(|a, b| b.cmp(a));
+            return keys
+                .into_iter()
+                .take(q.limit)
+                .map(|k| s.runs[k.2 as usize].id)
+                .collect();
+        }
+        // The narrowest index that serves the filters; the rest are checked per row.
+        let set = match (q.status, q.pool) {
+            (Some(st), _) => s.q.by_status.get(&(tenant, st)),
+            (None, Some(p)) => s.q.by_pool.get(&(tenant, Arc::from(p))),
+            (None, None) => s.q.by_tenant.get(&tenant),
+        };
+        let Some(set) = set else { return out };
+        let upper = match before {
+            Some(b) => std::ops::Bound::Excluded(b),
+            None => std::ops::Bound::Unbounded,
+        };
+        for k in set.range((std::ops::Bound::Unbounded, upper)).rev() {
+            if k.0 < q.since {
+                break;
+            }
+            if (k.0, k.1) == before.map_or((i64::MIN, 0), |b| (b.0, b.1)) {
+                continue;
+            }
+            if matches(k.2) {
+                out.push(s.runs[k.2 as usize].id);
+                if out.len() == q.limit {
+                    break;
+                }
+            }
+        }
+        out
+    }
+
+    fn tree_runs(&self, root: &RunId) -> Vec<RunId> {
+        let s = &*self.0;
+        let Some(&rh) = s.ids.get(root) else {
+            return Vec::new();
+        };
+        std::iter::once(rh)
+            .chain(s.q.tree.get(&rh).into_iter().flatten().copied())
+            .map(|h| s.runs[h as usize].id)
+            .collect()
     }
 }

@@ -31,6 +31,22 @@ pub trait Store: Send + Sync + 'static {
 /// the tenant is always `None`.
 pub type TenantRef<'a> = Option<&'a str>;
 
+/// Filters of a keyset page over runs, newest first by `(createdAt, id)`.
+#[derive(Debug, Clone)]
+pub struct PageQuery<'a> {
+    /// Only rows of this tenant (`None` = the null tenant, which in
+    /// single-tenant mode is every row).
+    pub tenant: TenantRef<'a>,
+    pub pool: Option<&'a str>,
+    pub status: Option<crate::model::RunStatus>,
+    pub root: Option<&'a RunId>,
+    /// Only rows created at or after this instant.
+    pub since: Millis,
+    /// Only rows strictly before this `(createdAt, id)` key.
+    pub before: Option<(Millis, u128)>,
+    pub limit: usize,
+}
+
 pub trait StoreTx {
     // ── definitions ────────────────────────────────────────────────────
     fn definition(&self, job_type: &str) -> Option<Arc<JobDefinition>>;
@@ -76,4 +92,18 @@ pub trait StoreTx {
     fn max_step_seq(&self, run: &RunId) -> u32;
     /// Deletes a run's steps: all of them, or only the non-completed ones.
     fn delete_steps(&mut self, run: &RunId, keep_completed: bool);
+
+    // ── queries ────────────────────────────────────────────────────────
+    /// Runs of a scope for one tenant, in created order.
+    fn scope_runs(&self, tenant: TenantRef<'_>, entity_type: &str, entity_id: &str) -> Vec<RunId>;
+    /// Live counts per `(pool, status)` for one tenant, maintained on every
+    /// transition.
+    fn status_counts(&self, tenant: TenantRef<'_>)
+        -> Vec<(Arc<str>, crate::model::RunStatus, u64)>;
+    /// Failed runs of a tenant, most recently finished first.
+    fn recent_failed(&self, tenant: TenantRef<'_>, limit: usize) -> Vec<RunId>;
+    /// One keyset page (see [`PageQuery`]).
+    fn page_runs(&self, q: &PageQuery<'_>) -> Vec<RunId>;
+    /// A root and all its descendants, root first then created order.
+    fn tree_runs(&self, root: &RunId) -> Vec<RunId>;
 }

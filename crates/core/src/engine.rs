@@ -64,6 +64,9 @@ pub struct ScopeQuery {
     pub ascending: bool,
 }
 
+/// Keyset position `(createdAt, id)` of the last row of a page.
+pub type PageCursor = (Millis, u128);
+
 /// Filters of `list_job_runs`.
 #[derive(Debug, Clone, Default)]
 pub struct JobRunQuery {
@@ -1113,7 +1116,7 @@ impl<S: Store> Engine<S> {
         &self,
         tenant: &TenantArg,
         q: &JobRunQuery,
-    ) -> Result<(Vec<RunRow>, Option<(Millis, u128)>)> {
+    ) -> Result<(Vec<RunRow>, Option<PageCursor>)> {
         let filter = self.gate("listJobRuns", tenant)?;
         let t = filter.flatten();
         let root = match &q.root_run_id {

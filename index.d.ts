@@ -11,7 +11,7 @@ export declare const __napiBindingTarget: 'native' | 'wasm32-wasi' | 'wasm32-was
 
 /** The engine over the in-memory store. Rows cross as JSON text. */
 export declare class NativeEngine {
-  constructor(options: NativeOptions, dispatch: (payload: string) => Promise<string>, onAbort: (message: string) => void)
+  constructor(options: NativeOptions, dispatch: (payload: string) => Promise<string>, onAbort: () => void)
   /**
    * Registers definitions from a JSON array of specs, all or none;
    * returns the definition rows as a JSON array.
@@ -70,6 +70,8 @@ export declare class NativeEngine {
   getRunTree(tenantGiven: boolean, tenantId: string | undefined | null, rootRunId: string): string | null
   findStep(tenantGiven: boolean, tenantId: string | undefined | null, runId: string, stepId: string): string | null
   recordStep(tenantGiven: boolean, tenantId: string | undefined | null, recordJson: string): string
+  /** Drains the queued aborts: `[{"runId","reason"}]`, or null when none. */
+  takeAborts(): string | null
   /** Engine time in epoch ms. */
   now(): number
   /** Moves a manual clock; returns the new time, or null on the system clock. */

@@ -1673,12 +1673,12 @@ test('cancel: after cancel + replay + re-claim, the stale attempt can neither fi
   t.deepEqual((await o.listSteps(r.id)).map((s) => s.stepId), ['from-live']);
 });
 
-// Known engine defect (see the report): the abort of a canceled running
-// attempt is delivered through a weak threadsafe function, so when nothing
-// else keeps the event loop alive the process exits before ctx.signal fires
-// and the pending tick() never settles. Reproduced in a child process, ten
-// cancel-then-await-tick rounds in a row.
-test.failing('cancel: awaiting the tick of a canceled running run settles even when nothing else keeps Node alive', async (t) => {
+// Regression: the abort of a canceled running attempt once travelled only
+// through a weak threadsafe function, so when nothing else kept the event
+// loop alive the process exited before ctx.signal fired and the pending
+// tick() never settled. Checked in a child process, ten cancel-then-await-
+// tick rounds in a row.
+test('cancel: awaiting the tick of a canceled running run settles even when nothing else keeps Node alive', async (t) => {
   const dist = path.resolve(__dirname, '..', 'dist');
   const script = `
     const { JobOrchestrator } = require(${JSON.stringify(dist)});

@@ -56,18 +56,27 @@ type DispatchFn = ThreadsafeFunction<String, Promise<String>, String, Status, fa
 /// Abort notification: `{"runId", "reason"}` as JSON; fire and forget.
 type AbortFn = ThreadsafeFunction<String, UnknownReturnValue, String, Status, false, true>;
 
+type PendingAborts = Arc<std::sync::Mutex<Vec<(RunId, AbortReason)>>>;
+
+/// Aborts are queued here and drained by JS: synchronously right after the
+/// native call that caused them (a weak threadsafe function alone could be
+/// dropped when the event loop has nothing else to do), and through the
+/// threadsafe function for aborts decided on the engine's own threads.
 struct JsObserver {
     on_abort: AbortFn,
+    pending: PendingAborts,
 }
 
 impl EngineObserver for JsObserver {
     fn run_aborted(&self, run_id: RunId, reason: AbortReason) {
-        let msg = json!({ "runId": run_id.to_string(), "reason": reason.as_str() }).to_string();
+        if let Ok(mut p) = self.pending.lock() {
+            p.push((run_id, reason));
+        }
         // NonBlocking on an unbounded queue: only `Closing` (environment
         // shutting down) can fail, and then there is no signal to fire.
         let _ = self
             .on_abort
-            .call(msg, ThreadsafeFunctionCallMode::NonBlocking);
+            .call(String::new(), ThreadsafeFunctionCallMode::NonBlocking);
     }
 }
 
@@ -168,6 +177,7 @@ pub struct NativeOptions {
 #[napi]
 pub struct NativeEngine {
     engine: Arc<Engine<MemoryStore>>,
+    pending_aborts: PendingAborts,
     executor: Arc<JsExecutor>,
 }
 
@@ -175,7 +185,7 @@ pub struct NativeEngine {
 impl NativeEngine {
     #[napi(
         constructor,
-        ts_args_type = "options: NativeOptions, dispatch: (payload: string) => Promise<string>, onAbort: (message: string) => void"
+        ts_args_type = "options: NativeOptions, dispatch: (payload: string) => Promise<string>, onAbort: () => void"
     )]
     pub fn new(options: NativeOptions, dispatch: DispatchFn, on_abort: AbortFn) -> Result<Self> {
         let clock = match options.clock.as_deref() {
@@ -194,9 +204,14 @@ impl NativeEngine {
                 clock,
             },
         ));
-        engine.set_observer(Arc::new(JsObserver { on_abort }));
+        let pending_aborts = PendingAborts::default();
+        engine.set_observer(Arc::new(JsObserver {
+            on_abort,
+            pending: pending_aborts.clone(),
+        }));
         Ok(NativeEngine {
             engine,
+            pending_aborts,
             executor: Arc::new(JsExecutor {
                 dispatch: Arc::new(dispatch),
             }),
@@ -574,6 +589,20 @@ impl NativeEngine {
             .record_step(&tenant_arg(tenant_given, tenant_id), rec)
             .map_err(to_napi)?;
         serde_json::to_string(&row).map_err(|e| invalid(e.to_string()))
+    }
+
+    /// Drains the queued aborts: `[{"runId","reason"}]`, or null when none.
+    #[napi]
+    pub fn take_aborts(&self) -> Option<String> {
+        let taken = std::mem::take(&mut *self.pending_aborts.lock().ok()?);
+        if taken.is_empty() {
+            return None;
+        }
+        let items: Vec<Value> = taken
+            .iter()
+            .map(|(id, r)| json!({ "runId": id.to_string(), "reason": r.as_str() }))
+            .collect();
+        Some(Value::Array(items).to_string())
     }
 
     /// Engine time in epoch ms.

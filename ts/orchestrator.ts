@@ -241,7 +241,7 @@ export class JobOrchestrator {
         new NativeEngine(
           { multiTenant: this.multiTenant, clock },
           (payload) => this.dispatch(payload),
-          (message) => this.onAbort(message),
+          () => this.flushAborts(),
         ),
     );
   }
@@ -348,7 +348,9 @@ export class JobOrchestrator {
         typeof reg.meta.dedupe?.key === 'function' ||
         (reg.meta.scope !== undefined && opts?.scope === undefined));
     if (opts === undefined && !needsJs) {
-      return parseRun(call(() => this.native.start(type, inputText, null)));
+      const json = call(() => this.native.start(type, inputText, null));
+      this.afterMutation();
+      return parseRun(json);
     }
     if (opts !== undefined && (opts === null || typeof opts !== 'object')) {
       throw new JobInputInvalidError('start options must be an object');
@@ -382,7 +384,9 @@ export class JobOrchestrator {
         throw e;
       }
     }
-    return parseRun(call(() => this.native.start(type, inputText, JSON.stringify(o))));
+    const json = call(() => this.native.start(type, inputText, JSON.stringify(o)));
+    this.afterMutation();
+    return parseRun(json);
   }
 
   // ── cancel / replay / claim / tick ─────────────────────────────────
@@ -391,6 +395,7 @@ export class JobOrchestrator {
   async cancel(runId: string, opts: CancelOptions = {}): Promise<void> {
     const o = opts ?? {};
     call(() => this.native.cancel(String(runId), o.cascade !== false, tenantGiven(o), o.tenantId ?? null));
+    this.afterMutation();
   }
 
   /** Resets a terminal run to pending (contract "replay"). */
@@ -418,6 +423,7 @@ export class JobOrchestrator {
     const outcome = await this.attempt(run, ticket.epoch, ticket.timeoutMs);
     if (outcome === null) return; // canceled meanwhile: nothing to apply
     const applied = call(() => this.native.finishAttempt(run.id, ticket.epoch, JSON.stringify(outcome)));
+    this.afterMutation();
     if (applied && outcome.status === 'timed_out') this.inFlight.get(run.id)?.abort('timed_out');
     this.inFlight.delete(run.id);
   }
@@ -478,7 +484,9 @@ export class JobOrchestrator {
   /** Cancels (with cascade) every live run of a scope; resolves with how many were canceled. */
   async cancelForScope(entityType: string, entityId: string, opts: CancelOptions = {}): Promise<number> {
     const o = opts ?? {};
-    return call(() => this.native.cancelForScope(tenantGiven(o), o.tenantId ?? null, String(entityType), String(entityId)));
+    const n = call(() => this.native.cancelForScope(tenantGiven(o), o.tenantId ?? null, String(entityType), String(entityId)));
+    this.afterMutation();
+    return n;
   }
 
   /** Moves the `runAt` of a scope's pending runs (others untouched); resolves with how many moved. */
@@ -584,13 +592,18 @@ export class JobOrchestrator {
 
   // ── handler execution (called by the engine) ───────────────────────
 
-  private onAbort(message: string): void {
-    try {
-      const { runId, reason } = JSON.parse(message) as { runId: string; reason: string };
+  /** Fires `ctx.signal` of every executing attempt the engine aborted. */
+  private flushAborts(): void {
+    const json = this.native.takeAborts();
+    if (json === null) return;
+    for (const { runId, reason } of JSON.parse(json) as { runId: string; reason: string }[]) {
       this.inFlight.get(runId)?.abort(reason);
-    } catch {
-      /* malformed notification: nothing to abort */
     }
+  }
+
+  /** After a native call that may have canceled running runs. */
+  private afterMutation(): void {
+    if (this.inFlight.size > 0) this.flushAborts();
   }
 
   /**

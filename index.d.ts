@@ -70,8 +70,29 @@ export declare class NativeEngine {
   getRunTree(tenantGiven: boolean, tenantId: string | undefined | null, rootRunId: string): string | null
   findStep(tenantGiven: boolean, tenantId: string | undefined | null, runId: string, stepId: string): string | null
   recordStep(tenantGiven: boolean, tenantId: string | undefined | null, recordJson: string): string
-  /** Drains the queued aborts: `[{"runId","reason"}]`, or null when none. */
-  takeAborts(): string | null
+  /**
+   * Drains queued notices: `{"aborts":[{"runId","reason"}],"events":[row…]}`,
+   * or null when there are none.
+   */
+  takeNotices(): string | null
+  /** Turns transition events on or off. */
+  setEvents(enabled: boolean): void
+  /**
+   * Starts the scheduler for `pools_json` (`[{"name","concurrency"}]`);
+   * claimed batches reach `on_batch` as a JSON array of tickets.
+   */
+  startWorker(poolsJson: string, onBatch: (tickets: string) => void): void
+  /**
+   * Records a worker attempt's outcome (null = canceled/released) and
+   * returns the pool's next ticket JSON, or null.
+   */
+  workerFinish(runId: string, epoch: number, outcomeJson: string | undefined | null, pool: string): string | null
+  /** Stops claiming; in-flight attempts go on. Returns how many are in flight. */
+  workerStop(): number
+  /** Attempts the worker holds right now. */
+  workerInFlight(): number
+  /** Puts an interrupted attempt's run back to pending (shutdown). */
+  releaseAttempt(runId: string, epoch: number): boolean
   /** Engine time in epoch ms. */
   now(): number
   /** Moves a manual clock; returns the new time, or null on the system clock. */

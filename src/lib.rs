@@ -6,6 +6,7 @@
 use jobforge_core::engine::{
     json_value, AttemptTicket, EngineObserver, HandlerExecutor, StepBegin,
 };
+use jobforge_core::worker::{BatchDispatcher, Worker, WorkerPool};
 use jobforge_core::{
     AbortReason, AttemptOutcome, ClockKind, DefinitionSpec, Engine, EngineOptions, FailureInfo,
     JobError, MemoryStore, ParentClosePolicy, RetryPolicy, RunId, StartRequest, TenantArg,
@@ -56,7 +57,15 @@ type DispatchFn = ThreadsafeFunction<String, Promise<String>, String, Status, fa
 /// Abort notification: `{"runId", "reason"}` as JSON; fire and forget.
 type AbortFn = ThreadsafeFunction<String, UnknownReturnValue, String, Status, false, true>;
 
-type PendingAborts = Arc<std::sync::Mutex<Vec<(RunId, AbortReason)>>>;
+/// What the engine tells JS: aborts to fire and (when enabled) transition
+/// events. Queued here, drained by `take_notices`.
+#[derive(Default)]
+struct Notices {
+    aborts: Vec<(RunId, AbortReason)>,
+    events: Vec<String>,
+}
+
+type PendingAborts = Arc<std::sync::Mutex<Notices>>;
 
 /// Aborts are queued here and drained by JS: synchronously right after the
 /// native call that caused them (a weak threadsafe function alone could be
@@ -70,13 +79,49 @@ struct JsObserver {
 impl EngineObserver for JsObserver {
     fn run_aborted(&self, run_id: RunId, reason: AbortReason) {
         if let Ok(mut p) = self.pending.lock() {
-            p.push((run_id, reason));
+            p.aborts.push((run_id, reason));
         }
         // NonBlocking on an unbounded queue: only `Closing` (environment
         // shutting down) can fail, and then there is no signal to fire.
         let _ = self
             .on_abort
             .call(String::new(), ThreadsafeFunctionCallMode::NonBlocking);
+    }
+
+    fn run_events(&self, rows: Vec<jobforge_core::RunRow>) {
+        if let Ok(mut p) = self.pending.lock() {
+            p.events.extend(rows.iter().map(|r| r.to_json()));
+        }
+        let _ = self
+            .on_abort
+            .call(String::new(), ThreadsafeFunctionCallMode::NonBlocking);
+    }
+}
+
+/// Worker batches: a JSON array of tickets; fire and forget (JS reports
+/// each outcome with a synchronous `worker_finish`). Weak: a running worker
+/// keeps Node alive from the JS side, an idle engine never does.
+type BatchFn = ThreadsafeFunction<String, UnknownReturnValue, String, Status, false, true>;
+
+struct JsBatch {
+    on_batch: BatchFn,
+}
+
+impl BatchDispatcher for JsBatch {
+    fn dispatch(&self, tickets: Vec<AttemptTicket>) -> bool {
+        let json = format!(
+            "[{}]",
+            tickets
+                .iter()
+                .map(ticket_json)
+                .collect::<Vec<_>>()
+                .join(",")
+        );
+        // Unbounded queue: QueueFull cannot happen; Closing means Node is
+        // going away and the caller releases the runs.
+        self.on_batch
+            .call(json, ThreadsafeFunctionCallMode::NonBlocking)
+            == Status::Ok
     }
 }
 
@@ -178,6 +223,7 @@ pub struct NativeOptions {
 pub struct NativeEngine {
     engine: Arc<Engine<MemoryStore>>,
     pending_aborts: PendingAborts,
+    worker: std::sync::Mutex<Option<Arc<Worker<MemoryStore>>>>,
     executor: Arc<JsExecutor>,
 }
 
@@ -212,6 +258,7 @@ impl NativeEngine {
         Ok(NativeEngine {
             engine,
             pending_aborts,
+            worker: std::sync::Mutex::new(None),
             executor: Arc::new(JsExecutor {
                 dispatch: Arc::new(dispatch),
             }),
@@ -591,18 +638,119 @@ impl NativeEngine {
         serde_json::to_string(&row).map_err(|e| invalid(e.to_string()))
     }
 
-    /// Drains the queued aborts: `[{"runId","reason"}]`, or null when none.
+    /// Drains queued notices: `{"aborts":[{"runId","reason"}],"events":[row…]}`,
+    /// or null when there are none.
     #[napi]
-    pub fn take_aborts(&self) -> Option<String> {
+    pub fn take_notices(&self) -> Option<String> {
         let taken = std::mem::take(&mut *self.pending_aborts.lock().ok()?);
-        if taken.is_empty() {
+        if taken.aborts.is_empty() && taken.events.is_empty() {
             return None;
         }
-        let items: Vec<Value> = taken
+        let aborts: Vec<Value> = taken
+            .aborts
             .iter()
             .map(|(id, r)| json!({ "runId": id.to_string(), "reason": r.as_str() }))
             .collect();
-        Some(Value::Array(items).to_string())
+        Some(format!(
+            "{{\"aborts\":{},\"events\":[{}]}}",
+            Value::Array(aborts),
+            taken.events.join(",")
+        ))
+    }
+
+    /// Turns transition events on or off.
+    #[napi]
+    pub fn set_events(&self, enabled: bool) {
+        self.engine.set_events(enabled);
+    }
+
+    // ── worker ─────────────────────────────────────────────────────────
+
+    /// Starts the scheduler for `pools_json` (`[{"name","concurrency"}]`);
+    /// claimed batches reach `on_batch` as a JSON array of tickets.
+    #[napi(ts_args_type = "poolsJson: string, onBatch: (tickets: string) => void")]
+    pub fn start_worker(&self, pools_json: String, on_batch: BatchFn) -> Result<()> {
+        #[derive(serde::Deserialize)]
+        struct PoolWire {
+            name: String,
+            concurrency: usize,
+        }
+        let pools: Vec<PoolWire> =
+            serde_json::from_str(&pools_json).map_err(|e| invalid(format!("worker pools: {e}")))?;
+        let mut guard = self
+            .worker
+            .lock()
+            .map_err(|_| invalid("worker state poisoned"))?;
+        if guard.as_ref().is_some_and(|w| !w.is_stopping()) {
+            return Err(invalid("a worker is already running on this orchestrator"));
+        }
+        let worker = Worker::new(
+            self.engine.clone(),
+            pools
+                .iter()
+                .map(|p| WorkerPool::new(&p.name, p.concurrency))
+                .collect(),
+        );
+        *guard = Some(worker.clone());
+        napi::bindgen_prelude::spawn(worker.run(JsBatch { on_batch }));
+        Ok(())
+    }
+
+    /// Records a worker attempt's outcome (null = canceled/released) and
+    /// returns the pool's next ticket JSON, or null.
+    #[napi]
+    pub fn worker_finish(
+        &self,
+        run_id: String,
+        epoch: u32,
+        outcome_json: Option<String>,
+        pool: String,
+    ) -> Result<Option<String>> {
+        let Ok(id) = run_id.parse::<RunId>() else {
+            return Err(to_napi(JobError::JobRunNotFound { run_id }));
+        };
+        let outcome = outcome_json.as_deref().map(parse_outcome);
+        let worker = self.worker.lock().ok().and_then(|w| w.clone());
+        match worker {
+            Some(w) => {
+                let (_, next) = w
+                    .finish_and_next(&id, epoch, outcome, &pool)
+                    .map_err(to_napi)?;
+                Ok(next.as_ref().map(ticket_json))
+            }
+            None => {
+                if let Some(o) = outcome {
+                    self.engine.finish_attempt(&id, epoch, o).map_err(to_napi)?;
+                }
+                Ok(None)
+            }
+        }
+    }
+
+    /// Stops claiming; in-flight attempts go on. Returns how many are in flight.
+    #[napi]
+    pub fn worker_stop(&self) -> u32 {
+        let worker = self.worker.lock().ok().and_then(|w| w.clone());
+        worker.map_or(0, |w| {
+            w.stop();
+            w.pools().iter().map(|p| p.in_flight() as u32).sum()
+        })
+    }
+
+    /// Attempts the worker holds right now.
+    #[napi]
+    pub fn worker_in_flight(&self) -> u32 {
+        let worker = self.worker.lock().ok().and_then(|w| w.clone());
+        worker.map_or(0, |w| w.pools().iter().map(|p| p.in_flight() as u32).sum())
+    }
+
+    /// Puts an interrupted attempt's run back to pending (shutdown).
+    #[napi]
+    pub fn release_attempt(&self, run_id: String, epoch: u32) -> Result<bool> {
+        let Ok(id) = run_id.parse::<RunId>() else {
+            return Ok(false);
+        };
+        self.engine.release_attempt(&id, epoch).map_err(to_napi)
     }
 
     /// Engine time in epoch ms.

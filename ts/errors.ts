@@ -133,6 +133,27 @@ export class JobStepTimeoutError extends JobforgeError {
   }
 }
 
+/** `waitForRun` gave up before the run reached a terminal status. */
+export class JobWaitTimeoutError extends JobforgeError {
+  override readonly name = 'JobWaitTimeoutError';
+  readonly code = 'JOB_WAIT_TIMEOUT';
+  constructor(
+    readonly runId: string,
+    readonly timeoutMs: number,
+  ) {
+    super(`run ${runId} did not finish within ${timeoutMs}ms`);
+  }
+}
+
+/** `startWorker` while a worker runs, or another worker-state misuse. */
+export class JobWorkerStateError extends JobforgeError {
+  override readonly name = 'JobWorkerStateError';
+  readonly code = 'JOB_WORKER_STATE';
+  constructor(message: string) {
+    super(message);
+  }
+}
+
 /** `advanceTime` on an orchestrator whose clock is not `'manual'`. */
 export class JobClockError extends JobforgeError {
   override readonly name = 'JobClockError';

@@ -20,9 +20,15 @@ export type {
   ListJobRunsOptions,
   PoolStatusCount,
   RecordStepInput,
+  RunEventListener,
+  RunEventName,
   RunTreeNode,
   StartOptions,
   TenantOptions,
+  WaitForRunOptions,
+  WorkerHandle,
+  WorkerOptions,
+  WorkerPoolOptions,
 } from './orchestrator';
 export { JobHandlerBase, ParentClosePolicy, consoleLogger } from './handler';
 export type {

@@ -7,7 +7,10 @@
 import {
   JobClockError,
   JobInputInvalidError,
+  JobRunNotFoundError,
   JobStepTimeoutError,
+  JobWaitTimeoutError,
+  JobWorkerStateError,
   translateNativeError,
 } from './errors';
 import type {
@@ -55,6 +58,41 @@ export interface CancelOptions {
 export interface TenantOptions {
   tenantId?: string | null;
 }
+
+export interface WorkerPoolOptions {
+  /** Attempts of this pool that may execute at once. */
+  concurrency: number;
+}
+
+export interface WorkerOptions {
+  /** Pools to serve. Default: `batch` (concurrency 5) and `interactive` (20). */
+  pools?: Record<string, WorkerPoolOptions>;
+  /** How long `stop()` lets in-flight handlers finish before aborting them. Default 10 000. */
+  shutdownTimeoutMs?: number;
+}
+
+export interface WorkerHandle {
+  /**
+   * Stops claiming, lets in-flight handlers finish for up to
+   * `shutdownTimeoutMs`, then aborts the rest and puts their runs back to
+   * `pending` (nothing is lost). Resolves when no attempt is in flight.
+   */
+  stop(): Promise<void>;
+  readonly running: boolean;
+  /** Attempts executing right now. */
+  readonly inFlight: number;
+}
+
+export type RunEventName = 'run:completed' | 'run:failed' | 'run:canceled' | 'run:timed_out' | 'run:retrying';
+export type RunEventListener = (run: JobRun) => void;
+
+export interface WaitForRunOptions extends TenantOptions {
+  /** Reject with JobWaitTimeoutError after this many ms (real time). */
+  timeoutMs?: number;
+}
+
+const RUN_EVENTS: ReadonlySet<string> = new Set(['run:completed', 'run:failed', 'run:canceled', 'run:timed_out', 'run:retrying']);
+const TERMINAL: ReadonlySet<string> = new Set(['completed', 'failed', 'timed_out', 'canceled']);
 
 export interface ListForScopeOptions extends TenantOptions {
   status?: JobRunStatus | JobRunStatus[];
@@ -175,6 +213,87 @@ class Attempt {
   }
 }
 
+/** Bookkeeping of one started worker on the JS side. */
+class WorkerRuntime {
+  running = true;
+  private active = 0;
+  private readonly attempts = new Map<string, number>();
+  private readonly releasedRuns = new Set<string>();
+  private idle: (() => void)[] = [];
+  private stopping: Promise<void> | null = null;
+  /** A running worker keeps Node alive, like a server socket would. */
+  private keepAlive: NodeJS.Timeout | null = setInterval(() => undefined, 0x7fffffff);
+
+  constructor(
+    private readonly shutdownTimeoutMs: number,
+    private readonly stopNative: () => number,
+    private readonly release: (runId: string, epoch: number) => boolean,
+  ) {}
+
+  enter(): void {
+    this.active++;
+  }
+
+  leave(): void {
+    this.active--;
+    if (this.active === 0) for (const f of this.idle.splice(0)) f();
+  }
+
+  track(runId: string, epoch: number): void {
+    this.attempts.set(runId, epoch);
+  }
+
+  untrack(runId: string): void {
+    this.attempts.delete(runId);
+  }
+
+  released(runId: string): boolean {
+    return this.releasedRuns.delete(runId);
+  }
+
+  private drained(): Promise<void> {
+    return this.active === 0 ? Promise.resolve() : new Promise((r) => this.idle.push(r));
+  }
+
+  handle(inFlight: Map<string, Attempt>): WorkerHandle {
+    // eslint-disable-next-line @typescript-eslint/no-this-alias
+    const rt = this;
+    return {
+      stop: () => rt.stop(inFlight),
+      get running() {
+        return rt.running;
+      },
+      get inFlight() {
+        return rt.attempts.size;
+      },
+    };
+  }
+
+  stop(inFlight: Map<string, Attempt>): Promise<void> {
+    this.stopping ??= (async () => {
+      this.running = false;
+      this.stopNative();
+      let timer: NodeJS.Timeout | undefined;
+      const timedOut = await Promise.race([
+        this.drained().then(() => false),
+        new Promise<boolean>((r) => (timer = setTimeout(() => r(true), this.shutdownTimeoutMs))),
+      ]);
+      clearTimeout(timer);
+      if (timedOut) {
+        // Still running after the grace period: back to pending, then abort.
+        for (const [runId, epoch] of this.attempts) {
+          if (this.release(runId, epoch)) this.releasedRuns.add(runId);
+          inFlight.get(runId)?.abort('shutdown');
+        }
+        await this.drained();
+      }
+      if (this.keepAlive) clearInterval(this.keepAlive);
+      this.keepAlive = null;
+    })();
+    return this.stopping;
+  }
+}
+
 function call<T>(f: () => T): T {
   try {
     return f();
@@ -222,6 +341,10 @@ export class JobOrchestrator {
   /** Pending engine-time sleeps of a manual clock, fired by `advanceTime`. */
   private readonly manualTimers = new Set<ManualTimer>();
   private readonly loggerFactory: (run: JobRun) => JobLogger;
+  private readonly listeners = new Map<RunEventName, Set<RunEventListener>>();
+  private readonly waiters = new Map<string, Set<(run: JobRun) => void>>();
+  private eventsOn = false;
+  private worker: WorkerRuntime | null = null;
   readonly multiTenant: boolean;
   readonly clock: 'system' | 'manual';
 
@@ -592,18 +715,177 @@ export class JobOrchestrator {
 
   // ── handler execution (called by the engine) ───────────────────────
 
-  /** Fires `ctx.signal` of every executing attempt the engine aborted. */
+  /** Fires `ctx.signal` of every attempt the engine aborted and emits queued run events. */
   private flushAborts(): void {
-    const json = this.native.takeAborts();
+    const json = this.native.takeNotices();
     if (json === null) return;
-    for (const { runId, reason } of JSON.parse(json) as { runId: string; reason: string }[]) {
-      this.inFlight.get(runId)?.abort(reason);
+    const notices = JSON.parse(json) as { aborts: { runId: string; reason: string }[]; events: Record<string, unknown>[] };
+    for (const { runId, reason } of notices.aborts) this.inFlight.get(runId)?.abort(reason);
+    for (const raw of notices.events) this.emit(materializeRun(raw));
+  }
+
+  // ── events ─────────────────────────────────────────────────────────
+
+  /** Listens for run transitions: `run:completed | run:failed | run:canceled | run:timed_out | run:retrying`. */
+  on(event: RunEventName, listener: RunEventListener): this {
+    if (!RUN_EVENTS.has(event)) throw new JobInputInvalidError(`unknown event '${String(event)}'`);
+    if (typeof listener !== 'function') throw new JobInputInvalidError('listener must be a function');
+    let set = this.listeners.get(event);
+    if (!set) this.listeners.set(event, (set = new Set()));
+    set.add(listener);
+    this.syncEvents();
+    return this;
+  }
+
+  off(event: RunEventName, listener: RunEventListener): this {
+    this.listeners.get(event)?.delete(listener);
+    this.syncEvents();
+    return this;
+  }
+
+  /** Resolves with the run's row once it is terminal (at once if it already is). */
+  async waitForRun(runId: string, opts: WaitForRunOptions = {}): Promise<JobRun> {
+    const o = opts ?? {};
+    if (o.timeoutMs !== undefined && !(typeof o.timeoutMs === 'number' && o.timeoutMs >= 0)) {
+      throw new JobInputInvalidError('timeoutMs must be a non-negative number');
+    }
+    let resolveFn!: (run: JobRun) => void;
+    const done = new Promise<JobRun>((resolve) => (resolveFn = resolve));
+    // Listen before looking, so a transition in between is not missed.
+    let set = this.waiters.get(runId);
+    if (!set) this.waiters.set(runId, (set = new Set()));
+    set.add(resolveFn);
+    this.syncEvents();
+    const unregister = () => {
+      const s = this.waiters.get(runId);
+      s?.delete(resolveFn);
+      if (s && s.size === 0) this.waiters.delete(runId);
+      this.syncEvents();
+    };
+    try {
+      const row = await this.findById(runId, o);
+      if (!row) throw new JobRunNotFoundError(String(runId));
+      if (TERMINAL.has(row.status)) return row;
+      if (o.timeoutMs === undefined) return await done;
+      let timer: NodeJS.Timeout | undefined;
+      const timeout = new Promise<never>((_, reject) => {
+        timer = setTimeout(() => reject(new JobWaitTimeoutError(runId, o.timeoutMs!)), o.timeoutMs);
+      });
+      try {
+        return await Promise.race([done, timeout]);
+      } finally {
+        clearTimeout(timer);
+      }
+    } finally {
+      unregister();
     }
   }
 
-  /** After a native call that may have canceled running runs. */
+  private syncEvents(): void {
+    let any = this.waiters.size > 0;
+    for (const set of this.listeners.values()) any ||= set.size > 0;
+    if (any !== this.eventsOn) {
+      this.eventsOn = any;
+      this.native.setEvents(any);
+    }
+  }
+
+  private emit(run: JobRun): void {
+    const event = (run.status === 'pending' ? 'run:retrying' : `run:${run.status}`) as RunEventName;
+    for (const listener of this.listeners.get(event) ?? []) {
+      try {
+        listener(run);
+      } catch (e) {
+        // A throwing listener must not break the engine or other listeners.
+        console.error(`jobforge: a '${event}' listener threw`, e);
+      }
+    }
+    if (TERMINAL.has(run.status)) {
+      const set = this.waiters.get(run.id);
+      if (set) for (const resolve of [...set]) resolve(run);
+    }
+  }
+
+  // ── worker ─────────────────────────────────────────────────────────
+
+  /**
+   * Starts executing runs by itself: the Rust scheduler claims runs per pool
+   * up to its concurrency (woken by starts and by timers for future runs,
+   * never polling) and hands them to the handlers; a finishing attempt
+   * claims its pool's next run in the same native call.
+   */
+  startWorker(opts: WorkerOptions = {}): WorkerHandle {
+    if (this.worker?.running) throw new JobWorkerStateError('a worker is already running on this orchestrator');
+    const o = opts ?? {};
+    const poolsIn = o.pools ?? { batch: { concurrency: 5 }, interactive: { concurrency: 20 } };
+    if (poolsIn === null || typeof poolsIn !== 'object') throw new JobInputInvalidError('pools must be an object');
+    const pools = Object.entries(poolsIn).map(([name, p]) => {
+      const c = p?.concurrency;
+      if (!Number.isInteger(c) || (c as number) < 1 || (c as number) > 100_000) {
+        throw new JobInputInvalidError(`pool '${name}' needs an integer concurrency between 1 and 100000`);
+      }
+      return { name, concurrency: c as number };
+    });
+    if (pools.length === 0) throw new JobInputInvalidError('a worker needs at least one pool');
+    const shutdownTimeoutMs = o.shutdownTimeoutMs ?? 10_000;
+    if (typeof shutdownTimeoutMs !== 'number' || !(shutdownTimeoutMs >= 0)) {
+      throw new JobInputInvalidError('shutdownTimeoutMs must be a non-negative number');
+    }
+    const runtime = new WorkerRuntime(shutdownTimeoutMs, () => this.native.workerStop(), (id, epoch) =>
+      this.native.releaseAttempt(id, epoch),
+    );
+    call(() => this.native.startWorker(JSON.stringify(pools), (json) => this.onWorkerBatch(runtime, json)));
+    this.worker = runtime;
+    return runtime.handle(this.inFlight);
+  }
+
+  private onWorkerBatch(runtime: WorkerRuntime, json: string): void {
+    let tickets: DispatchPayload[];
+    try {
+      tickets = JSON.parse(json) as DispatchPayload[];
+    } catch {
+      return;
+    }
+    for (const t of tickets) void this.workerLoop(runtime, t);
+  }
+
+  /** One slot of the worker: runs a ticket, reports it, continues with the next. */
+  private async workerLoop(runtime: WorkerRuntime, first: DispatchPayload): Promise<void> {
+    runtime.enter();
+    let ticket: DispatchPayload | null = first;
+    try {
+      while (ticket) {
+        const run = materializeRun(ticket.run);
+        const epoch = ticket.epoch;
+        runtime.track(run.id, epoch);
+        let outcome: Outcome | null;
+        try {
+          outcome = await this.attempt(run, epoch, ticket.timeoutMs);
+        } catch (e) {
+          outcome = { status: 'failed', error: describeFailure(e) };
+        }
+        runtime.untrack(run.id);
+        if (runtime.released(run.id)) outcome = null; // put back to pending by stop()
+        let next: string | null = null;
+        try {
+          next = this.native.workerFinish(run.id, epoch, outcome === null ? null : JSON.stringify(outcome), run.pool);
+        } catch (e) {
+          console.error('jobforge: recording a worker outcome failed', translateNativeError(e));
+        }
+        if (outcome?.status === 'timed_out') this.inFlight.get(run.id)?.abort('timed_out');
+        this.inFlight.delete(run.id);
+        this.afterMutation();
+        ticket = next === null ? null : (JSON.parse(next) as DispatchPayload);
+      }
+    } finally {
+      runtime.leave();
+    }
+  }
+
+
+  /** After a native call that may have canceled running runs or emitted events. */
   private afterMutation(): void {
-    if (this.inFlight.size > 0) this.flushAborts();
+    if (this.inFlight.size > 0 || this.eventsOn) this.flushAborts();
   }
 
   /**

@@ -12,6 +12,7 @@ use crate::template::{InputFields, KeyTemplate};
 use serde_json::value::RawValue;
 use std::collections::HashMap;
 use std::future::Future;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use tokio::sync::Notify;
 use uuid::Uuid;
@@ -27,6 +28,11 @@ pub trait EngineObserver: Send + Sync {
     /// A run whose handler is executing was canceled or timed out: its
     /// `ctx.signal` must fire.
     fn run_aborted(&self, run_id: RunId, reason: AbortReason);
+
+    /// Runs that ended (completed, failed, timed out, canceled) or were put
+    /// back for a retry, in transition order. Only sent while events are
+    /// enabled (`Engine::set_events`).
+    fn run_events(&self, _rows: Vec<RunRow>) {}
 }
 
 /// Runs a handler for one attempt. Implemented by the binding (a
@@ -110,12 +116,21 @@ pub struct Engine<S: Store> {
     multi_tenant: bool,
     observer: RwLock<Option<Arc<dyn EngineObserver>>>,
     in_flight: Mutex<HashMap<RunId, InFlight>>,
+    /// Wakes an idle worker scheduler when something may have become
+    /// claimable or its next due time may have moved.
+    activity: Arc<Notify>,
+    /// Set by a worker while it waits with free slots: only then do
+    /// transitions pay for a wake-up.
+    worker_hungry: AtomicBool,
+    events_enabled: AtomicBool,
 }
 
 /// Side effects collected inside a transaction and delivered after it.
 #[derive(Default)]
 struct Effects {
     aborted: Vec<(RunId, AbortReason)>,
+    /// Rows after a terminal or retry transition (only with events on).
+    transitions: Vec<RunRow>,
 }
 
 fn parse_run_id(id: &str) -> Option<RunId> {
@@ -134,7 +149,36 @@ impl<S: Store> Engine<S> {
             multi_tenant: opts.multi_tenant,
             observer: RwLock::new(None),
             in_flight: Mutex::new(HashMap::new()),
+            activity: Arc::new(Notify::new()),
+            worker_hungry: AtomicBool::new(false),
+            events_enabled: AtomicBool::new(false),
         }
+    }
+
+    /// The notification a worker scheduler waits on.
+    pub fn activity(&self) -> Arc<Notify> {
+        self.activity.clone()
+    }
+
+    /// A worker says whether it is waiting with free slots.
+    pub fn set_worker_hungry(&self, hungry: bool) {
+        self.worker_hungry.store(hungry, Ordering::SeqCst);
+    }
+
+    /// Wakes a hungry worker (stores a permit if it is between checks).
+    pub fn wake_worker(&self) {
+        if self.worker_hungry.load(Ordering::SeqCst) {
+            self.activity.notify_one();
+        }
+    }
+
+    /// Turns transition events on or off (off costs nothing per run).
+    pub fn set_events(&self, enabled: bool) {
+        self.events_enabled.store(enabled, Ordering::SeqCst);
+    }
+
+    fn events_on(&self) -> bool {
+        self.events_enabled.load(Ordering::Relaxed)
     }
 
     pub fn set_observer(&self, observer: Arc<dyn EngineObserver>) {
@@ -156,10 +200,15 @@ impl<S: Store> Engine<S> {
     }
 
     fn deliver(&self, fx: Effects) {
-        if fx.aborted.is_empty() {
+        if fx.aborted.is_empty() && fx.transitions.is_empty() {
             return;
         }
         let observer = self.observer.read().ok().and_then(|o| o.clone());
+        if !fx.transitions.is_empty() {
+            if let Some(o) = &observer {
+                o.run_events(fx.transitions);
+            }
+        }
         let mut in_flight = self.in_flight.lock().unwrap_or_else(|p| p.into_inner());
         for (id, reason) in fx.aborted {
             // The attempt is over: wake a waiting `tick` and forget it.
@@ -311,6 +360,7 @@ impl<S: Store> Engine<S> {
             .store
             .transaction(|tx| self.start_in(tx, req, now, &mut fx))?;
         self.deliver(fx);
+        self.wake_worker();
         Ok(row)
     }
 
@@ -523,6 +573,7 @@ impl<S: Store> Engine<S> {
             Ok(())
         })?;
         self.deliver(fx);
+        self.wake_worker();
         Ok(())
     }
 
@@ -567,11 +618,15 @@ impl<S: Store> Engine<S> {
             if run.status == RunStatus::Running {
                 fx.aborted.push((id, AbortReason::Canceled));
             }
+            let events = self.events_on();
             tx.update_run(&id, &mut |r| {
                 r.status = RunStatus::Canceled;
                 r.finished_at = Some(now);
                 r.updated_at = now;
                 r.executing = false;
+                if events {
+                    fx.transitions.push(r.clone());
+                }
             });
         }
     }
@@ -692,6 +747,9 @@ impl<S: Store> Engine<S> {
                         r.executing = false;
                         out = Some(r.clone());
                     });
+                    if self.events_on() {
+                        fx.transitions.extend(out.clone());
+                    }
                     return Ok(out);
                 }
                 AttemptOutcome::Failed(info) => (info, RunStatus::Failed),
@@ -749,14 +807,94 @@ impl<S: Store> Engine<S> {
                     r.executing = false;
                     out = Some(r.clone());
                 });
+                if self.events_on() {
+                    fx.transitions.extend(out.clone());
+                }
                 // A failed run takes its descendants down (not itself again).
                 self.cancel_tree(tx, *run_id, true, false, now, &mut fx);
+                return Ok(out);
+            }
+            if self.events_on() {
+                fx.transitions.extend(out.clone());
             }
             Ok(out)
         });
         self.end_in_flight(run_id, epoch);
         self.deliver(fx);
+        self.wake_worker();
         result
+    }
+
+    /// Claims up to `max` due runs of `pool` and opens their attempts in
+    /// one transaction (the worker's batch claim). O(k log n).
+    pub fn claim_attempts(&self, pool: &str, max: usize) -> Result<Vec<AttemptTicket>> {
+        if max == 0 {
+            return Ok(Vec::new());
+        }
+        let now = self.now();
+        self.store.transaction(|tx| {
+            let mut out = Vec::new();
+            while out.len() < max {
+                let Some(id) = tx.next_claimable(pool, now) else {
+                    break;
+                };
+                let mut ticket = None;
+                tx.update_run(&id, &mut |r| {
+                    r.status = RunStatus::Running;
+                    r.claimed_at = Some(now);
+                    r.started_at = Some(now);
+                    r.updated_at = now;
+                    r.claim_epoch = r.claim_epoch.wrapping_add(1);
+                    r.executing = true;
+                    ticket = Some(AttemptTicket {
+                        run: r.clone(),
+                        epoch: r.claim_epoch,
+                        timeout_ms: None,
+                    });
+                });
+                if let Some(mut t) = ticket {
+                    t.timeout_ms = tx.definition(&t.run.job_type).and_then(|d| d.timeout_ms);
+                    out.push(t);
+                }
+            }
+            Ok(out)
+        })
+    }
+
+    /// When the next claimable run of `pool` falls due: `Some(now)` if one
+    /// is due already, `None` if none is waiting. O(log n).
+    pub fn next_due(&self, pool: &str) -> Option<Millis> {
+        let now = self.now();
+        self.store
+            .transaction(|tx| Ok(tx.next_due(pool, now)))
+            .ok()
+            .flatten()
+    }
+
+    /// Puts a run whose attempt was interrupted by a shutdown back to
+    /// `pending` (attempts unchanged, due now, still its lane's head).
+    /// Returns whether it was released. O(log n).
+    pub fn release_attempt(&self, run_id: &RunId, epoch: u32) -> Result<bool> {
+        let now = self.now();
+        let released = self.store.transaction(|tx| {
+            let Some(run) = tx.run(run_id) else {
+                return Ok(false);
+            };
+            if run.status != RunStatus::Running || run.claim_epoch != epoch {
+                return Ok(false);
+            }
+            tx.update_run(run_id, &mut |r| {
+                r.status = RunStatus::Pending;
+                r.claimed_at = None;
+                r.started_at = None;
+                r.run_at = now;
+                r.updated_at = now;
+                r.executing = false;
+            });
+            Ok(true)
+        })?;
+        self.end_in_flight(run_id, epoch);
+        Ok(released)
     }
 
     /// Executes one claimed run: begin the attempt, run the handler through
@@ -791,6 +929,7 @@ impl<S: Store> Engine<S> {
                 if timed_out && applied.is_some() {
                     self.deliver(Effects {
                         aborted: vec![(id, AbortReason::TimedOut)],
+                        ..Effects::default()
                     });
                 }
             }
@@ -944,7 +1083,7 @@ impl<S: Store> Engine<S> {
         };
         let id = parse_run_id(run_id).ok_or_else(not_found)?;
         let now = self.now();
-        self.store.transaction(|tx| {
+        let row = self.store.transaction(|tx| {
             let run = tx.run(&id).ok_or_else(not_found)?;
             if !run.status.is_terminal() {
                 return Err(JobError::JobNotReplayable {
@@ -976,7 +1115,9 @@ impl<S: Store> Engine<S> {
                 out = Some(r.clone());
             });
             out.ok_or_else(not_found)
-        })
+        })?;
+        self.wake_worker();
+        Ok(row)
     }
 
     // ── queries ────────────────────────────────────────────────────────
@@ -1053,6 +1194,7 @@ impl<S: Store> Engine<S> {
             Ok(n)
         })?;
         self.deliver(fx);
+        self.wake_worker();
         Ok(n)
     }
 
@@ -1069,7 +1211,7 @@ impl<S: Store> Engine<S> {
         let t = filter.flatten();
         let now = self.now();
         let run_at = clamp_time(run_at);
-        self.store.transaction(|tx| {
+        let n = self.store.transaction(|tx| {
             let mut n = 0;
             for id in tx.scope_runs(t.as_deref(), entity_type, entity_id) {
                 if tx.run(&id).is_some_and(|r| r.status == RunStatus::Pending) {
@@ -1081,7 +1223,9 @@ impl<S: Store> Engine<S> {
                 }
             }
             Ok(n)
-        })
+        })?;
+        self.wake_worker();
+        Ok(n)
     }
 
     /// Live counts per pool and status. O(groups): maintained on every

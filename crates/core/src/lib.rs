@@ -28,6 +28,7 @@ pub mod error;
 pub mod model;
 pub mod store;
 pub mod template;
+pub mod worker;
 
 pub use clock::{Clock, ClockKind};
 pub use engine::{

@@ -409,6 +409,14 @@ impl StoreTx for MemoryTx<'_> {
         idx.ready.first().map(|&(_, _, _, h)| s.runs[h as usize].id)
     }
 
+    fn next_due(&mut self, pool: &str, now: Millis) -> Option<Millis> {
+        let idx = self.0.pools.get(pool)?;
+        if !idx.ready.is_empty() {
+            return Some(now);
+        }
+        idx.future.first().map(|&(run_at, _, _)| run_at.max(now))
+    }
+
     fn children(&self, id: &RunId) -> Vec<RunId> {
         let s = &*self.0;
         s.handle(id)

@@ -80,6 +80,9 @@ pub trait StoreTx {
     /// and either unkeyed or the head of its lane.
     fn next_claimable(&mut self, pool: &str, now: Millis) -> Option<RunId>;
 
+    /// When the next claimable run of `pool` is due (`now` if one is due).
+    fn next_due(&mut self, pool: &str, now: Millis) -> Option<Millis>;
+
     /// Direct children of a run, in created order.
     fn children(&self, id: &RunId) -> Vec<RunId>;
 

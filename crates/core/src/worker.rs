@@ -1,0 +1,223 @@
+//! The worker: claims runs per pool up to each pool's concurrency and hands
+//! them to a [`BatchDispatcher`] (the binding's threadsafe function into JS).
+//!
+//! Two paths fill slots:
+//! - the **scheduler** task waits, without polling, on the engine's activity
+//!   notification (a start, a finished lane head, a cancel, a replay) and on
+//!   a timer set to the earliest due time of a pool with a free slot; when
+//!   woken it claims a batch per pool and dispatches it in one call;
+//! - a **finishing attempt** claims its pool's next run in the same call
+//!   that records its outcome ([`Worker::finish_and_next`]), so a backlog
+//!   drains without any thread hand-off.
+//!
+//! Slots are reserved with a compare-and-swap before claiming, so the two
+//! paths never exceed a pool's concurrency together.
+
+use crate::engine::{AttemptTicket, Engine};
+use crate::error::Result;
+use crate::model::{AttemptOutcome, Millis, RunId, RunRow};
+use crate::store::Store;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
+use tokio::sync::Notify;
+
+/// Delivers claimed attempts to whoever runs the handlers.
+pub trait BatchDispatcher: Send + Sync + 'static {
+    /// Returns false when the receiver is gone (the runs are then released).
+    fn dispatch(&self, tickets: Vec<AttemptTicket>) -> bool;
+}
+
+pub struct WorkerPool {
+    pub name: Arc<str>,
+    pub concurrency: usize,
+    in_flight: AtomicUsize,
+}
+
+impl WorkerPool {
+    pub fn new(name: &str, concurrency: usize) -> Self {
+        WorkerPool {
+            name: Arc::from(name),
+            concurrency,
+            in_flight: AtomicUsize::new(0),
+        }
+    }
+
+    pub fn in_flight(&self) -> usize {
+        self.in_flight.load(Ordering::SeqCst)
+    }
+
+    /// Reserves up to `want` free slots; returns how many were reserved.
+    fn reserve(&self, want: usize) -> usize {
+        let mut cur = self.in_flight.load(Ordering::SeqCst);
+        loop {
+            let free = self.concurrency.saturating_sub(cur);
+            let take = free.min(want);
+            if take == 0 {
+                return 0;
+            }
+            match self.in_flight.compare_exchange(
+                cur,
+                cur + take,
+                Ordering::SeqCst,
+                Ordering::SeqCst,
+            ) {
+                Ok(_) => return take,
+                Err(actual) => cur = actual,
+            }
+        }
+    }
+
+    fn release(&self, n: usize) {
+        if n > 0 {
+            self.in_flight.fetch_sub(n, Ordering::SeqCst);
+        }
+    }
+}
+
+pub struct Worker<S: Store> {
+    engine: Arc<Engine<S>>,
+    pools: Vec<WorkerPool>,
+    stopping: AtomicBool,
+    stop: Notify,
+}
+
+impl<S: Store> Worker<S> {
+    pub fn new(engine: Arc<Engine<S>>, pools: Vec<WorkerPool>) -> Arc<Self> {
+        Arc::new(Worker {
+            engine,
+            pools,
+            stopping: AtomicBool::new(false),
+            stop: Notify::new(),
+        })
+    }
+
+    pub fn pools(&self) -> &[WorkerPool] {
+        &self.pools
+    }
+
+    pub fn is_stopping(&self) -> bool {
+        self.stopping.load(Ordering::SeqCst)
+    }
+
+    /// Stops claiming (both paths). In-flight attempts go on.
+    pub fn stop(&self) {
+        self.stopping.store(true, Ordering::SeqCst);
+        self.engine.set_worker_hungry(false);
+        self.stop.notify_one();
+    }
+
+    fn pool(&self, name: &str) -> Option<&WorkerPool> {
+        self.pools.iter().find(|p| &*p.name == name)
+    }
+
+    /// Claims into every free slot; returns the tickets.
+    fn fill(&self) -> Result<Vec<AttemptTicket>> {
+        let mut batch = Vec::new();
+        for pool in &self.pools {
+            let reserved = pool.reserve(usize::MAX);
+            if reserved == 0 {
+                continue;
+            }
+            let tickets = match self.engine.claim_attempts(&pool.name, reserved) {
+                Ok(t) => t,
+                Err(e) => {
+                    pool.release(reserved);
+                    return Err(e);
+                }
+            };
+            pool.release(reserved - tickets.len());
+            batch.extend(tickets);
+        }
+        Ok(batch)
+    }
+
+    /// Earliest due time among pools that have a free slot.
+    fn next_wake(&self) -> Option<Millis> {
+        self.pools
+            .iter()
+            .filter(|p| p.in_flight() < p.concurrency)
+            .filter_map(|p| self.engine.next_due(&p.name))
+            .min()
+    }
+
+    fn has_free_slot(&self) -> bool {
+        self.pools.iter().any(|p| p.in_flight() < p.concurrency)
+    }
+
+    /// The scheduler loop. Returns when stopped or when the dispatcher is gone.
+    pub async fn run<D: BatchDispatcher>(self: Arc<Self>, dispatcher: D) {
+        let activity = self.engine.activity();
+        let clock = self.engine.clock().clone();
+        while !self.is_stopping() {
+            // Announce hunger before looking, so a start racing this check
+            // leaves a wake-up permit instead of being missed.
+            self.engine.set_worker_hungry(self.has_free_slot());
+            let batch = self.fill().unwrap_or_default();
+            if !batch.is_empty() {
+                let dispatched: Vec<(Arc<str>, RunId, u32)> = batch
+                    .iter()
+                    .map(|t| (t.run.pool.clone(), t.run.id, t.epoch))
+                    .collect();
+                if !dispatcher.dispatch(batch) {
+                    for (pool, id, epoch) in dispatched {
+                        let _ = self.engine.release_attempt(&id, epoch);
+                        if let Some(p) = self.pool(&pool) {
+                            p.release(1);
+                        }
+                    }
+                    break;
+                }
+                continue;
+            }
+            let wake_at = if self.has_free_slot() {
+                self.next_wake()
+            } else {
+                None
+            };
+            let timer = async {
+                match wake_at {
+                    Some(t) => clock.sleep_until(t).await,
+                    None => std::future::pending::<()>().await,
+                }
+            };
+            tokio::select! {
+                _ = activity.notified() => {}
+                _ = timer => {}
+                _ = self.stop.notified() => break,
+            }
+        }
+        self.engine.set_worker_hungry(false);
+    }
+
+    /// Records an attempt's outcome (`None` = it ended without one: canceled
+    /// or released) and, unless stopping, claims the pool's next run into the
+    /// freed slot. Returns the applied row (if any) and the next ticket.
+    pub fn finish_and_next(
+        &self,
+        run_id: &RunId,
+        epoch: u32,
+        outcome: Option<AttemptOutcome>,
+        pool: &str,
+    ) -> Result<(Option<RunRow>, Option<AttemptTicket>)> {
+        let row = match outcome {
+            Some(o) => self.engine.finish_attempt(run_id, epoch, o)?,
+            None => None,
+        };
+        let Some(p) = self.pool(pool) else {
+            return Ok((row, None));
+        };
+        if self.is_stopping() {
+            p.release(1);
+            return Ok((row, None));
+        }
+        // Keep the slot: hand it straight to the next due run, if any.
+        let next = self.engine.claim_attempts(pool, 1)?.pop();
+        if next.is_none() {
+            p.release(1);
+            // The slot is free now: let the scheduler re-arm its timer.
+            self.engine.set_worker_hungry(true);
+            self.engine.wake_worker();
+        }
+        Ok((row, next))
+    }
+}

@@ -59,7 +59,7 @@ export declare class NativeEngine {
    * limit?, offset?, orderBy?}`.
    */
   listForScope(tenantGiven: boolean, tenantId: string | undefined | null, entityType: string, entityId: string, queryJson: string): string
-  cancelForScope(tenantGiven: boolean, tenantId: string | undefined | null, entityType: string, entityId: string): number
+  cancelForScope(tenantGiven: boolean, tenantId: string | undefined | null, entityType: string, entityId: string, cascade: boolean): number
   rescheduleForScope(tenantGiven: boolean, tenantId: string | undefined | null, entityType: string, entityId: string, runAt: number): number
   /** `[{pool, status, count}]`, sorted by pool then status. */
   countByPoolAndStatus(tenantGiven: boolean, tenantId?: string | undefined | null): string

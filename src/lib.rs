@@ -497,12 +497,14 @@ impl NativeEngine {
         tenant_id: Option<String>,
         entity_type: String,
         entity_id: String,
+        cascade: bool,
     ) -> Result<u32> {
         self.engine
             .cancel_for_scope(
                 &tenant_arg(tenant_given, tenant_id),
                 &entity_type,
                 &entity_id,
+                cascade,
             )
             .map_err(to_napi)
     }
@@ -965,7 +967,7 @@ fn decode_cursor(c: &str) -> Result<(i64, u128)> {
     let bad = || invalid("cursor is malformed (pass nextCursor from a previous page unchanged)");
     let hex = c
         .strip_prefix("c1")
-        .filter(|h| h.len() == 48)
+        .filter(|h| h.len() == 48 && h.bytes().all(|b| b.is_ascii_hexdigit()))
         .ok_or_else(bad)?;
     let t = u64::from_str_radix(&hex[..16], 16).map_err(|_| bad())? as i64;
     let id = u128::from_str_radix(&hex[16..], 16).map_err(|_| bad())?;

@@ -323,6 +323,13 @@ function describeFailure(err: unknown): { message: string; stack?: string; name?
   return out;
 }
 
+/** JSON would turn NaN/Infinity into null (the default): reject them here. */
+function checkCount(name: string, v: unknown): void {
+  if (v !== undefined && (typeof v !== 'number' || !Number.isFinite(v))) {
+    throw new JobInputInvalidError(`${name} must be a finite number, got ${String(v)}`);
+  }
+}
+
 const tenantGiven = (o: TenantOptions | undefined): boolean =>
   o !== undefined && o !== null && o.tenantId !== undefined;
 
@@ -597,6 +604,8 @@ export class JobOrchestrator {
   /** Runs of a scope, newest first unless `orderBy: 'createdAt:asc'`; limit default 50, max 500. */
   async listForScope(entityType: string, entityId: string, opts: ListForScopeOptions = {}): Promise<JobRun[]> {
     const o = opts ?? {};
+    checkCount('limit', o.limit);
+    checkCount('offset', o.offset);
     const q = { status: o.status, jobType: o.jobType, limit: o.limit, offset: o.offset, orderBy: o.orderBy };
     const json = call(() =>
       this.native.listForScope(tenantGiven(o), o.tenantId ?? null, String(entityType), String(entityId), JSON.stringify(q)),
@@ -607,7 +616,9 @@ export class JobOrchestrator {
   /** Cancels (with cascade) every live run of a scope; resolves with how many were canceled. */
   async cancelForScope(entityType: string, entityId: string, opts: CancelOptions = {}): Promise<number> {
     const o = opts ?? {};
-    const n = call(() => this.native.cancelForScope(tenantGiven(o), o.tenantId ?? null, String(entityType), String(entityId)));
+    const n = call(() =>
+      this.native.cancelForScope(tenantGiven(o), o.tenantId ?? null, String(entityType), String(entityId), o.cascade !== false),
+    );
     this.afterMutation();
     return n;
   }
@@ -643,6 +654,7 @@ export class JobOrchestrator {
    */
   async listJobRuns(opts: ListJobRunsOptions = {}): Promise<{ rows: JobRun[]; nextCursor: string | null }> {
     const o = opts ?? {};
+    checkCount('limit', o.limit);
     let since: number | undefined;
     if (o.since !== undefined) {
       if (!(o.since instanceof Date) || Number.isNaN(o.since.getTime())) throw new JobInputInvalidError('since must be a valid Date');

@@ -1171,27 +1171,36 @@ impl<S: Store> Engine<S> {
         })
     }
 
-    /// Cancels (with cascade) every live run of a scope; returns how many
-    /// of the scope's runs were canceled. O(r + cascade).
+    /// Cancels every live run of a scope (with cascade unless told
+    /// otherwise); returns how many of the scope's runs went from live to
+    /// canceled, whether directly or through another scope run's cascade.
+    /// O(r + cascade).
     pub fn cancel_for_scope(
         &self,
         tenant: &TenantArg,
         entity_type: &str,
         entity_id: &str,
+        cascade: bool,
     ) -> Result<u32> {
         let filter = self.gate("cancelForScope", tenant)?;
         let t = filter.flatten();
         let now = self.now();
         let mut fx = Effects::default();
         let n = self.store.transaction(|tx| {
-            let mut n = 0;
-            for id in tx.scope_runs(t.as_deref(), entity_type, entity_id) {
-                if tx.run(&id).is_some_and(|r| !r.status.is_terminal()) {
-                    self.cancel_tree(tx, id, true, true, now, &mut fx);
-                    n += 1;
+            let live: Vec<RunId> = tx
+                .scope_runs(t.as_deref(), entity_type, entity_id)
+                .into_iter()
+                .filter(|id| tx.run(id).is_some_and(|r| !r.status.is_terminal()))
+                .collect();
+            for id in &live {
+                if tx.run(id).is_some_and(|r| !r.status.is_terminal()) {
+                    self.cancel_tree(tx, *id, cascade, true, now, &mut fx);
                 }
             }
-            Ok(n)
+            Ok(live
+                .iter()
+                .filter(|id| tx.run(id).is_some_and(|r| r.status == RunStatus::Canceled))
+                .count() as u32)
         })?;
         self.deliver(fx);
         self.wake_worker();
@@ -1292,8 +1301,9 @@ impl<S: Store> Engine<S> {
         })
     }
 
-    /// A root run and its descendants (root first, then created order), or
-    /// `None` when the root is unknown or another tenant's. O(tree).
+    /// A run and its whole subtree (the run first, then breadth-first), or
+    /// `None` when the run is unknown or another tenant's. O(subtree).
+
     pub fn run_tree(&self, tenant: &TenantArg, root_run_id: &str) -> Result<Option<Vec<RunRow>>> {
         let filter = self.gate("getRunTree", tenant)?;
         let Some(id) = parse_run_id(root_run_id) else {

@@ -544,6 +544,10 @@ impl StoreTx for MemoryTx<'_> {
             let Some(&rh) = s.ids.get(root) else {
                 return out;
             };
+            // Only a root has a tree; a child's id is nobody's rootRunId.
+            if s.runs[rh as usize].root_run_id != *root {
+                return out;
+            }
             let mut keys: Vec<CreatedKey> = std::iter::once(rh)
                 .chain(s.q.tree.get(&rh).into_iter().flatten().copied())
                 .map(|h| created_key(&s.runs[h as usize], h))
@@ -589,9 +593,15 @@ impl StoreTx for MemoryTx<'_> {
         let Some(&rh) = s.ids.get(root) else {
             return Vec::new();
         };
-        std::iter::once(rh)
-            .chain(s.q.tree.get(&rh).into_iter().flatten().copied())
-            .map(|h| s.runs[h as usize].id)
-            .collect()
+        // Breadth-first over children lists: the subtree of any run.
+        let mut out = vec![rh];
+        let mut i = 0;
+        while i < out.len() {
+            if let Some(kids) = s.children.get(&out[i]) {
+                out.extend_from_slice(kids);
+            }
+            i += 1;
+        }
+        out.into_iter().map(|h| s.runs[h as usize].id).collect()
     }
 }

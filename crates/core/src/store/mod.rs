@@ -107,6 +107,6 @@ pub trait StoreTx {
     fn recent_failed(&self, tenant: TenantRef<'_>, limit: usize) -> Vec<RunId>;
     /// One keyset page (see [`PageQuery`]).
     fn page_runs(&self, q: &PageQuery<'_>) -> Vec<RunId>;
-    /// A root and all its descendants, root first then created order.
+    /// A run and all its descendants, breadth-first (the run first).
     fn tree_runs(&self, root: &RunId) -> Vec<RunId>;
 }

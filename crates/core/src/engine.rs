@@ -1303,7 +1303,6 @@ impl<S: Store> Engine<S> {
 
     /// A run and its whole subtree (the run first, then breadth-first), or
     /// `None` when the run is unknown or another tenant's. O(subtree).
-
     pub fn run_tree(&self, tenant: &TenantArg, root_run_id: &str) -> Result<Option<Vec<RunRow>>> {
         let filter = self.gate("getRunTree", tenant)?;
         let Some(id) = parse_run_id(root_run_id) else {

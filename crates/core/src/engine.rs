@@ -187,6 +187,11 @@ impl<S: Store> Engine<S> {
         }
     }
 
+    /// The store, for inspection (e.g. `MemoryStore::verify_indexes`).
+    pub fn store(&self) -> &S {
+        &self.store
+    }
+
     pub fn clock(&self) -> &Arc<Clock> {
         &self.clock
     }

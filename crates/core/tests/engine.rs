@@ -35,10 +35,13 @@ fn req(t: &str, input: &str) -> StartRequest {
 }
 
 fn claim_id(e: &Engine<MemoryStore>, pool: &str) -> Option<RunId> {
-    e.claim_next(pool).unwrap().map(|r| r.id)
+    let id = e.claim_next(pool).unwrap().map(|r| r.id);
+    e.store().verify_indexes().unwrap();
+    id
 }
 
 fn status(e: &Engine<MemoryStore>, id: &RunId) -> RunStatus {
+    e.store().verify_indexes().unwrap();
     e.find_by_id(&id.to_string(), &TenantArg::Missing)
         .unwrap()
         .unwrap()

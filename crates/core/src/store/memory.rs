@@ -261,6 +261,158 @@ impl MemoryStore {
     pub fn new() -> Self {
         Self::default()
     }
+
+    /// Recomputes every index from the rows and compares: the check the
+    /// property tests run after each operation. A full scan, so never on a
+    /// serving path. Returns the first disagreement found.
+    pub fn verify_indexes(&self) -> std::result::Result<(), String> {
+        let s = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        s.verify()
+    }
+}
+
+impl MemoryState {
+    fn verify(&self) -> std::result::Result<(), String> {
+        let runs = &self.runs;
+        if self.ids.len() != runs.len() {
+            return Err(format!(
+                "ids has {} entries for {} runs",
+                self.ids.len(),
+                runs.len()
+            ));
+        }
+        // Lanes: exactly the non-terminal keyed runs, ordered by lane_seq.
+        let mut lanes: HashMap<LaneKey, BTreeMap<u64, Handle>> = HashMap::new();
+        for (h, r) in runs.iter().enumerate() {
+            if self.ids.get(&r.id) != Some(&(h as Handle)) {
+                return Err(format!("ids does not map {} to its slot", r.id));
+            }
+            if let Some(k) = lane_key(r) {
+                if !r.status.is_terminal() {
+                    lanes.entry(k).or_default().insert(r.lane_seq, h as Handle);
+                }
+            }
+        }
+        if lanes != self.lanes {
+            return Err("lanes differ from the non-terminal keyed runs".into());
+        }
+        // Claim index: exactly the pending lane heads / unkeyed pending runs.
+        let mut claimable: BTreeSet<Handle> = BTreeSet::new();
+        for (h, r) in runs.iter().enumerate() {
+            if r.status == RunStatus::Pending && self.is_lane_head(h as Handle) {
+                claimable.insert(h as Handle);
+            }
+        }
+        let mut indexed: BTreeSet<Handle> = BTreeSet::new();
+        for (name, pool) in &self.pools {
+            for &(Reverse(p), at, seq, h) in &pool.ready {
+                let r = &runs[h as usize];
+                if (r.priority, r.run_at, r.seq, &*r.pool) != (p, at, seq, &**name) {
+                    return Err(format!("stale ready entry for {}", r.id));
+                }
+                if !indexed.insert(h) {
+                    return Err(format!("{} indexed twice", r.id));
+                }
+            }
+            for &(at, seq, h) in &pool.future {
+                let r = &runs[h as usize];
+                if (r.run_at, r.seq, &*r.pool) != (at, seq, &**name) {
+                    return Err(format!("stale future entry for {}", r.id));
+                }
+                if !indexed.insert(h) {
+                    return Err(format!("{} indexed twice", r.id));
+                }
+            }
+        }
+        if claimable != indexed {
+            return Err(format!(
+                "claim index holds {:?}, claimable runs are {:?}",
+                indexed
+                    .iter()
+                    .map(|h| runs[*h as usize].id)
+                    .collect::<Vec<_>>(),
+                claimable
+                    .iter()
+                    .map(|h| runs[*h as usize].id)
+                    .collect::<Vec<_>>()
+            ));
+        }
+        // Counts and status/pool/tenant sets.
+        let mut counts: HashMap<(Tenant, Arc<str>, RunStatus), u64> = HashMap::new();
+        let mut by_status: HashMap<(Tenant, RunStatus), BTreeSet<CreatedKey>> = HashMap::new();
+        let mut by_pool: HashMap<(Tenant, Arc<str>), BTreeSet<CreatedKey>> = HashMap::new();
+        let mut by_tenant: HashMap<Tenant, BTreeSet<CreatedKey>> = HashMap::new();
+        let mut failed: HashMap<Tenant, BTreeSet<CreatedKey>> = HashMap::new();
+        for (h, r) in runs.iter().enumerate() {
+            let t = r.tenant_id.clone();
+            let k = created_key(r, h as Handle);
+            *counts
+                .entry((t.clone(), r.pool.clone(), r.status))
+                .or_default() += 1;
+            by_status
+                .entry((t.clone(), r.status))
+                .or_default()
+                .insert(k);
+            by_pool
+                .entry((t.clone(), r.pool.clone()))
+                .or_default()
+                .insert(k);
+            by_tenant.entry(t.clone()).or_default().insert(k);
+            if r.status == RunStatus::Failed {
+                failed
+                    .entry(t)
+                    .or_default()
+                    .insert((r.finished_at.unwrap_or(0), k.1, h as Handle));
+            }
+        }
+        let nonzero = |m: &HashMap<(Tenant, Arc<str>, RunStatus), u64>| -> HashMap<(Tenant, Arc<str>, RunStatus), u64> {
+            m.iter().filter(|(_, c)| **c > 0).map(|(k, c)| (k.clone(), *c)).collect()
+        };
+        if nonzero(&counts) != nonzero(&self.q.counts) {
+            return Err("status counts differ from the rows".into());
+        }
+        let nonempty =
+            |m: &HashMap<_, BTreeSet<CreatedKey>>| m.values().filter(|s| !s.is_empty()).count();
+        let same = |a: &HashMap<(Tenant, RunStatus), BTreeSet<CreatedKey>>,
+                    b: &HashMap<(Tenant, RunStatus), BTreeSet<CreatedKey>>| {
+            a.iter().all(|(k, v)| b.get(k).is_some_and(|w| w == v)) && nonempty(a) == nonempty(b)
+        };
+        if !same(&by_status, &self.q.by_status) {
+            return Err("status index differs from the rows".into());
+        }
+        if by_pool != self.q.by_pool || by_tenant != self.q.by_tenant {
+            return Err("pool or tenant index differs from the rows".into());
+        }
+        let failed_ok = failed.iter().all(|(k, v)| self.q.failed.get(k) == Some(v))
+            && self.q.failed.values().filter(|s| !s.is_empty()).count() == failed.len();
+        if !failed_ok {
+            return Err("failed index differs from the rows".into());
+        }
+        // Dedupe lists: every keyed run once, in created order.
+        let mut dedupe: HashMap<DedupeKey, Vec<Handle>> = HashMap::new();
+        for (h, r) in runs.iter().enumerate() {
+            if let Some(k) = &r.dedupe_key {
+                dedupe
+                    .entry((r.tenant_id.clone(), r.job_type.clone(), k.clone()))
+                    .or_default()
+                    .push(h as Handle);
+            }
+        }
+        if dedupe != self.dedupe {
+            return Err("dedupe lists differ from the rows".into());
+        }
+        // Children lists mirror parentRunId.
+        let mut children: HashMap<Handle, Vec<Handle>> = HashMap::new();
+        for (h, r) in runs.iter().enumerate() {
+            if let Some(p) = r.parent_run_id.and_then(|p| self.ids.get(&p)) {
+                children.entry(*p).or_default().push(h as Handle);
+            }
+        }
+        if children != self.children {
+            return Err("children lists differ from parentRunId".into());
+        }
+        Ok(())
+    }
 }
 
 /// A transaction on the memory store is the held lock.

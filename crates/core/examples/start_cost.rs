@@ -1,0 +1,49 @@
+//! Rough per-operation cost of the in-memory engine, without JS:
+//! `cargo run --release -p jobforge-core --example start_cost`.
+use jobforge_core::*;
+use serde_json::value::RawValue;
+use std::time::Instant;
+
+fn main() {
+    let e = Engine::new(
+        MemoryStore::new(),
+        EngineOptions {
+            multi_tenant: false,
+            clock: ClockKind::System,
+        },
+    );
+    e.register(DefinitionSpec {
+        job_type: "t".into(),
+        ..DefinitionSpec::default()
+    })
+    .unwrap();
+    let n = 200_000;
+    let t0 = Instant::now();
+    for _ in 0..n {
+        let req = StartRequest {
+            job_type: "t".into(),
+            input: RawValue::from_string("{\"i\":1}".into()).unwrap(),
+            ..StartRequest::default()
+        };
+        let row = e.start(req).unwrap();
+        std::hint::black_box(row.to_json());
+    }
+    println!("start+to_json: {:?}/op", t0.elapsed() / n);
+    let t0 = Instant::now();
+    for _ in 0..n {
+        let req = StartRequest {
+            job_type: "t".into(),
+            input: RawValue::from_string("{\"i\":1}".into()).unwrap(),
+            ..StartRequest::default()
+        };
+        std::hint::black_box(e.start(req).unwrap());
+    }
+    println!("start: {:?}/op", t0.elapsed() / n);
+    let t0 = Instant::now();
+    for _ in 0..n {
+        let r = e.claim_next("batch").unwrap().unwrap();
+        e.finish_attempt(&r.id, r.claim_epoch, AttemptOutcome::Completed(None))
+            .unwrap();
+    }
+    println!("claim+finish: {:?}/op", t0.elapsed() / n);
+}

@@ -267,7 +267,7 @@ impl NativeEngine {
 
     /// Registers definitions from a JSON array of specs, all or none;
     /// returns the definition rows as a JSON array.
-    #[napi]
+    #[napi(catch_unwind)]
     pub fn register(&self, specs_json: String) -> Result<String> {
         let specs: Vec<DefinitionSpec> =
             serde_json::from_str(&specs_json).map_err(|e| invalid(format!("handler meta: {e}")))?;
@@ -276,7 +276,7 @@ impl NativeEngine {
         serde_json::to_string(&rows).map_err(|e| invalid(e.to_string()))
     }
 
-    #[napi]
+    #[napi(catch_unwind)]
     pub fn definition(&self, job_type: String) -> Option<String> {
         self.engine
             .definition(&job_type)
@@ -285,7 +285,7 @@ impl NativeEngine {
 
     /// `start`: `input_json` is the validated input; `opts_json` the start
     /// options (with any function-evaluated keys). Returns the row JSON.
-    #[napi]
+    #[napi(catch_unwind)]
     pub fn start(
         &self,
         job_type: String,
@@ -304,7 +304,7 @@ impl NativeEngine {
     }
 
     /// Checks the tenant gate and job type only (see `Engine::start_preflight`).
-    #[napi]
+    #[napi(catch_unwind)]
     pub fn start_preflight(
         &self,
         job_type: String,
@@ -317,7 +317,7 @@ impl NativeEngine {
             .map_err(to_napi)
     }
 
-    #[napi]
+    #[napi(catch_unwind)]
     pub fn cancel(
         &self,
         run_id: String,
@@ -330,7 +330,7 @@ impl NativeEngine {
             .map_err(to_napi)
     }
 
-    #[napi]
+    #[napi(catch_unwind)]
     pub fn claim_next(&self, pool: String) -> Result<Option<String>> {
         self.engine
             .claim_next(&pool)
@@ -341,7 +341,7 @@ impl NativeEngine {
     /// Starts the attempt of a claimed run: `{"run","epoch","timeoutMs"}`.
     /// With `finish_attempt` this is the synchronous path `tick` uses from
     /// JS: the handler runs on the JS thread with no thread hop.
-    #[napi]
+    #[napi(catch_unwind)]
     pub fn begin_attempt(&self, run_id: String) -> Result<String> {
         let t = self.engine.begin_attempt(&run_id).map_err(to_napi)?;
         Ok(ticket_json(&t))
@@ -350,7 +350,7 @@ impl NativeEngine {
     /// Applies an attempt's outcome JSON (`completed` / `failed` /
     /// `timed_out` / `no_handler`). Returns whether it was applied (false
     /// when the run was canceled or replayed meanwhile).
-    #[napi]
+    #[napi(catch_unwind)]
     pub fn finish_attempt(&self, run_id: String, epoch: u32, outcome_json: String) -> Result<bool> {
         let Ok(id) = run_id.parse::<RunId>() else {
             return Err(to_napi(JobError::JobRunNotFound { run_id }));
@@ -375,7 +375,7 @@ impl NativeEngine {
     }
 
     /// `ctx.step` begin: `{"memoized":true,"output":…}` or `{"attempt":n}`.
-    #[napi]
+    #[napi(catch_unwind)]
     pub fn step_begin(&self, run_id: String, epoch: u32, step_id: String) -> Result<String> {
         match self
             .engine
@@ -392,7 +392,7 @@ impl NativeEngine {
         }
     }
 
-    #[napi]
+    #[napi(catch_unwind)]
     pub fn step_complete(
         &self,
         run_id: String,
@@ -407,7 +407,7 @@ impl NativeEngine {
     }
 
     /// Records a step failure; returns the backoff before a retry, if any.
-    #[napi]
+    #[napi(catch_unwind)]
     pub fn step_fail(
         &self,
         run_id: String,
@@ -428,7 +428,7 @@ impl NativeEngine {
             .map_err(to_napi)
     }
 
-    #[napi]
+    #[napi(catch_unwind)]
     pub fn replay(&self, run_id: String) -> Result<String> {
         self.engine
             .replay(&run_id)
@@ -436,7 +436,7 @@ impl NativeEngine {
             .map_err(to_napi)
     }
 
-    #[napi]
+    #[napi(catch_unwind)]
     pub fn find_by_id(
         &self,
         run_id: String,
@@ -450,7 +450,7 @@ impl NativeEngine {
     }
 
     /// Steps of a run as a JSON array, in seq order.
-    #[napi]
+    #[napi(catch_unwind)]
     pub fn list_steps(
         &self,
         run_id: String,
@@ -468,7 +468,7 @@ impl NativeEngine {
 
     /// Runs of a scope as a JSON array. `query_json`: `{status?, jobType?,
     /// limit?, offset?, orderBy?}`.
-    #[napi]
+    #[napi(catch_unwind)]
     pub fn list_for_scope(
         &self,
         tenant_given: bool,
@@ -490,7 +490,7 @@ impl NativeEngine {
         Ok(rows_json(&rows))
     }
 
-    #[napi]
+    #[napi(catch_unwind)]
     pub fn cancel_for_scope(
         &self,
         tenant_given: bool,
@@ -509,7 +509,7 @@ impl NativeEngine {
             .map_err(to_napi)
     }
 
-    #[napi]
+    #[napi(catch_unwind)]
     pub fn reschedule_for_scope(
         &self,
         tenant_given: bool,
@@ -532,7 +532,7 @@ impl NativeEngine {
     }
 
     /// `[{pool, status, count}]`, sorted by pool then status.
-    #[napi]
+    #[napi(catch_unwind)]
     pub fn count_by_pool_and_status(
         &self,
         tenant_given: bool,
@@ -555,7 +555,7 @@ impl NativeEngine {
         Ok(format!("[{}]", items.join(",")))
     }
 
-    #[napi]
+    #[napi(catch_unwind)]
     pub fn list_recent_failed(
         &self,
         tenant_given: bool,
@@ -571,7 +571,7 @@ impl NativeEngine {
     }
 
     /// `{"rows": [...], "nextCursor": string | null}`.
-    #[napi]
+    #[napi(catch_unwind)]
     pub fn list_job_runs(
         &self,
         tenant_given: bool,
@@ -593,7 +593,7 @@ impl NativeEngine {
     }
 
     /// `{run, children: [...]}` nested, or null.
-    #[napi]
+    #[napi(catch_unwind)]
     pub fn get_run_tree(
         &self,
         tenant_given: bool,
@@ -610,7 +610,7 @@ impl NativeEngine {
         Ok(Some(tree_json(&rows)))
     }
 
-    #[napi]
+    #[napi(catch_unwind)]
     pub fn find_step(
         &self,
         tenant_given: bool,
@@ -625,7 +625,7 @@ impl NativeEngine {
         Ok(step.and_then(|s| serde_json::to_string(&s).ok()))
     }
 
-    #[napi]
+    #[napi(catch_unwind)]
     pub fn record_step(
         &self,
         tenant_given: bool,
@@ -642,7 +642,7 @@ impl NativeEngine {
 
     /// Drains queued notices: `{"aborts":[{"runId","reason"}],"events":[row…]}`,
     /// or null when there are none.
-    #[napi]
+    #[napi(catch_unwind)]
     pub fn take_notices(&self) -> Option<String> {
         let taken = std::mem::take(&mut *self.pending_aborts.lock().ok()?);
         if taken.aborts.is_empty() && taken.events.is_empty() {
@@ -661,7 +661,7 @@ impl NativeEngine {
     }
 
     /// Turns transition events on or off.
-    #[napi]
+    #[napi(catch_unwind)]
     pub fn set_events(&self, enabled: bool) {
         self.engine.set_events(enabled);
     }
@@ -670,7 +670,10 @@ impl NativeEngine {
 
     /// Starts the scheduler for `pools_json` (`[{"name","concurrency"}]`);
     /// claimed batches reach `on_batch` as a JSON array of tickets.
-    #[napi(ts_args_type = "poolsJson: string, onBatch: (tickets: string) => void")]
+    #[napi(
+        catch_unwind,
+        ts_args_type = "poolsJson: string, onBatch: (tickets: string) => void"
+    )]
     pub fn start_worker(&self, pools_json: String, on_batch: BatchFn) -> Result<()> {
         #[derive(serde::Deserialize)]
         struct PoolWire {
@@ -700,7 +703,7 @@ impl NativeEngine {
 
     /// Records a worker attempt's outcome (null = canceled/released) and
     /// returns the pool's next ticket JSON, or null.
-    #[napi]
+    #[napi(catch_unwind)]
     pub fn worker_finish(
         &self,
         run_id: String,
@@ -730,7 +733,7 @@ impl NativeEngine {
     }
 
     /// Stops claiming; in-flight attempts go on. Returns how many are in flight.
-    #[napi]
+    #[napi(catch_unwind)]
     pub fn worker_stop(&self) -> u32 {
         let worker = self.worker.lock().ok().and_then(|w| w.clone());
         worker.map_or(0, |w| {
@@ -740,14 +743,14 @@ impl NativeEngine {
     }
 
     /// Attempts the worker holds right now.
-    #[napi]
+    #[napi(catch_unwind)]
     pub fn worker_in_flight(&self) -> u32 {
         let worker = self.worker.lock().ok().and_then(|w| w.clone());
         worker.map_or(0, |w| w.pools().iter().map(|p| p.in_flight() as u32).sum())
     }
 
     /// Puts an interrupted attempt's run back to pending (shutdown).
-    #[napi]
+    #[napi(catch_unwind)]
     pub fn release_attempt(&self, run_id: String, epoch: u32) -> Result<bool> {
         let Ok(id) = run_id.parse::<RunId>() else {
             return Ok(false);
@@ -756,13 +759,13 @@ impl NativeEngine {
     }
 
     /// Engine time in epoch ms.
-    #[napi]
+    #[napi(catch_unwind)]
     pub fn now(&self) -> f64 {
         self.engine.now() as f64
     }
 
     /// Moves a manual clock; returns the new time, or null on the system clock.
-    #[napi]
+    #[napi(catch_unwind)]
     pub fn advance_time(&self, ms: f64) -> Option<f64> {
         self.engine.advance_time(ms as i64).map(|t| t as f64)
     }
@@ -777,7 +780,7 @@ impl NativeEngine {
         Ok(())
     }
 
-    #[napi]
+    #[napi(catch_unwind)]
     pub fn clock_kind(&self) -> String {
         match self.engine.clock().kind() {
             ClockKind::System => "system".to_owned(),

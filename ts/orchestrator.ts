@@ -216,6 +216,8 @@ class Attempt {
 /** Bookkeeping of one started worker on the JS side. */
 class WorkerRuntime {
   running = true;
+  /** True once stop() has drained (or released) every attempt. */
+  stopped = false;
   private active = 0;
   private readonly attempts = new Map<string, number>();
   private readonly releasedRuns = new Set<string>();
@@ -273,12 +275,12 @@ class WorkerRuntime {
     this.stopping ??= (async () => {
       this.running = false;
       this.stopNative();
-      let timer: NodeJS.Timeout | undefined;
+      let cancelTimer = () => undefined as void;
       const timedOut = await Promise.race([
         this.drained().then(() => false),
-        new Promise<boolean>((r) => (timer = setTimeout(() => r(true), this.shutdownTimeoutMs))),
+        new Promise<boolean>((r) => (cancelTimer = after(this.shutdownTimeoutMs, () => r(true)))),
       ]);
-      clearTimeout(timer);
+      cancelTimer();
       if (timedOut) {
         // Still running after the grace period: back to pending, then abort.
         for (const [runId, epoch] of this.attempts) {
@@ -289,6 +291,7 @@ class WorkerRuntime {
       }
       if (this.keepAlive) clearInterval(this.keepAlive);
       this.keepAlive = null;
+      this.stopped = true;
     })();
     return this.stopping;
   }
@@ -321,6 +324,28 @@ function describeFailure(err: unknown): { message: string; stack?: string; name?
     }
   }
   return out;
+}
+
+/** Node's timers hold at most 2^31-1 ms and fire after 1 ms beyond that. */
+const MAX_TIMER_MS = 0x7fffffff;
+
+/**
+ * Calls `fn` after `ms` of wall time, however long (chained timers past
+ * Node's timer limit; never for Infinity). Returns a cancel function.
+ */
+function after(ms: number, fn: () => void): () => void {
+  let timer: NodeJS.Timeout | undefined;
+  let canceled = false;
+  const arm = (left: number) => {
+    if (canceled || left === Infinity) return;
+    if (left > MAX_TIMER_MS) timer = setTimeout(() => arm(left - MAX_TIMER_MS), MAX_TIMER_MS);
+    else timer = setTimeout(fn, Math.max(0, left));
+  };
+  arm(ms);
+  return () => {
+    canceled = true;
+    clearTimeout(timer);
+  };
 }
 
 /** JSON would turn NaN/Infinity into null (the default): reject them here. */
@@ -718,11 +743,11 @@ export class JobOrchestrator {
       else this.manualTimers.add(entry);
       return { promise, cancel: () => this.manualTimers.delete(entry) };
     }
-    let timer: NodeJS.Timeout | undefined;
+    let cancel = () => undefined as void;
     const promise = new Promise<void>((resolve) => {
-      timer = setTimeout(resolve, ms);
+      cancel = after(ms, resolve);
     });
-    return { promise, cancel: () => clearTimeout(timer) };
+    return { promise, cancel: () => cancel() };
   }
 
   // ── handler execution (called by the engine) ───────────────────────
@@ -779,14 +804,14 @@ export class JobOrchestrator {
       if (!row) throw new JobRunNotFoundError(String(runId));
       if (TERMINAL.has(row.status)) return row;
       if (o.timeoutMs === undefined) return await done;
-      let timer: NodeJS.Timeout | undefined;
+      let cancelTimer = () => undefined as void;
       const timeout = new Promise<never>((_, reject) => {
-        timer = setTimeout(() => reject(new JobWaitTimeoutError(runId, o.timeoutMs!)), o.timeoutMs);
+        cancelTimer = after(o.timeoutMs!, () => reject(new JobWaitTimeoutError(runId, o.timeoutMs!)));
       });
       try {
         return await Promise.race([done, timeout]);
       } finally {
-        clearTimeout(timer);
+        cancelTimer();
       }
     } finally {
       unregister();
@@ -828,6 +853,10 @@ export class JobOrchestrator {
    */
   startWorker(opts: WorkerOptions = {}): WorkerHandle {
     if (this.worker?.running) throw new JobWorkerStateError('a worker is already running on this orchestrator');
+    if (this.worker && !this.worker.stopped) {
+      // Its in-flight attempts still report to the engine's worker slots.
+      throw new JobWorkerStateError('the previous worker is still stopping: await its stop() first');
+    }
     const o = opts ?? {};
     const poolsIn = o.pools ?? { batch: { concurrency: 5 }, interactive: { concurrency: 20 } };
     if (poolsIn === null || typeof poolsIn !== 'object') throw new JobInputInvalidError('pools must be an object');

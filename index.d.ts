@@ -75,8 +75,10 @@ export declare class NativeEngine {
    * or null when there are none.
    */
   takeNotices(): string | null
-  /** Turns transition events on or off. */
+  /** Turns transition events for every run on or off. */
   setEvents(enabled: boolean): void
+  /** Watches (or stops watching) one run's transitions, for `waitForRun`. */
+  watchRun(runId: string, on: boolean): void
   /**
    * Starts the scheduler for `pools_json` (`[{"name","concurrency"}]`);
    * claimed batches reach `on_batch` as a JSON array of tickets.
@@ -84,9 +86,10 @@ export declare class NativeEngine {
   startWorker(poolsJson: string, onBatch: (tickets: string) => void): void
   /**
    * Records a worker attempt's outcome (null = canceled/released) and
-   * returns the pool's next ticket JSON, or null.
+   * claims the pool's next run: returns `'0'|'1'` (notices pending) then
+   * that run's ticket, if any.
    */
-  workerFinish(runId: string, epoch: number, outcomeJson: string | undefined | null, pool: string): string | null
+  workerFinish(runId: string, epoch: number, outcomeJson: string | undefined | null, pool: string): string
   /** Stops claiming; in-flight attempts go on. Returns how many are in flight. */
   workerStop(): number
   /** Attempts the worker holds right now. */

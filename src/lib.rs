@@ -74,6 +74,21 @@ type PendingAborts = Arc<std::sync::Mutex<Notices>>;
 struct JsObserver {
     on_abort: AbortFn,
     pending: PendingAborts,
+    /// Notices raised on the JS thread are drained right after the call
+    /// that raised them; only the engine's own threads need the nudge.
+    js_thread: std::thread::ThreadId,
+}
+
+impl JsObserver {
+    fn nudge(&self) {
+        if std::thread::current().id() != self.js_thread {
+            // NonBlocking on an unbounded queue: only `Closing` (Node
+            // shutting down) can fail, and then there is nobody to tell.
+            let _ = self
+                .on_abort
+                .call(String::new(), ThreadsafeFunctionCallMode::NonBlocking);
+        }
+    }
 }
 
 impl EngineObserver for JsObserver {
@@ -81,20 +96,14 @@ impl EngineObserver for JsObserver {
         if let Ok(mut p) = self.pending.lock() {
             p.aborts.push((run_id, reason));
         }
-        // NonBlocking on an unbounded queue: only `Closing` (environment
-        // shutting down) can fail, and then there is no signal to fire.
-        let _ = self
-            .on_abort
-            .call(String::new(), ThreadsafeFunctionCallMode::NonBlocking);
+        self.nudge();
     }
 
     fn run_events(&self, rows: Vec<jobforge_core::RunRow>) {
         if let Ok(mut p) = self.pending.lock() {
             p.events.extend(rows.iter().map(|r| r.to_json()));
         }
-        let _ = self
-            .on_abort
-            .call(String::new(), ThreadsafeFunctionCallMode::NonBlocking);
+        self.nudge();
     }
 }
 
@@ -109,14 +118,12 @@ struct JsBatch {
 
 impl BatchDispatcher for JsBatch {
     fn dispatch(&self, tickets: Vec<AttemptTicket>) -> bool {
-        let json = format!(
-            "[{}]",
-            tickets
-                .iter()
-                .map(ticket_json)
-                .collect::<Vec<_>>()
-                .join(",")
-        );
+        // One ticket per line (compact JSON never contains a raw newline).
+        let json = tickets
+            .iter()
+            .map(ticket_json)
+            .collect::<Vec<_>>()
+            .join("\n");
         // Unbounded queue: QueueFull cannot happen; Closing means Node is
         // going away and the caller releases the runs.
         self.on_batch
@@ -129,13 +136,19 @@ struct JsExecutor {
     dispatch: Arc<DispatchFn>,
 }
 
+/// An attempt ticket for JS: `header \0 input \0 row`, three JSON texts
+/// (serde_json escapes NUL inside strings, so the separator is unambiguous).
+/// JS parses the small header and the input at once and the full run row
+/// only if the handler reads `ctx.run`.
 fn ticket_json(t: &AttemptTicket) -> String {
-    format!(
-        "{{\"run\":{},\"epoch\":{},\"timeoutMs\":{}}}",
-        t.run.to_json(),
-        t.epoch,
-        t.timeout_ms.map_or("null".to_owned(), |ms| ms.to_string())
-    )
+    let header = json!({
+        "id": t.run.id.to_string(),
+        "jobType": &*t.run.job_type,
+        "pool": &*t.run.pool,
+        "epoch": t.epoch,
+        "timeoutMs": t.timeout_ms,
+    });
+    format!("{header}\0{}\0{}", t.run.input.get(), t.run.to_json())
 }
 
 #[derive(serde::Deserialize)]
@@ -254,6 +267,7 @@ impl NativeEngine {
         engine.set_observer(Arc::new(JsObserver {
             on_abort,
             pending: pending_aborts.clone(),
+            js_thread: std::thread::current().id(),
         }));
         Ok(NativeEngine {
             engine,
@@ -660,10 +674,18 @@ impl NativeEngine {
         ))
     }
 
-    /// Turns transition events on or off.
+    /// Turns transition events for every run on or off.
     #[napi(catch_unwind)]
     pub fn set_events(&self, enabled: bool) {
         self.engine.set_events(enabled);
+    }
+
+    /// Watches (or stops watching) one run's transitions, for `waitForRun`.
+    #[napi(catch_unwind)]
+    pub fn watch_run(&self, run_id: String, on: bool) {
+        if let Ok(id) = run_id.parse::<RunId>() {
+            self.engine.watch_run(id, on);
+        }
     }
 
     // ── worker ─────────────────────────────────────────────────────────
@@ -702,7 +724,8 @@ impl NativeEngine {
     }
 
     /// Records a worker attempt's outcome (null = canceled/released) and
-    /// returns the pool's next ticket JSON, or null.
+    /// claims the pool's next run: returns `'0'|'1'` (notices pending) then
+    /// that run's ticket, if any.
     #[napi(catch_unwind)]
     pub fn worker_finish(
         &self,
@@ -710,26 +733,38 @@ impl NativeEngine {
         epoch: u32,
         outcome_json: Option<String>,
         pool: String,
-    ) -> Result<Option<String>> {
+    ) -> Result<String> {
         let Ok(id) = run_id.parse::<RunId>() else {
             return Err(to_napi(JobError::JobRunNotFound { run_id }));
         };
         let outcome = outcome_json.as_deref().map(parse_outcome);
         let worker = self.worker.lock().ok().and_then(|w| w.clone());
-        match worker {
+        let next = match worker {
             Some(w) => {
-                let (_, next) = w
-                    .finish_and_next(&id, epoch, outcome, &pool)
-                    .map_err(to_napi)?;
-                Ok(next.as_ref().map(ticket_json))
+                w.finish_and_next(&id, epoch, outcome, &pool)
+                    .map_err(to_napi)?
+                    .1
             }
             None => {
                 if let Some(o) = outcome {
                     self.engine.finish_attempt(&id, epoch, o).map_err(to_napi)?;
                 }
-                Ok(None)
+                None
             }
+        };
+        // First character: '1' when notices wait for `take_notices` (saves
+        // JS a native call per run when there are none); then the next
+        // ticket, if any.
+        let pending = self
+            .pending_aborts
+            .lock()
+            .map(|p| !p.aborts.is_empty() || !p.events.is_empty())
+            .unwrap_or(false);
+        let mut out = String::from(if pending { "1" } else { "0" });
+        if let Some(t) = next {
+            out.push_str(&ticket_json(&t));
         }
+        Ok(out)
     }
 
     /// Stops claiming; in-flight attempts go on. Returns how many are in flight.

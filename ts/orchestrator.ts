@@ -157,21 +157,54 @@ export interface HandlerRegistration {
   handlerClass: JobHandler<unknown>;
 }
 
-type Outcome =
-  | { status: 'completed'; output: unknown }
-  | { status: 'timed_out'; timeoutMs: number }
-  | { status: 'failed'; error: { message: string; stack?: string; name?: string; code?: string } }
-  | { status: 'no_handler' };
+/** An attempt's outcome as the engine reads it (JSON text), and its kind. */
+interface Outcome {
+  status: 'completed' | 'failed' | 'timed_out' | 'no_handler';
+  text: string;
+}
+
+const failedOutcome = (err: unknown): Outcome => ({
+  status: 'failed',
+  text: JSON.stringify({ status: 'failed', error: describeFailure(err) }),
+});
+const NO_HANDLER: Outcome = { status: 'no_handler', text: '{"status":"no_handler"}' };
 
 interface ManualTimer {
   deadline: number;
   resolve: () => void;
 }
 
-interface DispatchPayload {
-  run: Record<string, unknown>;
-  epoch: number;
-  timeoutMs: number | null;
+/**
+ * One attempt handed to JS by the engine: `header \0 input \0 row`. The
+ * header and input are parsed at once; the run row only when a handler
+ * reads `ctx.run` (most never do, and it is the largest part).
+ */
+class Ticket {
+  readonly id: string;
+  readonly jobType: string;
+  readonly pool: string;
+  readonly epoch: number;
+  readonly timeoutMs: number | null;
+  readonly input: unknown;
+  private readonly rowText: string;
+  private row?: JobRun;
+
+  constructor(line: string) {
+    const a = line.indexOf('\0');
+    const b = line.indexOf('\0', a + 1);
+    const h = JSON.parse(line.slice(0, a)) as { id: string; jobType: string; pool: string; epoch: number; timeoutMs: number | null };
+    this.id = h.id;
+    this.jobType = h.jobType;
+    this.pool = h.pool;
+    this.epoch = h.epoch;
+    this.timeoutMs = h.timeoutMs;
+    this.input = JSON.parse(line.slice(a + 1, b));
+    this.rowText = line.slice(b + 1);
+  }
+
+  get run(): JobRun {
+    return (this.row ??= parseRun(this.rowText));
+  }
 }
 
 /**
@@ -573,14 +606,13 @@ export class JobOrchestrator {
    */
   async tick(runId: string): Promise<void> {
     if (typeof runId !== 'string') throw new JobInputInvalidError('runId must be a string');
-    const ticket = JSON.parse(call(() => this.native.beginAttempt(runId))) as DispatchPayload;
-    const run = materializeRun(ticket.run);
-    const outcome = await this.attempt(run, ticket.epoch, ticket.timeoutMs);
+    const ticket = new Ticket(call(() => this.native.beginAttempt(runId)));
+    const outcome = await this.attempt(ticket);
     if (outcome === null) return; // canceled meanwhile: nothing to apply
-    const applied = call(() => this.native.finishAttempt(run.id, ticket.epoch, JSON.stringify(outcome)));
+    const applied = call(() => this.native.finishAttempt(ticket.id, ticket.epoch, outcome.text));
     this.afterMutation();
-    if (applied && outcome.status === 'timed_out') this.inFlight.get(run.id)?.abort('timed_out');
-    this.inFlight.delete(run.id);
+    if (applied && outcome.status === 'timed_out') this.inFlight.get(ticket.id)?.abort('timed_out');
+    this.inFlight.delete(ticket.id);
   }
 
   // ── queries ────────────────────────────────────────────────────────
@@ -792,12 +824,13 @@ export class JobOrchestrator {
     let set = this.waiters.get(runId);
     if (!set) this.waiters.set(runId, (set = new Set()));
     set.add(resolveFn);
-    this.syncEvents();
+    // Only this run's transitions are reported for the wait.
+    this.native.watchRun(String(runId), true);
     const unregister = () => {
       const s = this.waiters.get(runId);
       s?.delete(resolveFn);
       if (s && s.size === 0) this.waiters.delete(runId);
-      this.syncEvents();
+      this.native.watchRun(String(runId), false);
     };
     try {
       const row = await this.findById(runId, o);
@@ -819,7 +852,7 @@ export class JobOrchestrator {
   }
 
   private syncEvents(): void {
-    let any = this.waiters.size > 0;
+    let any = false;
     for (const set of this.listeners.values()) any ||= set.size > 0;
     if (any !== this.eventsOn) {
       this.eventsOn = any;
@@ -880,53 +913,55 @@ export class JobOrchestrator {
     return runtime.handle(this.inFlight);
   }
 
-  private onWorkerBatch(runtime: WorkerRuntime, json: string): void {
-    let tickets: DispatchPayload[];
-    try {
-      tickets = JSON.parse(json) as DispatchPayload[];
-    } catch {
-      return;
+  private onWorkerBatch(runtime: WorkerRuntime, lines: string): void {
+    for (const line of lines.split('\n')) {
+      let ticket: Ticket;
+      try {
+        ticket = new Ticket(line);
+      } catch (e) {
+        console.error('jobforge: unreadable worker ticket', e);
+        continue;
+      }
+      void this.workerLoop(runtime, ticket);
     }
-    for (const t of tickets) void this.workerLoop(runtime, t);
   }
 
   /** One slot of the worker: runs a ticket, reports it, continues with the next. */
-  private async workerLoop(runtime: WorkerRuntime, first: DispatchPayload): Promise<void> {
+  private async workerLoop(runtime: WorkerRuntime, first: Ticket): Promise<void> {
     runtime.enter();
-    let ticket: DispatchPayload | null = first;
+    let ticket: Ticket | null = first;
     try {
       while (ticket) {
-        const run = materializeRun(ticket.run);
-        const epoch = ticket.epoch;
-        runtime.track(run.id, epoch);
+        const { id, epoch } = ticket;
+        runtime.track(id, epoch);
         let outcome: Outcome | null;
         try {
-          outcome = await this.attempt(run, epoch, ticket.timeoutMs);
+          outcome = await this.attempt(ticket);
         } catch (e) {
-          outcome = { status: 'failed', error: describeFailure(e) };
+          outcome = failedOutcome(e);
         }
-        runtime.untrack(run.id);
-        if (runtime.released(run.id)) outcome = null; // put back to pending by stop()
-        let next: string | null = null;
+        runtime.untrack(id);
+        if (runtime.released(id)) outcome = null; // put back to pending by stop()
+        let reply = '0';
         try {
-          next = this.native.workerFinish(run.id, epoch, outcome === null ? null : JSON.stringify(outcome), run.pool);
+          reply = this.native.workerFinish(id, epoch, outcome === null ? null : outcome.text, ticket.pool);
         } catch (e) {
           console.error('jobforge: recording a worker outcome failed', translateNativeError(e));
         }
-        if (outcome?.status === 'timed_out') this.inFlight.get(run.id)?.abort('timed_out');
-        this.inFlight.delete(run.id);
-        this.afterMutation();
-        ticket = next === null ? null : (JSON.parse(next) as DispatchPayload);
+        if (outcome?.status === 'timed_out') this.inFlight.get(id)?.abort('timed_out');
+        this.inFlight.delete(id);
+        // '1' = aborts or events are queued (saves a native call otherwise).
+        if (reply.charCodeAt(0) === 49) this.flushAborts();
+        ticket = reply.length > 1 ? new Ticket(reply.slice(1)) : null;
       }
     } finally {
       runtime.leave();
     }
   }
 
-
   /** After a native call that may have canceled running runs or emitted events. */
   private afterMutation(): void {
-    if (this.inFlight.size > 0 || this.eventsOn) this.flushAborts();
+    if (this.inFlight.size > 0 || this.eventsOn || this.waiters.size > 0) this.flushAborts();
   }
 
   /**
@@ -934,35 +969,37 @@ export class JobOrchestrator {
    * runtime calls this (via `call_async_catch`) with the attempt ticket and
    * applies the resolved outcome itself, timeout and cancel included.
    */
-  private async dispatch(payloadText: string): Promise<string> {
+  private async dispatch(line: string): Promise<string> {
     let outcome: Outcome;
     let runId = '';
     try {
-      const payload = JSON.parse(payloadText) as DispatchPayload;
-      const run = materializeRun(payload.run);
-      runId = run.id;
+      const ticket = new Ticket(line);
+      runId = ticket.id;
       const attempt = new Attempt();
       this.inFlight.set(runId, attempt);
-      outcome = await this.execute(run, payload.epoch, attempt);
+      outcome = await this.execute(ticket, attempt);
     } catch (e) {
-      outcome = { status: 'failed', error: describeFailure(e) };
+      outcome = failedOutcome(e);
     } finally {
       if (runId) this.inFlight.delete(runId);
     }
-    return JSON.stringify(outcome);
+    return outcome.text;
   }
 
   /** Runs the handler racing the attempt's timeout and a cancel; null = canceled. */
-  private async attempt(run: JobRun, epoch: number, timeoutMs: number | null): Promise<Outcome | null> {
+  private async attempt(ticket: Ticket): Promise<Outcome | null> {
     const attempt = new Attempt();
-    this.inFlight.set(run.id, attempt);
+    this.inFlight.set(ticket.id, attempt);
     const canceled = new Promise<null>((resolve) => {
       attempt.onAbort = () => resolve(null);
     });
+    const { timeoutMs } = ticket;
     const timer = timeoutMs === null ? null : this.sleep(timeoutMs);
-    const racers: Promise<Outcome | null>[] = [this.execute(run, epoch, attempt), canceled];
+    const racers: Promise<Outcome | null>[] = [this.execute(ticket, attempt), canceled];
     if (timer && timeoutMs !== null) {
-      racers.push(timer.promise.then((): Outcome => ({ status: 'timed_out', timeoutMs })));
+      racers.push(
+        timer.promise.then((): Outcome => ({ status: 'timed_out', text: `{"status":"timed_out","timeoutMs":${timeoutMs}}` })),
+      );
     }
     try {
       return await Promise.race(racers);
@@ -972,10 +1009,10 @@ export class JobOrchestrator {
     }
   }
 
-  private async execute(run: JobRun, epoch: number, attempt: Attempt): Promise<Outcome> {
-    const reg = this.handlers.get(run.jobType);
-    if (!reg) return { status: 'no_handler' };
-    const ctx = this.makeContext(run, epoch, attempt);
+  private async execute(ticket: Ticket, attempt: Attempt): Promise<Outcome> {
+    const reg = this.handlers.get(ticket.jobType);
+    if (!reg) return NO_HANDLER;
+    const ctx = this.makeContext(ticket, attempt);
     let value: unknown;
     try {
       const h = reg.handlerClass;
@@ -983,37 +1020,45 @@ export class JobOrchestrator {
       else if (typeof h === 'function') value = await (h as (c: JobContext<unknown>) => unknown)(ctx);
       else value = await (h as { run(c: JobContext<unknown>): unknown }).run(ctx);
     } catch (e) {
-      return { status: 'failed', error: describeFailure(e) };
+      return failedOutcome(e);
     }
     const j = toJsonText(value ?? {}, 'handler output');
-    if (!j.ok) return { status: 'failed', error: { message: j.reason, name: 'JobOutputInvalidError' } };
-    return { status: 'completed', output: JSON.parse(j.text) };
+    if (!j.ok) {
+      return {
+        status: 'failed',
+        text: JSON.stringify({ status: 'failed', error: { message: j.reason, name: 'JobOutputInvalidError' } }),
+      };
+    }
+    return { status: 'completed', text: `{"status":"completed","output":${j.text}}` };
   }
 
-  private makeContext(run: JobRun, epoch: number, attempt: Attempt): JobContext<unknown> {
+  private makeContext(ticket: Ticket, attempt: Attempt): JobContext<unknown> {
     let logger: JobLogger | undefined;
     const loggerFactory = this.loggerFactory;
+    const { id, epoch } = ticket;
     return {
-      input: run.input,
-      run,
+      input: ticket.input,
+      get run() {
+        return ticket.run;
+      },
       get signal() {
         return attempt.signal;
       },
       // Built on first use: most handlers never log.
       get logger() {
-        return (logger ??= loggerFactory(run));
+        return (logger ??= loggerFactory(ticket.run));
       },
       step: <T>(stepId: string, fn: () => Promise<T> | T, opts?: StepOptions) =>
-        this.runStep(run.id, epoch, attempt, stepId, fn, opts),
+        this.runStep(id, epoch, attempt, stepId, fn, opts),
       spawnChild: (type: string, input: unknown, opts?: SpawnChildOptions) =>
         this.start(type, input, {
-          parentRunId: run.id,
+          parentRunId: id,
           parentClosePolicy: opts?.closePolicy,
           runAt: opts?.runAt,
           priority: opts?.priority,
           tags: opts?.tags,
           triggerSource: 'parent',
-          triggerRef: run.id,
+          triggerRef: id,
         }),
     };
   }

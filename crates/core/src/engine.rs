@@ -123,6 +123,10 @@ pub struct Engine<S: Store> {
     /// transitions pay for a wake-up.
     worker_hungry: AtomicBool,
     events_enabled: AtomicBool,
+    /// Runs someone waits for (`waitForRun`): their transitions are sent
+    /// even when events are off. Reference-counted per run.
+    watched: Mutex<HashMap<RunId, usize>>,
+    watched_any: AtomicBool,
 }
 
 /// Side effects collected inside a transaction and delivered after it.
@@ -152,7 +156,36 @@ impl<S: Store> Engine<S> {
             activity: Arc::new(Notify::new()),
             worker_hungry: AtomicBool::new(false),
             events_enabled: AtomicBool::new(false),
+            watched: Mutex::new(HashMap::new()),
+            watched_any: AtomicBool::new(false),
         }
+    }
+
+    /// Adds or removes one watcher of a run's transitions.
+    pub fn watch_run(&self, id: RunId, on: bool) {
+        let mut w = self.watched.lock().unwrap_or_else(|p| p.into_inner());
+        if on {
+            *w.entry(id).or_default() += 1;
+        } else if let Some(n) = w.get_mut(&id) {
+            *n -= 1;
+            if *n == 0 {
+                w.remove(&id);
+            }
+        }
+        self.watched_any.store(!w.is_empty(), Ordering::SeqCst);
+    }
+
+    /// Whether a transition of `id` must be reported.
+    fn wants_event(&self, id: &RunId) -> bool {
+        if self.events_enabled.load(Ordering::Relaxed) {
+            return true;
+        }
+        self.watched_any.load(Ordering::Relaxed)
+            && self
+                .watched
+                .lock()
+                .map(|w| w.contains_key(id))
+                .unwrap_or(false)
     }
 
     /// The notification a worker scheduler waits on.
@@ -175,10 +208,6 @@ impl<S: Store> Engine<S> {
     /// Turns transition events on or off (off costs nothing per run).
     pub fn set_events(&self, enabled: bool) {
         self.events_enabled.store(enabled, Ordering::SeqCst);
-    }
-
-    fn events_on(&self) -> bool {
-        self.events_enabled.load(Ordering::Relaxed)
     }
 
     pub fn set_observer(&self, observer: Arc<dyn EngineObserver>) {
@@ -623,7 +652,7 @@ impl<S: Store> Engine<S> {
             if run.status == RunStatus::Running {
                 fx.aborted.push((id, AbortReason::Canceled));
             }
-            let events = self.events_on();
+            let events = self.wants_event(&id);
             tx.update_run(&id, &mut |r| {
                 r.status = RunStatus::Canceled;
                 r.finished_at = Some(now);
@@ -752,7 +781,7 @@ impl<S: Store> Engine<S> {
                         r.executing = false;
                         out = Some(r.clone());
                     });
-                    if self.events_on() {
+                    if self.wants_event(run_id) {
                         fx.transitions.extend(out.clone());
                     }
                     return Ok(out);
@@ -812,14 +841,14 @@ impl<S: Store> Engine<S> {
                     r.executing = false;
                     out = Some(r.clone());
                 });
-                if self.events_on() {
+                if self.wants_event(run_id) {
                     fx.transitions.extend(out.clone());
                 }
                 // A failed run takes its descendants down (not itself again).
                 self.cancel_tree(tx, *run_id, true, false, now, &mut fx);
                 return Ok(out);
             }
-            if self.events_on() {
+            if self.wants_event(run_id) {
                 fx.transitions.extend(out.clone());
             }
             Ok(out)

@@ -1,0 +1,94 @@
+/**
+ * `jobforge/nest`: the NestJS binding. Swapping the seed's memory backend for
+ * jobforge is one import:
+ *
+ * ```ts
+ * import { JobsModule, JobHandler, JobHandlerBase, JOB_ORCHESTRATOR } from 'jobforge/nest';
+ *
+ * @JobHandler('email.send', { retry: { attempts: 3, backoff: 'exponential', baseMs: 200 } })
+ * export class SendEmail extends JobHandlerBase<{ to: string }> {
+ *   constructor(@Inject(Mailer) private readonly mailer: Mailer) { super(); }
+ *   async run(ctx: JobContext<{ to: string }>) {
+ *     return ctx.step('send', () => this.mailer.send(ctx.input.to));
+ *   }
+ * }
+ *
+ * @Module({ imports: [JobsModule.forRoot({ multiTenant: false })], providers: [Mailer, SendEmail] })
+ * export class AppModule {}
+ * ```
+ *
+ * Needs `@nestjs/common`, `@nestjs/core`, `reflect-metadata` and `rxjs`
+ * (peer dependencies); the core `jobforge` entry point does not.
+ */
+import 'reflect-metadata';
+
+export {
+  JOB_ORCHESTRATOR,
+  JOB_RUN_SERVICE,
+  JOB_STEP_SERVICE,
+  JOBS_MULTI_TENANT,
+  JOBS_MODULE_OPTIONS,
+} from './tokens';
+export type { IJobOrchestrator, IJobRunService, IJobStepService } from './types';
+export {
+  DuplicateJobHandlerError,
+  HandlerRegistry,
+  JOB_HANDLER_METADATA,
+  JobHandler,
+  getJobHandlerMetadata,
+} from './handler-registry';
+export type { JobHandlerClass, JobHandlerDefinition } from './handler-registry';
+export { JobHandlerNotProviderError, JobPoolNotConfiguredError } from './errors';
+export { NestJobOrchestrator } from './nest-orchestrator';
+export type { HandlerResolver } from './nest-orchestrator';
+export { JobsModule, JobsWorker, moduleRefResolver, nestRunLogger } from './jobs.module';
+export type { JobsModuleAsyncOptions, JobsModuleOptions, JobsModuleRegistration, JobsPoolOptions } from './jobs.module';
+
+// The core API a Nest app needs, so one import path is enough.
+export { JobHandlerBase, JobOrchestrator, ParentClosePolicy } from '../index';
+export type {
+  CancelOptions,
+  HandlerRegistration,
+  JobContext,
+  JobDefinitionRow,
+  JobHandlerMeta,
+  JobLogger,
+  JobPoolDef,
+  JobRun,
+  JobRunError,
+  JobRunRow,
+  JobRunStatus,
+  JobStep,
+  JobStepRow,
+  JobUpsertEntry,
+  ListForScopeOptions,
+  ListJobRunsOptions,
+  PoolStatusCount,
+  RecordStepInput,
+  RetryPolicy,
+  RunTreeNode,
+  SpawnChildOptions,
+  StartOptions,
+  StepOptions,
+  TenantOptions,
+  WorkerHandle,
+  WorkerOptions,
+} from '../index';
+export {
+  JobClockError,
+  JobCollisionError,
+  JobInputInvalidError,
+  JobKeyFunctionUnavailableError,
+  JobNotReplayableError,
+  JobRunNotFoundError,
+  JobRunStateError,
+  JobStepConflictError,
+  JobStepTimeoutError,
+  JobTemplateFieldMissingError,
+  JobTypeNotFoundError,
+  JobWaitTimeoutError,
+  JobWorkerStateError,
+  JobforgeError,
+  MissingTenantIdError,
+  ParentRunNotFoundError,
+} from '../index';

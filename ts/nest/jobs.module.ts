@@ -1,0 +1,269 @@
+/**
+ * `JobsModule`: provides a jobforge orchestrator under the jobs-domain tokens,
+ * upserts every `@JobHandler` class on init, runs the worker, drains it on
+ * shutdown.
+ */
+import {
+  Inject,
+  Injectable,
+  Logger,
+  Module,
+  type DynamicModule,
+  type InjectionToken,
+  type ModuleMetadata,
+  type OnApplicationBootstrap,
+  type OnModuleDestroy,
+  type OnModuleInit,
+  type OptionalFactoryDependency,
+  type Provider,
+} from '@nestjs/common';
+import { ModuleRef } from '@nestjs/core';
+import { JobOrchestrator } from '../index';
+import type { JobLogger, JobPoolDef, JobRun, WorkerHandle, WorkerOptions } from '../index';
+import { JobHandlerNotProviderError, JobPoolNotConfiguredError } from './errors';
+import { HandlerRegistry, type JobHandlerClass } from './handler-registry';
+import { NestJobOrchestrator, type HandlerResolver } from './nest-orchestrator';
+import {
+  JOB_ORCHESTRATOR,
+  JOB_RUN_SERVICE,
+  JOB_STEP_SERVICE,
+  JOBS_MODULE_OPTIONS,
+  JOBS_MULTI_TENANT,
+} from './tokens';
+
+/** A pool: how many of its runs one worker executes at once, plus the seed's pool fields. */
+export interface JobsPoolOptions {
+  concurrency: number;
+  queue?: string;
+  reserved?: boolean;
+  description?: string;
+}
+
+export interface JobsModuleOptions {
+  /** Every start/cancel/query needs `tenantId` (null = cross-tenant). Default false. */
+  multiTenant?: boolean;
+  /**
+   * Pools the worker serves (and that handlers may name). When given, a
+   * handler whose pool is not listed fails module init. Default: the core
+   * worker's `batch` (5) and `interactive` (20).
+   */
+  pools?: Record<string, JobsPoolOptions>;
+  /**
+   * `false`: no worker in this process (runs are only enqueued, or driven by
+   * `claimNext`/`tick`). `true` (default) or worker options: start it once
+   * the application has bootstrapped; `app.close()` drains it.
+   */
+  worker?: boolean | WorkerOptions;
+  /** Builds `ctx.logger`. Default: a Nest `Logger` named `JobRun:<runId>`. */
+  loggerFactory?: (run: JobRun) => JobLogger;
+}
+
+export interface JobsModuleRegistration {
+  /** Register the module as global (its tokens injectable everywhere). Default true. */
+  global?: boolean;
+}
+
+export interface JobsModuleAsyncOptions extends JobsModuleRegistration {
+  imports?: ModuleMetadata['imports'];
+  inject?: (InjectionToken | OptionalFactoryDependency)[];
+  // eslint-disable-next-line @typescript-eslint/no-explicit-any
+  useFactory: (...args: any[]) => JobsModuleOptions | Promise<JobsModuleOptions>;
+}
+
+/** A Nest `Logger` named after the run: `JobRun:<id>`. */
+export function nestRunLogger(run: JobRun): JobLogger {
+  return new Logger(`JobRun:${run.id}`);
+}
+
+const isScopeError = (e: unknown) => (e as { constructor?: { name?: string } })?.constructor?.name === 'InvalidClassScopeException';
+
+/**
+ * Resolves handler classes through `ModuleRef` (`strict: false`: from any
+ * module of the app). Default-scoped providers are singletons and come from
+ * `get`; request/transient-scoped ones get a fresh instance per execution.
+ */
+export function moduleRefResolver(moduleRef: ModuleRef): HandlerResolver & {
+  check(cls: JobHandlerClass, type: string): void;
+} {
+  const scoped = new Set<JobHandlerClass>();
+  const check = (cls: JobHandlerClass, type: string): 'singleton' | 'scoped' => {
+    if (scoped.has(cls)) return 'scoped';
+    let instance: unknown;
+    try {
+      instance = moduleRef.get(cls, { strict: false });
+    } catch (e) {
+      if (isScopeError(e)) {
+        scoped.add(cls);
+        return 'scoped';
+      }
+      throw new JobHandlerNotProviderError(type, cls.name, (e as Error)?.message);
+    }
+    if (instance === undefined || instance === null) throw new JobHandlerNotProviderError(type, cls.name);
+    return 'singleton';
+  };
+  const resolve = (async (cls: JobHandlerClass, type: string) => {
+    if (check(cls, type) === 'scoped') return moduleRef.resolve(cls, undefined, { strict: false });
+    return moduleRef.get(cls, { strict: false });
+  }) as HandlerResolver & { check(cls: JobHandlerClass, type: string): void };
+  resolve.check = (cls, type) => void check(cls, type);
+  return resolve;
+}
+
+/**
+ * Owns the worker of the module's orchestrator: upserts the registered
+ * handlers on init, starts the worker on bootstrap (unless `worker: false`),
+ * and drains it on `onModuleDestroy` (`app.close()`).
+ */
+@Injectable()
+export class JobsWorker implements OnModuleInit, OnApplicationBootstrap, OnModuleDestroy {
+  private readonly logger = new Logger('JobsWorker');
+  private handle: WorkerHandle | null = null;
+  private readonly resolver: ReturnType<typeof moduleRefResolver>;
+
+  constructor(
+    @Inject(JOB_ORCHESTRATOR) private readonly orchestrator: JobOrchestrator,
+    @Inject(JOBS_MODULE_OPTIONS) private readonly options: JobsModuleOptions,
+    @Inject(ModuleRef) moduleRef: ModuleRef,
+    @Inject(HandlerRegistry) private readonly registry: HandlerRegistry,
+  ) {
+    this.resolver = moduleRefResolver(moduleRef);
+  }
+
+  /** Upserts every `@JobHandler` class; fails if one is not a provider or names an undeclared pool. */
+  async onModuleInit(): Promise<void> {
+    const defs = this.registry.getAll();
+    const pools = this.options.pools;
+    const served = new Set(Object.keys(this.workerOptions()?.pools ?? pools ?? { batch: 1, interactive: 1 }));
+    for (const d of defs) {
+      this.resolver.check(d.handlerClass, d.type);
+      const pool = d.meta.pool ?? 'batch';
+      if (pools && !(pool in pools)) throw new JobPoolNotConfiguredError(d.type, pool, Object.keys(pools));
+      if (this.workerOptions() && !served.has(pool)) {
+        this.logger.warn(`job type '${d.type}' uses pool '${pool}', which this process's worker does not serve`);
+      }
+    }
+    const poolConfig = new Map<string, JobPoolDef>(
+      Object.entries(pools ?? {}).map(([name, p]) => [
+        name,
+        { queue: p.queue ?? name, concurrency: p.concurrency, reserved: p.reserved ?? false, description: p.description },
+      ]),
+    );
+    await this.orchestrator.upsertJobRows(
+      defs.map((d) => ({ type: d.type, meta: d.meta, handlerClass: d.handlerClass })),
+      poolConfig,
+    );
+  }
+
+  onApplicationBootstrap(): void {
+    if (this.workerOptions() && !this.handle?.running) this.start();
+  }
+
+  /** Drains the worker: in-flight runs finish (or go back to pending after `shutdownTimeoutMs`). */
+  async onModuleDestroy(): Promise<void> {
+    await this.stop();
+  }
+
+  /** Starts the worker (also when the module was configured with `worker: false`). */
+  start(opts?: WorkerOptions): WorkerHandle {
+    const o = opts ?? this.workerOptions() ?? this.workerOptionsFrom(true)!;
+    this.handle = this.orchestrator.startWorker(o);
+    return this.handle;
+  }
+
+  /** Stops claiming and waits for in-flight runs; a no-op without a running worker. */
+  async stop(): Promise<void> {
+    const h = this.handle;
+    if (!h) return;
+    const inFlight = h.inFlight;
+    if (inFlight > 0) this.logger.log(`draining ${inFlight} in-flight run(s)`);
+    await h.stop();
+  }
+
+  get running(): boolean {
+    return this.handle?.running ?? false;
+  }
+
+  get inFlight(): number {
+    return this.handle?.inFlight ?? 0;
+  }
+
+  private workerOptions(): WorkerOptions | null {
+    return this.workerOptionsFrom(this.options.worker ?? true);
+  }
+
+  private workerOptionsFrom(w: boolean | WorkerOptions): WorkerOptions | null {
+    if (w === false) return null;
+    const given = w === true ? {} : w;
+    const pools =
+      given.pools ??
+      (this.options.pools
+        ? Object.fromEntries(Object.entries(this.options.pools).map(([k, p]) => [k, { concurrency: p.concurrency }]))
+        : undefined);
+    return { ...given, pools };
+  }
+}
+
+function orchestratorFactory(options: JobsModuleOptions, moduleRef: ModuleRef): NestJobOrchestrator {
+  return new NestJobOrchestrator(
+    { multiTenant: options.multiTenant === true, loggerFactory: options.loggerFactory ?? nestRunLogger },
+    moduleRefResolver(moduleRef),
+  );
+}
+
+const EXPORTS = [
+  JOB_ORCHESTRATOR,
+  JOB_RUN_SERVICE,
+  JOB_STEP_SERVICE,
+  JOBS_MULTI_TENANT,
+  JobOrchestrator,
+  HandlerRegistry,
+  JobsWorker,
+];
+
+function providers(optionsProvider: Provider): Provider[] {
+  return [
+    optionsProvider,
+    { provide: JOB_ORCHESTRATOR, useFactory: orchestratorFactory, inject: [JOBS_MODULE_OPTIONS, ModuleRef] },
+    { provide: JOB_RUN_SERVICE, useExisting: JOB_ORCHESTRATOR },
+    { provide: JOB_STEP_SERVICE, useExisting: JOB_ORCHESTRATOR },
+    { provide: JobOrchestrator, useExisting: JOB_ORCHESTRATOR },
+    {
+      provide: JOBS_MULTI_TENANT,
+      useFactory: (o: JobsModuleOptions) => o.multiTenant === true,
+      inject: [JOBS_MODULE_OPTIONS],
+    },
+    { provide: HandlerRegistry, useValue: new HandlerRegistry() },
+    JobsWorker,
+  ];
+}
+
+@Module({})
+export class JobsModule {
+  /** `JobsModule.forRoot({ multiTenant?, pools?, worker?, global? })`. */
+  static forRoot(options: JobsModuleOptions & JobsModuleRegistration = {}): DynamicModule {
+    return {
+      module: JobsModule,
+      global: options.global ?? true,
+      providers: providers({ provide: JOBS_MODULE_OPTIONS, useValue: options }),
+      exports: EXPORTS,
+    };
+  }
+
+  /** `JobsModule.forRootAsync({ imports, inject, useFactory, global? })`. */
+  static forRootAsync(options: JobsModuleAsyncOptions): DynamicModule {
+    if (typeof options?.useFactory !== 'function') {
+      throw new TypeError('JobsModule.forRootAsync needs a useFactory function');
+    }
+    return {
+      module: JobsModule,
+      global: options.global ?? true,
+      imports: options.imports ?? [],
+      providers: providers({
+        provide: JOBS_MODULE_OPTIONS,
+        useFactory: async (...args: unknown[]) => (await options.useFactory(...args)) ?? {},
+        inject: options.inject ?? [],
+      }),
+      exports: EXPORTS,
+    };
+  }
+}

@@ -1,0 +1,45 @@
+/**
+ * The jobs-domain interfaces the seed's Nest code is written against,
+ * expressed over jobforge's types. One `JobOrchestrator` instance implements
+ * all three services (JobsModule provides the three tokens with it).
+ */
+import type {
+  CancelOptions,
+  JobOrchestrator,
+  JobPoolDef,
+  JobRun,
+  JobUpsertEntry,
+  StartOptions,
+} from '../index';
+
+/** What the seed's `MemoryJobOrchestrator` implements (`job-orchestrator.protocol`). */
+export interface IJobOrchestrator {
+  start(type: string, input: unknown, opts?: StartOptions, tx?: unknown): Promise<JobRun>;
+  cancel(runId: string, opts?: CancelOptions): Promise<void>;
+  replay(runId: string): Promise<JobRun>;
+  upsertJobRows(
+    entries: JobUpsertEntry[],
+    poolConfig: ReadonlyMap<string, JobPoolDef>,
+  ): Promise<{ orphaned: string[] }>;
+}
+
+/** Run queries (CONTRACT.md "Queries (run service)"); tenant-gated in multi-tenant mode. */
+export interface IJobRunService
+  extends Pick<
+    JobOrchestrator,
+    | 'findById'
+    | 'listSteps'
+    | 'listForScope'
+    | 'cancelForScope'
+    | 'rescheduleForScope'
+    | 'countByPoolAndStatus'
+    | 'listRecentFailed'
+    | 'listJobRuns'
+    | 'getRunTree'
+  > {}
+
+/**
+ * Step rows of a run. Unlike the seed's memory step service, `findStep`
+ * returns the row whatever its status (the seed only returned completed rows).
+ */
+export interface IJobStepService extends Pick<JobOrchestrator, 'findStep' | 'recordStep' | 'listSteps'> {}

@@ -101,7 +101,7 @@ impl EngineObserver for JsObserver {
 
     fn run_events(&self, rows: Vec<jobforge_core::RunRow>) {
         if let Ok(mut p) = self.pending.lock() {
-            p.events.extend(rows.iter().map(|r| r.to_json()));
+            p.events.extend(rows.iter().map(|r| r.to_compact_json()));
         }
         self.nudge();
     }
@@ -148,7 +148,11 @@ fn ticket_json(t: &AttemptTicket) -> String {
         "epoch": t.epoch,
         "timeoutMs": t.timeout_ms,
     });
-    format!("{header}\0{}\0{}", t.run.input.get(), t.run.to_json())
+    format!(
+        "{header}\0{}\0{}",
+        t.run.input.get(),
+        t.run.to_compact_json()
+    )
 }
 
 #[derive(serde::Deserialize)]
@@ -314,7 +318,10 @@ impl NativeEngine {
         if let Some(o) = opts_json {
             apply_start_opts(&mut req, &o)?;
         }
-        self.engine.start(req).map(|r| r.to_json()).map_err(to_napi)
+        self.engine
+            .start(req)
+            .map(|r| r.to_compact_json())
+            .map_err(to_napi)
     }
 
     /// Checks the tenant gate and job type only (see `Engine::start_preflight`).
@@ -348,7 +355,7 @@ impl NativeEngine {
     pub fn claim_next(&self, pool: String) -> Result<Option<String>> {
         self.engine
             .claim_next(&pool)
-            .map(|r| r.map(|r| r.to_json()))
+            .map(|r| r.map(|r| r.to_compact_json()))
             .map_err(to_napi)
     }
 
@@ -446,7 +453,7 @@ impl NativeEngine {
     pub fn replay(&self, run_id: String) -> Result<String> {
         self.engine
             .replay(&run_id)
-            .map(|r| r.to_json())
+            .map(|r| r.to_compact_json())
             .map_err(to_napi)
     }
 
@@ -459,7 +466,7 @@ impl NativeEngine {
     ) -> Result<Option<String>> {
         self.engine
             .find_by_id(&run_id, &tenant_arg(tenant_given, tenant_id))
-            .map(|r| r.map(|r| r.to_json()))
+            .map(|r| r.map(|r| r.to_compact_json()))
             .map_err(to_napi)
     }
 
@@ -952,7 +959,7 @@ fn rows_json(rows: &[jobforge_core::RunRow]) -> String {
         if i > 0 {
             out.push(',');
         }
-        out.push_str(&r.to_json());
+        out.push_str(&r.to_compact_json());
     }
     out.push(']');
     out
@@ -980,7 +987,7 @@ fn tree_json(rows: &[jobforge_core::RunRow]) -> String {
             Step::Close => out.push_str("]}"),
             Step::Open(i) => {
                 out.push_str("{\"run\":");
-                out.push_str(&rows[i].to_json());
+                out.push_str(&rows[i].to_compact_json());
                 out.push_str(",\"children\":[");
                 stack.push(Step::Close);
                 if let Some(kids) = children.get(&rows[i].id) {

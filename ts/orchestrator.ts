@@ -25,7 +25,8 @@ import { consoleLogger } from './handler';
 import { toJsonText } from './json';
 import { NativeEngine } from './native';
 import type { JobDefinitionRow, JobRun, JobRunError, JobRunStatus, JobStep } from './rows';
-import { materializeRun, parseDefinition, parseRun, parseRuns, parseStep } from './rows';
+import { fromTuple, parseDefinition, parseRun, parseRuns, parseStep } from './rows';
+import type { RunTuple } from './rows';
 
 export interface JobOrchestratorOptions {
   /** Every start/cancel/query needs `tenantId` (null = cross-tenant work). */
@@ -719,19 +720,19 @@ export class JobOrchestrator {
     }
     const q = { poolId: o.poolId, rootRunId: o.rootRunId, status: o.status, since, cursor: o.cursor, limit: o.limit };
     const page = JSON.parse(call(() => this.native.listJobRuns(tenantGiven(o), o.tenantId ?? null, JSON.stringify(q)))) as {
-      rows: Record<string, unknown>[];
+      rows: RunTuple[];
       nextCursor: string | null;
     };
-    return { rows: page.rows.map(materializeRun), nextCursor: page.nextCursor };
+    return { rows: page.rows.map(fromTuple), nextCursor: page.nextCursor };
   }
 
   /** The tree of runs under a root (parent → children, each with its status), or null. */
   async getRunTree(rootRunId: string, opts?: TenantOptions): Promise<RunTreeNode | null> {
     const json = call(() => this.native.getRunTree(tenantGiven(opts), opts?.tenantId ?? null, String(rootRunId)));
     if (json === null) return null;
-    const walk = (n: { run: Record<string, unknown>; children: unknown[] }): RunTreeNode => ({
-      run: materializeRun(n.run),
-      children: n.children.map((c) => walk(c as { run: Record<string, unknown>; children: unknown[] })),
+    const walk = (n: { run: RunTuple; children: unknown[] }): RunTreeNode => ({
+      run: fromTuple(n.run),
+      children: n.children.map((c) => walk(c as { run: RunTuple; children: unknown[] })),
     });
     return walk(JSON.parse(json));
   }
@@ -788,9 +789,9 @@ export class JobOrchestrator {
   private flushAborts(): void {
     const json = this.native.takeNotices();
     if (json === null) return;
-    const notices = JSON.parse(json) as { aborts: { runId: string; reason: string }[]; events: Record<string, unknown>[] };
+    const notices = JSON.parse(json) as { aborts: { runId: string; reason: string }[]; events: RunTuple[] };
     for (const { runId, reason } of notices.aborts) this.inFlight.get(runId)?.abort(reason);
-    for (const raw of notices.events) this.emit(materializeRun(raw));
+    for (const raw of notices.events) this.emit(fromTuple(raw));
   }
 
   // ── events ─────────────────────────────────────────────────────────

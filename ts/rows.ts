@@ -99,7 +99,7 @@ type Raw = Record<string, unknown>;
 
 const date = (v: unknown): Date | null => (v === null || v === undefined ? null : new Date(v as number));
 
-/** Engine JSON object → JobRun (epoch-ms fields become Dates). */
+/** Engine JSON object (keyed form, e.g. a collision's incumbent) → JobRun. */
 export function materializeRun(r: Raw): JobRun {
   r.runAt = new Date(r.runAt as number);
   r.createdAt = new Date(r.createdAt as number);
@@ -111,12 +111,60 @@ export function materializeRun(r: Raw): JobRun {
   return r as unknown as JobRun;
 }
 
+/**
+ * The engine's wire form of a run: a JSON array in the contract's field
+ * order (see `RUN_FIELDS` in the core). Decoding an array into an object
+ * literal of fixed shape is about twice as fast as parsing keyed JSON.
+ */
+export type RunTuple = [
+  string, string, number, string | null, string, JobRunRow['parentClosePolicy'],
+  string | null, string | null, string | null, Record<string, string>, string, number,
+  string | null, string | null, JobRunStatus, Record<string, unknown>, Record<string, unknown> | null,
+  JobRunError | null, JobRunRow['triggerSource'], string | null, number, number | null,
+  number | null, number | null, number, number, number,
+];
+
+export function fromTuple(a: RunTuple): JobRun {
+  return {
+    id: a[0],
+    jobType: a[1],
+    jobVersion: a[2],
+    parentRunId: a[3],
+    rootRunId: a[4],
+    parentClosePolicy: a[5],
+    scopeEntityType: a[6],
+    scopeEntityId: a[7],
+    tenantId: a[8],
+    tags: a[9],
+    pool: a[10],
+    priority: a[11],
+    concurrencyKey: a[12],
+    dedupeKey: a[13],
+    status: a[14],
+    input: a[15],
+    output: a[16],
+    error: a[17],
+    triggerSource: a[18],
+    triggerRef: a[19],
+    runAt: new Date(a[20]),
+    startedAt: a[21] === null ? null : new Date(a[21]),
+    finishedAt: a[22] === null ? null : new Date(a[22]),
+    claimedAt: a[23] === null ? null : new Date(a[23]),
+    attempts: a[24],
+    waitKind: null,
+    resumeToken: null,
+    waitDeadline: null,
+    createdAt: new Date(a[25]),
+    updatedAt: new Date(a[26]),
+  };
+}
+
 export function parseRun(json: string): JobRun {
-  return materializeRun(JSON.parse(json) as Raw);
+  return fromTuple(JSON.parse(json) as RunTuple);
 }
 
 export function parseRuns(json: string): JobRun[] {
-  return (JSON.parse(json) as Raw[]).map(materializeRun);
+  return (JSON.parse(json) as RunTuple[]).map(fromTuple);
 }
 
 export function parseStep(r: Raw): JobStep {

@@ -144,6 +144,13 @@ enum StepAction {
     Run,
 }
 
+/// The pool a claim asks: a named one, or the pool of some pending run.
+#[derive(Debug, Clone, Copy)]
+enum PoolPick {
+    Named(&'static str),
+    OfPending(Index),
+}
+
 /// Which run an operation targets, when such a run exists; otherwise any.
 #[derive(Debug, Clone, Copy)]
 enum Prefer {
@@ -164,10 +171,10 @@ enum Op {
     },
     Start(Box<StartOp>),
     Claim {
-        pool: &'static str,
+        pool: PoolPick,
     },
     ClaimBatch {
-        pool: &'static str,
+        pool: PoolPick,
         max: usize,
     },
     Begin {
@@ -232,42 +239,47 @@ struct Profile {
     step: u32,
     /// Weight of a plain failure among attempt outcomes (completion: 6).
     fail: u32,
+    /// Out of 4: how often a finish targets a running run with live children.
+    finish_parent: u32,
 }
 
 const BALANCED: Profile = Profile {
     lane: 6,
     parent: 0.45,
-    start: 14,
-    claim: 9,
-    finish: 10,
+    start: 12,
+    claim: 14,
+    finish: 12,
     cancel: 4,
     replay: 3,
     step: 4,
     fail: 4,
+    finish_parent: 1,
 };
 /// Deep trees, cancels and failures: cascades.
 const TREES: Profile = Profile {
     lane: 3,
     parent: 0.8,
-    start: 14,
-    claim: 8,
-    finish: 10,
+    start: 12,
+    claim: 12,
+    finish: 12,
     cancel: 8,
     replay: 2,
     step: 1,
     fail: 10,
+    finish_parent: 3,
 };
 /// Shared lanes, claims and completions: lane order.
 const LANES: Profile = Profile {
     lane: 9,
     parent: 0.15,
     start: 12,
-    claim: 12,
-    finish: 12,
+    claim: 16,
+    finish: 14,
     cancel: 2,
     replay: 3,
     step: 1,
     fail: 3,
+    finish_parent: 1,
 };
 
 fn def_cfg(p: Profile) -> impl Strategy<Value = DefCfg> {
@@ -380,7 +392,7 @@ fn start_op(p: Profile) -> impl Strategy<Value = StartOp> {
         (
             prop::option::weighted(0.25, select(POOLS.to_vec())),
             prop::option::weighted(0.5, -1i32..=1),
-            prop::option::weighted(0.4, -5i64..30),
+            prop::option::weighted(0.3, -5i64..20),
             prop::option::weighted(0.4, select(SCOPE_IDS.to_vec())),
             prop::option::weighted(0.5, select(SCOPE_IDS.to_vec())),
         ),
@@ -423,7 +435,13 @@ fn outcome(fail: u32) -> impl Strategy<Value = Outcome> {
 }
 
 fn op(p: Profile) -> impl Strategy<Value = Op> {
-    let pool = || prop_oneof![8 => select(POOLS.to_vec()), 1 => Just("c")];
+    let pool = || {
+        prop_oneof![
+            4 => select(POOLS.to_vec()).prop_map(PoolPick::Named),
+            1 => Just(PoolPick::Named("c")),
+            6 => any::<Index>().prop_map(PoolPick::OfPending),
+        ]
+    };
     prop_oneof![
         1 => (0usize..TYPES.len(), def_cfg(p)).prop_map(|(ty, cfg)| Op::Register { ty, cfg }),
         p.start => start_op(p).prop_map(|s| Op::Start(Box::new(s))),
@@ -433,7 +451,10 @@ fn op(p: Profile) -> impl Strategy<Value = Op> {
             .prop_map(|(pick, prefer)| Op::Begin { pick, prefer }),
         p.finish => (
             any::<Index>(),
-            prop_oneof![3 => prefer(Prefer::Running), 1 => Just(Prefer::RunningParent)],
+            prop_oneof![
+                4 - p.finish_parent => prefer(Prefer::Running),
+                p.finish_parent => Just(Prefer::RunningParent),
+            ],
             outcome(p.fail),
             prop::bool::weighted(0.05),
         )
@@ -651,6 +672,23 @@ impl Harness {
         }
     }
 
+    fn pool(&self, rows: &[RunRow], pick: &PoolPick) -> String {
+        match pick {
+            PoolPick::Named(p) => (*p).to_owned(),
+            PoolPick::OfPending(ix) => {
+                let pending: Vec<&RunRow> = rows
+                    .iter()
+                    .filter(|r| r.status == RunStatus::Pending)
+                    .collect();
+                if pending.is_empty() {
+                    POOLS[0].to_owned()
+                } else {
+                    pending[ix.index(pending.len())].pool.to_string()
+                }
+            }
+        }
+    }
+
     fn lane_key(r: &RunRow) -> Option<LaneKey> {
         r.concurrency_key
             .as_ref()
@@ -759,6 +797,7 @@ impl Harness {
             }
             Op::Start(s) => self.op_start(s, &before, now, &mut exp)?,
             Op::Claim { pool } => {
+                let pool = &self.pool(&before, pool);
                 let expected = self.expected_claims(&before, pool, now);
                 let got = self
                     .e
@@ -786,6 +825,7 @@ impl Harness {
                 }
             }
             Op::ClaimBatch { pool, max } => {
+                let pool = &self.pool(&before, pool);
                 let expected = self.expected_claims(&before, pool, now);
                 let tickets = self
                     .e

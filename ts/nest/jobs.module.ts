@@ -86,26 +86,28 @@ export function moduleRefResolver(moduleRef: ModuleRef): HandlerResolver & {
   check(cls: JobHandlerClass, type: string): void;
 } {
   const scoped = new Set<JobHandlerClass>();
-  const check = (cls: JobHandlerClass, type: string): 'singleton' | 'scoped' => {
-    if (scoped.has(cls)) return 'scoped';
-    let instance: unknown;
+  const SCOPED = Symbol('scoped');
+  /** The singleton instance, or SCOPED; throws JobHandlerNotProviderError. */
+  const lookup = (cls: JobHandlerClass, type: string): { run(ctx: never): unknown } | typeof SCOPED => {
+    if (scoped.has(cls)) return SCOPED;
+    let instance: { run(ctx: never): unknown } | undefined;
     try {
       instance = moduleRef.get(cls, { strict: false });
     } catch (e) {
       if (isScopeError(e)) {
         scoped.add(cls);
-        return 'scoped';
+        return SCOPED;
       }
       throw new JobHandlerNotProviderError(type, cls.name, (e as Error)?.message);
     }
     if (instance === undefined || instance === null) throw new JobHandlerNotProviderError(type, cls.name);
-    return 'singleton';
+    return instance;
   };
   const resolve = (async (cls: JobHandlerClass, type: string) => {
-    if (check(cls, type) === 'scoped') return moduleRef.resolve(cls, undefined, { strict: false });
-    return moduleRef.get(cls, { strict: false });
+    const instance = lookup(cls, type);
+    return instance === SCOPED ? moduleRef.resolve(cls, undefined, { strict: false }) : instance;
   }) as HandlerResolver & { check(cls: JobHandlerClass, type: string): void };
-  resolve.check = (cls, type) => void check(cls, type);
+  resolve.check = (cls, type) => void lookup(cls, type);
   return resolve;
 }
 

@@ -1,0 +1,14 @@
+import { Module } from '@nestjs/common';
+import { JobsModule } from 'jobforge/nest';
+import { OrdersModule } from './orders/orders.module';
+
+@Module({
+  imports: [
+    JobsModule.forRoot({
+      pools: { interactive: { concurrency: 10 }, batch: { concurrency: 5 } },
+      worker: { shutdownTimeoutMs: 15_000 },
+    }),
+    OrdersModule,
+  ],
+})
+export class AppModule {}

@@ -113,4 +113,8 @@ export interface NativeOptions {
   multiTenant?: boolean
   /** `'system'` (default) or `'manual'` (moved only by `advanceTime`). */
   clock?: string
+  /** Keep completed runs this many ms after they finish (default: forever). */
+  retainCompletedMs?: number
+  /** Keep failed, timed-out and canceled runs this many ms (default: forever). */
+  retainFailedMs?: number
 }

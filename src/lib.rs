@@ -3,6 +3,7 @@
 //! and the threadsafe-function bridge that runs JS handlers. No
 //! orchestration rule lives here.
 
+use jobforge_core::engine::Retention;
 use jobforge_core::engine::{
     json_value, AttemptTicket, EngineObserver, HandlerExecutor, StepBegin,
 };
@@ -233,6 +234,21 @@ pub struct NativeOptions {
     pub multi_tenant: Option<bool>,
     /// `'system'` (default) or `'manual'` (moved only by `advanceTime`).
     pub clock: Option<String>,
+    /// Keep completed runs this many ms after they finish (default: forever).
+    pub retain_completed_ms: Option<f64>,
+    /// Keep failed, timed-out and canceled runs this many ms (default: forever).
+    pub retain_failed_ms: Option<f64>,
+}
+
+fn retention_ms(v: Option<f64>, name: &str) -> Result<Option<i64>> {
+    match v {
+        None => Ok(None),
+        Some(ms) if ms.is_finite() && ms >= 0.0 => Ok(Some(ms as i64)),
+        Some(ms) if ms == f64::INFINITY => Ok(None),
+        Some(ms) => Err(invalid(format!(
+            "{name} must be a non-negative number of ms, got {ms}"
+        ))),
+    }
 }
 
 /// The engine over the in-memory store. Rows cross as JSON text.
@@ -265,6 +281,13 @@ impl NativeEngine {
             EngineOptions {
                 multi_tenant: options.multi_tenant.unwrap_or(false),
                 clock,
+                retention: Retention {
+                    completed_ms: retention_ms(
+                        options.retain_completed_ms,
+                        "retention.completedMs",
+                    )?,
+                    failed_ms: retention_ms(options.retain_failed_ms, "retention.failedMs")?,
+                },
             },
         ));
         let pending_aborts = PendingAborts::default();

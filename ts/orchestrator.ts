@@ -35,6 +35,12 @@ export interface JobOrchestratorOptions {
   clock?: 'system' | 'manual';
   /** Builds `ctx.logger` for a run. Default: console, prefixed `JobRun:<id>`. */
   loggerFactory?: (run: JobRun) => JobLogger;
+  /**
+   * How long terminal runs (with their steps) are kept after `finishedAt`
+   * before they are deleted. Default: forever. Keep it longer than any
+   * dedupe window that should still see completed runs.
+   */
+  retention?: { completedMs?: number; failedMs?: number };
 }
 
 export interface StartOptions {
@@ -428,7 +434,12 @@ export class JobOrchestrator {
     this.native = call(
       () =>
         new NativeEngine(
-          { multiTenant: this.multiTenant, clock },
+          {
+            multiTenant: this.multiTenant,
+            clock,
+            retainCompletedMs: options.retention?.completedMs,
+            retainFailedMs: options.retention?.failedMs,
+          },
           (payload) => this.dispatch(payload),
           () => this.flushAborts(),
         ),

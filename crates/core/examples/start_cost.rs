@@ -10,6 +10,7 @@ fn main() {
         EngineOptions {
             multi_tenant: false,
             clock: ClockKind::System,
+            retention: Default::default(),
         },
     );
     e.register(DefinitionSpec {

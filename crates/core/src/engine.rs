@@ -21,6 +21,19 @@ use uuid::Uuid;
 pub struct EngineOptions {
     pub multi_tenant: bool,
     pub clock: ClockKind,
+    /// How long terminal runs are kept. Default: forever.
+    pub retention: Retention,
+}
+
+/// How long terminal runs (and their steps) are kept before they are
+/// deleted. `None` keeps them forever. Purging happens as part of later
+/// transitions, amortised O(log n) per purged run.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Retention {
+    /// Completed runs, counted from `finishedAt`.
+    pub completed_ms: Option<i64>,
+    /// Failed, timed-out and canceled runs, counted from `finishedAt`.
+    pub failed_ms: Option<i64>,
 }
 
 /// Told about transitions that the JS side must act on.
@@ -114,6 +127,7 @@ pub struct Engine<S: Store> {
     store: S,
     clock: Arc<Clock>,
     multi_tenant: bool,
+    retention: Retention,
     observer: RwLock<Option<Arc<dyn EngineObserver>>>,
     in_flight: Mutex<HashMap<RunId, InFlight>>,
     /// Wakes an idle worker scheduler when something may have become
@@ -147,10 +161,17 @@ fn raw(s: String) -> Result<Box<RawValue>> {
 
 impl<S: Store> Engine<S> {
     pub fn new(store: S, opts: EngineOptions) -> Self {
+        if opts.retention != Retention::default() {
+            let _ = store.transaction(|tx| {
+                tx.set_retention_tracking(true);
+                Ok(())
+            });
+        }
         Engine {
             store,
             clock: Arc::new(Clock::new(opts.clock)),
             multi_tenant: opts.multi_tenant,
+            retention: opts.retention,
             observer: RwLock::new(None),
             in_flight: Mutex::new(HashMap::new()),
             activity: Arc::new(Notify::new()),
@@ -252,6 +273,17 @@ impl<S: Store> Engine<S> {
             if let Some(o) = &observer {
                 o.run_aborted(id, reason);
             }
+        }
+    }
+
+    /// Deletes terminal runs past their retention (no-op when unset).
+    fn purge(&self, tx: &mut S::Tx<'_>, now: Millis) {
+        let r = self.retention;
+        if r.completed_ms.is_some() || r.failed_ms.is_some() {
+            tx.purge_finished(
+                r.completed_ms.map(|ms| now.saturating_sub(ms)),
+                r.failed_ms.map(|ms| now.saturating_sub(ms)),
+            );
         }
     }
 
@@ -390,9 +422,11 @@ impl<S: Store> Engine<S> {
     pub fn start(&self, req: StartRequest) -> Result<RunRow> {
         let now = self.now();
         let mut fx = Effects::default();
-        let row = self
-            .store
-            .transaction(|tx| self.start_in(tx, req, now, &mut fx))?;
+        let row = self.store.transaction(|tx| {
+            let row = self.start_in(tx, req, now, &mut fx)?;
+            self.purge(tx, now);
+            Ok(row)
+        })?;
         self.deliver(fx);
         self.wake_worker();
         Ok(row)
@@ -604,6 +638,7 @@ impl<S: Store> Engine<S> {
                 return Ok(());
             }
             self.cancel_tree(tx, id, cascade, true, now, &mut fx);
+            self.purge(tx, now);
             Ok(())
         })?;
         self.deliver(fx);
@@ -757,6 +792,26 @@ impl<S: Store> Engine<S> {
         let now = self.now();
         let mut fx = Effects::default();
         let result = self.store.transaction(|tx| {
+            let out = self.finish_in(tx, run_id, epoch, outcome, now, &mut fx);
+            self.purge(tx, now);
+            out
+        });
+        self.end_in_flight(run_id, epoch);
+        self.deliver(fx);
+        self.wake_worker();
+        result
+    }
+
+    fn finish_in(
+        &self,
+        tx: &mut S::Tx<'_>,
+        run_id: &RunId,
+        epoch: u32,
+        outcome: AttemptOutcome,
+        now: Millis,
+        fx: &mut Effects,
+    ) -> Result<Option<RunRow>> {
+        {
             let Some(run) = tx.run(run_id) else {
                 return Ok(None);
             };
@@ -845,18 +900,14 @@ impl<S: Store> Engine<S> {
                     fx.transitions.extend(out.clone());
                 }
                 // A failed run takes its descendants down (not itself again).
-                self.cancel_tree(tx, *run_id, true, false, now, &mut fx);
+                self.cancel_tree(tx, *run_id, true, false, now, fx);
                 return Ok(out);
             }
             if self.wants_event(run_id) {
                 fx.transitions.extend(out.clone());
             }
             Ok(out)
-        });
-        self.end_in_flight(run_id, epoch);
-        self.deliver(fx);
-        self.wake_worker();
-        result
+        }
     }
 
     /// Claims up to `max` due runs of `pool` and opens their attempts in

@@ -11,6 +11,7 @@ fn engine(multi_tenant: bool) -> Engine<MemoryStore> {
         EngineOptions {
             multi_tenant,
             clock: ClockKind::Manual,
+            retention: Default::default(),
         },
     )
 }
@@ -416,4 +417,64 @@ async fn tick_applies_outcomes_and_times_out_on_the_engine_clock() {
         e.tick(&run.id.to_string(), &ok).await,
         Err(JobError::JobRunState { .. })
     ));
+}
+
+#[test]
+fn retention_purges_finished_runs_and_reuses_their_slots() {
+    let e = Engine::new(
+        MemoryStore::new(),
+        EngineOptions {
+            multi_tenant: false,
+            clock: ClockKind::Manual,
+            retention: jobforge_core::engine::Retention {
+                completed_ms: Some(100),
+                failed_ms: None,
+            },
+        },
+    );
+    let mut s = spec("t");
+    s.dedupe_key = Some("{{k}}".into());
+    s.dedupe_window_ms = Some(1_000_000);
+    e.register(s).unwrap();
+    let parent = e.start(req("t", r#"{"k":"p"}"#)).unwrap();
+    let mut child = req("t", r#"{"k":"c"}"#);
+    child.parent_run_id = Some(parent.id.to_string());
+    let child = e.start(child).unwrap();
+    let failing = e.start(req("t", r#"{"k":"f"}"#)).unwrap();
+    let replayed = e.start(req("t", r#"{"k":"r"}"#)).unwrap();
+    for _ in 0..4 {
+        let c = e.claim_next("batch").unwrap().unwrap();
+        if c.id == failing.id {
+            fail(&e, &c, None);
+        } else {
+            complete(&e, &c);
+        }
+    }
+    e.store().verify_indexes().unwrap();
+    e.advance_time(50);
+    e.replay(&replayed.id.to_string()).unwrap();
+    e.advance_time(50);
+    // Purging happens with the next transition.
+    let fresh = e.start(req("t", r#"{"k":"x"}"#)).unwrap();
+    e.store().verify_indexes().unwrap();
+    let find = |id: &RunId| e.find_by_id(&id.to_string(), &TenantArg::Missing).unwrap();
+    assert!(find(&parent.id).is_none(), "completed run purged");
+    assert!(find(&child.id).is_none(), "completed child purged");
+    assert!(
+        find(&failing.id).is_some(),
+        "failed runs kept (no failed retention)"
+    );
+    assert!(find(&replayed.id).is_some(), "a replayed run is live again");
+    assert!(find(&fresh.id).is_some());
+    // A purged run no longer dedupes; the new run takes a reused slot.
+    let again = e.start(req("t", r#"{"k":"p"}"#)).unwrap();
+    assert_ne!(again.id, parent.id);
+    e.store().verify_indexes().unwrap();
+    assert!(e
+        .list_steps(&parent.id.to_string(), &TenantArg::Missing)
+        .unwrap()
+        .is_empty());
+    // Everything still claims in order after slot reuse.
+    let order: Vec<RunId> = std::iter::from_fn(|| claim_id(&e, "batch")).collect();
+    assert_eq!(order, vec![replayed.id, fresh.id, again.id]);
 }

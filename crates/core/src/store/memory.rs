@@ -52,6 +52,12 @@ pub struct MemoryState {
     steps: HashMap<Handle, RunSteps>,
     seq: u64,
     q: QueryIndex,
+    /// Slots of purged runs, reused by the next inserts.
+    free: Vec<Handle>,
+    /// Terminal runs in finishing order, for retention (only when on):
+    /// `[0]` completed, `[1]` failed / timed out / canceled.
+    finished: [std::collections::VecDeque<(Millis, Handle, u64)>; 2],
+    track_finished: bool,
 }
 
 /// `(createdAt, id)`: the keyset order of `listJobRuns` (newest first).
@@ -109,6 +115,74 @@ fn lane_key(r: &RunRow) -> Option<LaneKey> {
 }
 
 impl MemoryState {
+    /// Removes a terminal run and its steps from the store and every index;
+    /// its slot is reused. O(log n + k) for the short lists it sits in.
+    fn purge(&mut self, h: Handle) {
+        let r = &self.runs[h as usize];
+        let (id, key, t, pool, status) = (
+            r.id,
+            created_key(r, h),
+            r.tenant_id.clone(),
+            r.pool.clone(),
+            r.status,
+        );
+        let parent = r.parent_run_id;
+        let root = r.root_run_id;
+        let dedupe = r
+            .dedupe_key
+            .clone()
+            .map(|k| (t.clone(), r.job_type.clone(), k));
+        let scope = match (&r.scope_entity_type, &r.scope_entity_id) {
+            (Some(a), Some(b)) => Some((t.clone(), a.clone(), b.clone())),
+            _ => None,
+        };
+        let finished_at = r.finished_at.unwrap_or(0);
+        self.ids.remove(&id);
+        fn drop_from<K: std::hash::Hash + Eq>(m: &mut HashMap<K, Vec<Handle>>, k: &K, h: Handle) {
+            if let Some(list) = m.get_mut(k) {
+                list.retain(|x| *x != h);
+                if list.is_empty() {
+                    m.remove(k);
+                }
+            }
+        }
+        if let Some(p) = parent.and_then(|p| self.ids.get(&p).copied()) {
+            drop_from(&mut self.children, &p, h);
+        }
+        self.children.remove(&h);
+        if let Some(k) = dedupe {
+            drop_from(&mut self.dedupe, &k, h);
+        }
+        let q = &mut self.q;
+        if let Some(set) = q.by_tenant.get_mut(&t) {
+            set.remove(&key);
+        }
+        if let Some(set) = q.by_pool.get_mut(&(t.clone(), pool.clone())) {
+            set.remove(&key);
+        }
+        if let Some(set) = q.by_status.get_mut(&(t.clone(), status)) {
+            set.remove(&key);
+        }
+        if status == RunStatus::Failed {
+            if let Some(set) = q.failed.get_mut(&t) {
+                set.remove(&(finished_at, key.1, h));
+            }
+        }
+        if let Some(c) = q.counts.get_mut(&(t, pool, status)) {
+            *c = c.saturating_sub(1);
+        }
+        if let Some(k) = scope {
+            drop_from(&mut q.scope, &k, h);
+        }
+        if root == id {
+            q.tree.remove(&h);
+        } else if let Some(rh) = self.ids.get(&root).copied() {
+            drop_from(&mut self.q.tree, &rh, h);
+        }
+        self.steps.remove(&h);
+        self.free.push(h);
+    }
+
     fn handle(&self, id: &RunId) -> Option<Handle> {
         self.ids.get(id).copied()
     }
@@ -160,6 +234,11 @@ impl MemoryState {
 
     /// Status-keyed query indexes and counts follow a status change.
     fn reindex_status(&mut self, h: Handle, before: &IndexView, after: &IndexView) {
+        if self.track_finished && after.status.is_terminal() && !before.status.is_terminal() {
+            let r = &self.runs[h as usize];
+            let class = usize::from(after.status != RunStatus::Completed);
+            self.finished[class].push_back((after.finished_at.unwrap_or(r.updated_at), h, r.seq));
+        }
         let r = &self.runs[h as usize];
         let key = created_key(r, h);
         let t = r.tenant_id.clone();
@@ -273,7 +352,13 @@ impl MemoryStore {
 
 impl MemoryState {
     fn verify(&self) -> std::result::Result<(), String> {
-        let runs = &self.runs;
+        let free: std::collections::HashSet<Handle> = self.free.iter().copied().collect();
+        // Live slots only, in created order (slots are reused after a purge).
+        let mut order: Vec<usize> = (0..self.runs.len())
+            .filter(|h| !free.contains(&(*h as Handle)))
+            .collect();
+        order.sort_by_key(|h| self.runs[*h].seq);
+        let runs: Vec<(usize, &RunRow)> = order.iter().map(|h| (*h, &self.runs[*h])).collect();
         if self.ids.len() != runs.len() {
             return Err(format!(
                 "ids has {} entries for {} runs",
@@ -283,7 +368,7 @@ impl MemoryState {
         }
         // Lanes: exactly the non-terminal keyed runs, ordered by lane_seq.
         let mut lanes: HashMap<LaneKey, BTreeMap<u64, Handle>> = HashMap::new();
-        for (h, r) in runs.iter().enumerate() {
+        for &(h, r) in runs.iter() {
             if self.ids.get(&r.id) != Some(&(h as Handle)) {
                 return Err(format!("ids does not map {} to its slot", r.id));
             }
@@ -298,7 +383,7 @@ impl MemoryState {
         }
         // Claim index: exactly the pending lane heads / unkeyed pending runs.
         let mut claimable: BTreeSet<Handle> = BTreeSet::new();
-        for (h, r) in runs.iter().enumerate() {
+        for &(h, r) in runs.iter() {
             if r.status == RunStatus::Pending && self.is_lane_head(h as Handle) {
                 claimable.insert(h as Handle);
             }
@@ -306,7 +391,7 @@ impl MemoryState {
         let mut indexed: BTreeSet<Handle> = BTreeSet::new();
         for (name, pool) in &self.pools {
             for &(Reverse(p), at, seq, h) in &pool.ready {
-                let r = &runs[h as usize];
+                let r = &self.runs[h as usize];
                 if (r.priority, r.run_at, r.seq, &*r.pool) != (p, at, seq, &**name) {
                     return Err(format!("stale ready entry for {}", r.id));
                 }
@@ -315,7 +400,7 @@ impl MemoryState {
                 }
             }
             for &(at, seq, h) in &pool.future {
-                let r = &runs[h as usize];
+                let r = &self.runs[h as usize];
                 if (r.run_at, r.seq, &*r.pool) != (at, seq, &**name) {
                     return Err(format!("stale future entry for {}", r.id));
                 }
@@ -329,11 +414,11 @@ impl MemoryState {
                 "claim index holds {:?}, claimable runs are {:?}",
                 indexed
                     .iter()
-                    .map(|h| runs[*h as usize].id)
+                    .map(|h| self.runs[*h as usize].id)
                     .collect::<Vec<_>>(),
                 claimable
                     .iter()
-                    .map(|h| runs[*h as usize].id)
+                    .map(|h| self.runs[*h as usize].id)
                     .collect::<Vec<_>>()
             ));
         }
@@ -343,7 +428,7 @@ impl MemoryState {
         let mut by_pool: HashMap<(Tenant, Arc<str>), BTreeSet<CreatedKey>> = HashMap::new();
         let mut by_tenant: HashMap<Tenant, BTreeSet<CreatedKey>> = HashMap::new();
         let mut failed: HashMap<Tenant, BTreeSet<CreatedKey>> = HashMap::new();
-        for (h, r) in runs.iter().enumerate() {
+        for &(h, r) in runs.iter() {
             let t = r.tenant_id.clone();
             let k = created_key(r, h as Handle);
             *counts
@@ -390,7 +475,7 @@ impl MemoryState {
         }
         // Dedupe lists: every keyed run once, in created order.
         let mut dedupe: HashMap<DedupeKey, Vec<Handle>> = HashMap::new();
-        for (h, r) in runs.iter().enumerate() {
+        for &(h, r) in runs.iter() {
             if let Some(k) = &r.dedupe_key {
                 dedupe
                     .entry((r.tenant_id.clone(), r.job_type.clone(), k.clone()))
@@ -403,7 +488,7 @@ impl MemoryState {
         }
         // Children lists mirror parentRunId.
         let mut children: HashMap<Handle, Vec<Handle>> = HashMap::new();
-        for (h, r) in runs.iter().enumerate() {
+        for &(h, r) in runs.iter() {
             if let Some(p) = r.parent_run_id.and_then(|p| self.ids.get(&p)) {
                 children.entry(*p).or_default().push(h as Handle);
             }
@@ -446,7 +531,8 @@ impl StoreTx for MemoryTx<'_> {
 
     fn insert_run(&mut self, row: RunRow) {
         let s = &mut *self.0;
-        let h = s.runs.len() as Handle;
+        let reused = s.free.pop();
+        let h = reused.unwrap_or(s.runs.len() as Handle);
         s.ids.insert(row.id, h);
         if let Some(parent) = row.parent_run_id.and_then(|p| s.ids.get(&p).copied()) {
             s.children.entry(parent).or_default().push(h);
@@ -486,7 +572,10 @@ impl StoreTx for MemoryTx<'_> {
                 s.q.tree.entry(root).or_default().push(h);
             }
         }
-        s.runs.push(row);
+        match reused {
+            Some(slot) => s.runs[slot as usize] = row,
+            None => s.runs.push(row),
+        }
         if let Some(k) = lane {
             s.lanes.entry(k).or_default().insert(lane_seq, h);
         }
@@ -636,6 +725,42 @@ impl StoreTx for MemoryTx<'_> {
                 s.steps.remove(&h);
             }
         }
+    }
+
+    fn set_retention_tracking(&mut self, on: bool) {
+        self.0.track_finished = on;
+    }
+
+    fn purge_finished(
+        &mut self,
+        completed_before: Option<Millis>,
+        other_before: Option<Millis>,
+    ) -> usize {
+        let s = &mut *self.0;
+        if !s.track_finished {
+            return 0;
+        }
+        let mut purged = 0;
+        for (class, before) in [(0, completed_before), (1, other_before)] {
+            let Some(before) = before else { continue };
+            while let Some(&(at, h, seq)) = s.finished[class].front() {
+                if at > before {
+                    break;
+                }
+                s.finished[class].pop_front();
+                // Skip entries made stale by a replay (or a reused slot).
+                let r = &s.runs[h as usize];
+                let live = r.seq == seq
+                    && s.ids.get(&r.id) == Some(&h)
+                    && r.status.is_terminal()
+                    && r.finished_at.unwrap_or(r.updated_at) == at;
+                if live {
+                    s.purge(h);
+                    purged += 1;
+                }
+            }
+        }
+        purged
     }
 
     fn scope_runs(&self, tenant: TenantRef<'_>, entity_type: &str, entity_id: &str) -> Vec<RunId> {

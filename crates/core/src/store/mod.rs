@@ -96,6 +96,18 @@ pub trait StoreTx {
     /// Deletes a run's steps: all of them, or only the non-completed ones.
     fn delete_steps(&mut self, run: &RunId, keep_completed: bool);
 
+    // ── retention ──────────────────────────────────────────────────────
+    /// Starts (or stops) remembering terminal runs in finishing order.
+    fn set_retention_tracking(&mut self, on: bool);
+    /// Deletes runs (with their steps) that finished at or before the given
+    /// instants: completed ones / failed, timed-out and canceled ones.
+    /// Amortised O(log n) per purged run. Returns how many were purged.
+    fn purge_finished(
+        &mut self,
+        completed_before: Option<Millis>,
+        other_before: Option<Millis>,
+    ) -> usize;
+
     // ── queries ────────────────────────────────────────────────────────
     /// Runs of a scope for one tenant, in created order.
     fn scope_runs(&self, tenant: TenantRef<'_>, entity_type: &str, entity_id: &str) -> Vec<RunId>;

@@ -19,7 +19,7 @@ import {
 } from '@nestjs/common';
 import { ModuleRef } from '@nestjs/core';
 import { JobOrchestrator } from '../index';
-import type { JobLogger, JobPoolDef, JobRun, WorkerHandle, WorkerOptions } from '../index';
+import type { JobLogger, JobOrchestratorOptions, JobPoolDef, JobRun, WorkerHandle, WorkerOptions } from '../index';
 import { JobHandlerNotProviderError, JobPoolNotConfiguredError } from './errors';
 import { HandlerRegistry, type JobHandlerClass } from './handler-registry';
 import { NestJobOrchestrator, type HandlerResolver } from './nest-orchestrator';
@@ -56,6 +56,8 @@ export interface JobsModuleOptions {
   worker?: boolean | WorkerOptions;
   /** Builds `ctx.logger`. Default: a Nest `Logger` named `JobRun:<runId>`. */
   loggerFactory?: (run: JobRun) => JobLogger;
+  /** How long terminal runs are kept (see the core's `retention`). Default: forever. */
+  retention?: JobOrchestratorOptions['retention'];
 }
 
 export interface JobsModuleRegistration {
@@ -207,7 +209,11 @@ export class JobsWorker implements OnModuleInit, OnApplicationBootstrap, OnModul
 
 function orchestratorFactory(options: JobsModuleOptions, moduleRef: ModuleRef): NestJobOrchestrator {
   return new NestJobOrchestrator(
-    { multiTenant: options.multiTenant === true, loggerFactory: options.loggerFactory ?? nestRunLogger },
+    {
+      multiTenant: options.multiTenant === true,
+      loggerFactory: options.loggerFactory ?? nestRunLogger,
+      retention: options.retention,
+    },
     moduleRefResolver(moduleRef),
   );
 }

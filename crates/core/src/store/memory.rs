@@ -202,7 +202,10 @@ impl MemoryState {
     fn claim_index_insert(&mut self, h: Handle) {
         let r = &self.runs[h as usize];
         let pool = self.pools.entry(r.pool.clone()).or_default();
-        if r.run_at <= pool.promoted_until {
+        // Due already (every transition stamps updated_at with the
+        // transaction's time): straight to ready, so a backlog started
+        // before any claim is not moved one by one by the first claim.
+        if r.run_at <= pool.promoted_until.max(r.updated_at) {
             pool.ready.insert((Reverse(r.priority), r.run_at, r.seq, h));
         } else {
             pool.future.insert((r.run_at, r.seq, h));

@@ -1,0 +1,639 @@
+'use strict';
+/**
+ * Turns a results object of bench/run.js (the JSON written to
+ * bench/results-<timestamp>.json) into the console summary, the target
+ * verdicts, the generated section of BENCHMARKS.md and bench/chart.svg.
+ * Pure functions of the results: `node bench/run.js --render <file>`
+ * regenerates the docs from a saved run without measuring again.
+ */
+const fs = require('node:fs');
+
+const IMPLS = ['jobforge', 'baseline'];
+
+/** Timed scenarios: key in results.scenarios, title, what one op is. */
+const SCENARIOS = [
+  { key: 'start', title: '1. `start`, unkeyed, awaited one after another', op: 'start' },
+  { key: 'conc', title: '2a. keyed `start`: concurrency key (queue mode, distinct keys)', op: 'start' },
+  { key: 'dedupe', title: '2b. keyed `start`: dedupe key (distinct keys, 60 s window)', op: 'start' },
+  { key: 'claim', title: '3. `claimNext` + `tick` of a no-op handler, backlog of n pending runs', op: 'claimed run' },
+];
+
+const CHART_SERIES = [
+  { key: 'start', label: 'start (unkeyed)', color: '#1f77b4' },
+  { key: 'conc', label: 'start, concurrency key', color: '#2ca02c' },
+  { key: 'dedupe', label: 'start, dedupe key', color: '#9467bd' },
+  { key: 'claim', label: 'claimNext + tick', color: '#d62728' },
+];
+
+// ── formatting ─────────────────────────────────────────────────────────
+
+function sig3(x) {
+  if (!Number.isFinite(x)) return String(x);
+  const a = Math.abs(x);
+  if (a >= 100) return x.toFixed(0);
+  if (a >= 10) return x.toFixed(1);
+  return x.toFixed(2);
+}
+
+function fmtNs(ns) {
+  if (ns === null || ns === undefined || !Number.isFinite(ns)) return '–';
+  if (ns < 1e3) return `${sig3(ns)} ns`;
+  if (ns < 1e6) return `${sig3(ns / 1e3)} µs`;
+  if (ns < 1e9) return `${sig3(ns / 1e6)} ms`;
+  return `${sig3(ns / 1e9)} s`;
+}
+
+function fmtOps(nsPerOp) {
+  if (nsPerOp === null || nsPerOp === undefined || !Number.isFinite(nsPerOp)) return '–';
+  const ops = 1e9 / nsPerOp;
+  if (ops >= 100) return Math.round(ops).toLocaleString('en-US');
+  return sig3(ops);
+}
+
+function fmtRatio(r) {
+  if (r === null || r === undefined || !Number.isFinite(r)) return '–';
+  if (r >= 100) return `${Math.round(r).toLocaleString('en-US')}×`;
+  if (r >= 10) return `${r.toFixed(1)}×`;
+  if (r >= 0.1) return `${r.toFixed(2)}×`;
+  return `${r.toPrecision(2)}×`;
+}
+
+function fmtBytes(b) {
+  if (b === null || b === undefined || !Number.isFinite(b)) return '–';
+  if (Math.abs(b) < 10) return `${b.toFixed(1)} B`;
+  return `${Math.round(b).toLocaleString('en-US')} B`;
+}
+
+function fmtN(n) {
+  if (n >= 1e6 && n % 1e6 === 0) return `${n / 1e6}M`;
+  if (n >= 1e3 && n % 1e3 === 0) return `${n / 1e3}k`;
+  return String(n);
+}
+
+function fmtS(s) {
+  return `${s < 10 ? s.toFixed(2) : s.toFixed(1)} s`;
+}
+
+// ── access ─────────────────────────────────────────────────────────────
+
+function point(results, scen, impl, n) {
+  return results.scenarios?.[scen]?.[impl]?.points?.[String(n)] ?? null;
+}
+
+function median(results, scen, impl, n, metric = 'nsPerOp') {
+  const p = point(results, scen, impl, n);
+  return p && p.median ? p.median[metric] ?? null : null;
+}
+
+/** Throughput ratio jobforge/baseline (= baseline cost ÷ jobforge cost). */
+function speedup(results, scen, n, metric = 'nsPerOp') {
+  const j = median(results, scen, 'jobforge', n, metric);
+  const b = median(results, scen, 'baseline', n, metric);
+  return j && b ? b / j : null;
+}
+
+// ── targets ────────────────────────────────────────────────────────────
+
+function computeTargets(results) {
+  const hasBl = results.baseline?.present === true;
+  const t = [];
+  const vs = (id, label, scen, n, min) => {
+    const r = hasBl ? speedup(results, scen, n) : null;
+    const why = !hasBl ? 'baseline absent' : r === null ? `no measured pair at n = ${fmtN(n)}` : null;
+    t.push({ id, label, measured: r, display: fmtRatio(r), threshold: `≥ ${min}×`, pass: r === null ? null : r >= min, note: why });
+  };
+  vs('start-1k', 'unkeyed `start` ops/s, jobforge/baseline, n = 1k', 'start', 1000, 2);
+  vs('conc-100k', 'keyed `start` (concurrency key) ops/s, jobforge/baseline, n = 100k', 'conc', 100000, 100);
+  vs('dedupe-100k', 'keyed `start` (dedupe key) ops/s, jobforge/baseline, n = 100k', 'dedupe', 100000, 100);
+  vs('claim-1k', '`claimNext` + `tick` claims/s, jobforge/baseline, n = 1k', 'claim', 1000, 1);
+  vs('claim-100k', '`claimNext` + `tick` claims/s, jobforge/baseline, n = 100k', 'claim', 100000, 100);
+  {
+    const a = median(results, 'claim', 'jobforge', 1000);
+    const b = median(results, 'claim', 'jobforge', 1000000);
+    const r = a && b ? b / a : null;
+    const sa = median(results, 'claim', 'jobforge', 1000, 'steadyNsPerOp');
+    const sb = median(results, 'claim', 'jobforge', 1000000, 'steadyNsPerOp');
+    t.push({
+      id: 'claim-scaling',
+      label: 'jobforge cost per claim at n = 1M ÷ its cost at n = 1k',
+      measured: r,
+      display: fmtRatio(r),
+      threshold: '≤ 2×',
+      pass: r === null ? null : r <= 2,
+      note: r === null ? 'n = 1M not measured (quick run?)' : sa && sb ? `without the first claim of the sample: ${fmtRatio(sb / sa)}` : null,
+    });
+  }
+  for (const n of [100000, 1000000]) {
+    const j = results.memory?.jobforge?.[String(n)];
+    const b = results.memory?.baseline?.[String(n)];
+    const r = hasBl && j && b && b.rssPerRun > 0 ? j.rssPerRun / b.rssPerRun : null;
+    let note = null;
+    if (!hasBl) note = 'baseline absent';
+    else if (!j || !b) note = `not measured at n = ${fmtN(n)}`;
+    t.push({
+      id: `memory-${fmtN(n)}`,
+      label: `memory per pending run (RSS), jobforge/baseline, n = ${fmtN(n)}`,
+      measured: r,
+      display: fmtRatio(r),
+      threshold: '≤ 0.33× (1/3)',
+      pass: r === null ? null : r <= 1 / 3,
+      note,
+    });
+  }
+  return t;
+}
+
+const verdict = (t) => (t.pass === null ? 'n/a' : t.pass ? 'PASS' : 'MISS');
+
+// ── tables ─────────────────────────────────────────────────────────────
+
+function mdTable(header, rows) {
+  const line = (cells) => `| ${cells.join(' | ')} |`;
+  return [line(header), line(header.map(() => '---')), ...rows.map(line)].join('\n');
+}
+
+function stopNote(results, scen, impl) {
+  const s = results.scenarios?.[scen]?.[impl]?.stopped;
+  return s ? `${impl} stopped before n = ${fmtN(s.atN)}: ${s.reason}` : null;
+}
+
+function repsOf(p) {
+  return p ? p.reps.length : 0;
+}
+
+function scenarioTable(results, scen) {
+  const sizes = results.config.sizes;
+  const rows = [];
+  for (const n of sizes) {
+    const j = point(results, scen, 'jobforge', n);
+    const b = point(results, scen, 'baseline', n);
+    if (!j && !b) continue;
+    const r = speedup(results, scen, n);
+    if (scen === 'start') {
+      rows.push([
+        fmtN(n),
+        fmtOps(j?.median.nsPerOp),
+        fmtNs(j?.median.nsPerOp),
+        fmtNs(j?.median.marginalNsPerOp),
+        fmtOps(b?.median.nsPerOp),
+        fmtNs(b?.median.nsPerOp),
+        fmtNs(b?.median.marginalNsPerOp),
+        fmtRatio(r),
+        `${repsOf(j)} / ${repsOf(b)}`,
+      ]);
+    } else if (scen === 'claim') {
+      rows.push([
+        fmtN(n),
+        fmtNs(j?.median.nsPerOp),
+        fmtNs(j?.median.firstNs),
+        fmtNs(j?.median.steadyNsPerOp),
+        fmtNs(b?.median.nsPerOp),
+        fmtNs(b?.median.firstNs),
+        fmtRatio(r),
+        fmtRatio(speedup(results, scen, n, 'steadyNsPerOp')),
+        `${j?.sample ?? '–'} / ${b?.sample ?? '–'}`,
+        `${repsOf(j)} / ${repsOf(b)}`,
+      ]);
+    } else {
+      rows.push([
+        fmtN(n),
+        fmtNs(j?.median.nsPerOp),
+        fmtOps(j?.median.nsPerOp),
+        fmtNs(b?.median.nsPerOp),
+        fmtOps(b?.median.nsPerOp),
+        fmtRatio(r),
+        fmtNs(j?.median.seedNsPerOp),
+        `${j?.sample ?? '–'} / ${b?.sample ?? '–'}`,
+        `${repsOf(j)} / ${repsOf(b)}`,
+      ]);
+    }
+  }
+  let header;
+  if (scen === 'start') {
+    header = [
+      'n',
+      'jobforge ops/s',
+      'jobforge per op',
+      'jobforge per op, last min(1000, n/10) starts',
+      'baseline ops/s',
+      'baseline per op',
+      'baseline per op, last min(1000, n/10) starts',
+      'jobforge/baseline',
+      'reps (jf / bl)',
+    ];
+  } else if (scen === 'claim') {
+    header = [
+      'n',
+      'jobforge per claim',
+      'jobforge 1st claim',
+      'jobforge per claim after the 1st',
+      'baseline per claim',
+      'baseline 1st claim',
+      'jobforge/baseline',
+      'jobforge/baseline after the 1st',
+      'sample (jf / bl)',
+      'reps (jf / bl)',
+    ];
+  } else {
+    header = [
+      'n',
+      'jobforge per start',
+      'jobforge ops/s',
+      'baseline per start',
+      'baseline ops/s',
+      'jobforge/baseline',
+      'jobforge: building the n live runs, per start',
+      'sample (jf / bl)',
+      'reps (jf / bl)',
+    ];
+  }
+  const notes = IMPLS.map((i) => stopNote(results, scen, i)).filter(Boolean);
+  return { table: rows.length ? mdTable(header, rows) : '_not measured_', notes };
+}
+
+function memoryTable(results) {
+  const rows = [];
+  for (const n of results.config.memorySizes ?? []) {
+    for (const impl of IMPLS) {
+      const m = results.memory?.[impl]?.[String(n)];
+      if (!m) continue;
+      rows.push([
+        fmtN(n),
+        impl,
+        fmtBytes(m.heapPerRun),
+        fmtBytes(m.externalPerRun),
+        fmtBytes(m.rssPerRun),
+        `${(m.rssAfter / 2 ** 20).toFixed(0)} MiB`,
+        m.error ? `error: ${m.error}` : '',
+      ]);
+    }
+    const j = results.memory?.jobforge?.[String(n)];
+    const b = results.memory?.baseline?.[String(n)];
+    if (j && b && b.rssPerRun > 0) {
+      rows.push([fmtN(n), '**jobforge/baseline**', '', '', `**${fmtRatio(j.rssPerRun / b.rssPerRun)}**`, '', 'RSS-based totals compared']);
+    }
+  }
+  if (!rows.length) return '_not measured_';
+  return mdTable(['n', 'implementation', 'heap per run', 'external per run', 'RSS per run', 'RSS after', 'note'], rows);
+}
+
+function targetsTable(results) {
+  const rows = computeTargets(results).map((t) => [
+    t.label,
+    t.display,
+    t.threshold,
+    `**${verdict(t)}**${t.note ? ` (${t.note})` : ''}`,
+  ]);
+  return mdTable(['target', 'measured', 'needed', 'result'], rows);
+}
+
+function coverageLines(results) {
+  const out = [];
+  if (!results.baseline?.present) {
+    out.push(`- Baseline absent (${results.baseline?.error ?? 'not loaded'}): jobforge only.`);
+    return out;
+  }
+  const maxN = Math.max(...results.config.sizes);
+  for (const s of SCENARIOS) {
+    const e = results.scenarios?.[s.key]?.baseline;
+    if (!e) continue;
+    const measured = Object.keys(e.points).map(Number);
+    const top = measured.length ? Math.max(...measured) : null;
+    const longest = Math.max(0, ...Object.values(e.points).flatMap((p) => p.reps.map((r) => r.wallS)));
+    if (e.stopped) {
+      out.push(`- ${s.title}: baseline measured up to n = ${top === null ? '–' : fmtN(top)}; stopped before n = ${fmtN(e.stopped.atN)} because ${e.stopped.reason}.`);
+    } else {
+      out.push(
+        `- ${s.title}: baseline measured at every n up to ${fmtN(top ?? maxN)}; its longest point (one repetition, setup included) took ${fmtS(longest)}, under the ${results.config.limitS} s limit.`,
+      );
+    }
+  }
+  for (const s of SCENARIOS) {
+    const e = results.scenarios?.[s.key]?.jobforge;
+    if (e?.stopped) out.push(`- ${s.title}: jobforge stopped before n = ${fmtN(e.stopped.atN)} because ${e.stopped.reason}.`);
+  }
+  return out;
+}
+
+function breakdownTable(results) {
+  const bd = results.breakdown;
+  if (!bd) return null;
+  const rows = [];
+  for (const impl of IMPLS) {
+    for (const item of bd[impl] ?? []) rows.push([impl, item.label, fmtNs(item.ns), item.note ?? '']);
+  }
+  // Derived from the scenario medians: the baseline's per-row scan costs.
+  if (results.baseline?.present) {
+    for (const [scen, what] of [
+      ['conc', 'keyed `start` (concurrency key) per live run scanned'],
+      ['dedupe', 'keyed `start` (dedupe key) per live run scanned'],
+      ['claim', '`claimNext` + `tick` per pending run scanned and sorted'],
+    ]) {
+      const pts = results.scenarios?.[scen]?.baseline?.points ?? {};
+      const ns = Object.keys(pts).map(Number);
+      if (!ns.length) continue;
+      const top = Math.max(...ns);
+      rows.push(['baseline', `${what} (median at n = ${fmtN(top)} ÷ n)`, fmtNs(pts[top].median.nsPerOp / top), 'derived']);
+    }
+  }
+  return mdTable(['implementation', 'call', 'cost per call', 'note'], rows);
+}
+
+function workerSection(results) {
+  const w = results.worker;
+  if (!w) return '_bench/worker.js was not run (`--only` excluded it)._';
+  if (!w.present) return '_bench/worker.js does not exist: scenario not run._';
+  const lines = [
+    'jobforge\'s worker (`startWorker()`, default pools) running n no-op handlers to completion, against a bare JS loop that builds the same ' +
+      '`ctx` and awaits the same handler (the baseline has no worker). Run as a child process:',
+    '',
+    `Command: \`${w.command}\` (exit ${w.status}${w.timedOut ? ', timed out' : ''}, ${fmtS(w.wallS)}).`,
+    '',
+  ];
+  const med = w.medians ?? {};
+  if (Object.keys(med).length) {
+    lines.push(
+      mdTable(
+        ['implementation', 'median time', 'jobs/s'],
+        Object.entries(med).map(([k, v]) => [k, `${v.ms.toLocaleString('en-US')} ms`, v.jobsPerS.toLocaleString('en-US')]),
+      ),
+    );
+    if (w.ratioLine) lines.push('', w.ratioLine);
+    lines.push('');
+  }
+  lines.push('Its output:', '', '```', (w.stdout || '(no output)').trimEnd(), '```');
+  return lines.join('\n');
+}
+
+// ── markdown ───────────────────────────────────────────────────────────
+
+function renderMarkdown(results, { resultsFile, chartFile }) {
+  const m = results.machine;
+  const out = [];
+  out.push(`Generated by \`bench/run.js\` from \`${resultsFile}\` (the results file itself is not committed).`);
+  out.push('');
+  out.push('### Machine and run');
+  out.push('');
+  out.push(`- CPU: ${m.cpuModel}, nproc = ${m.nproc}`);
+  out.push(`- memory: ${(m.memTotalBytes / 2 ** 30).toFixed(1)} GiB`);
+  out.push(`- Node.js ${m.node} (V8 ${m.v8}), ${m.platform} ${m.kernel}`);
+  out.push(`- jobforge commit: ${m.jobforgeCommit ?? 'unknown'}${m.dirty ? ' (working tree had uncommitted changes)' : ''}`);
+  for (const [f, v] of Object.entries(m.addon ?? {})) {
+    out.push(`- measured build: \`${f}\` ${v.sha256 ? `sha256 ${v.sha256}…, ` : ''}modified ${v.mtime}`);
+  }
+  out.push(`- command: \`${results.command}\``);
+  out.push(`- started ${results.startedAt}, took ${fmtS(results.durationS)}`);
+  if (results.load) {
+    const la = (l) => l.map((x) => x.toFixed(2)).join(' / ');
+    out.push(`- load average (1 / 5 / 15 min) at start ${la(results.load.start)}, at end ${la(results.load.end)}`);
+  }
+  out.push(
+    `- sizes n = ${results.config.sizes.map(fmtN).join(', ')}; ${results.config.reps} repetitions per point (n ≤ 10k: ${results.config.smallReps}), ` +
+      'implementations alternating within each repetition; every figure is the median over repetitions.',
+  );
+  if (results.buildChanged) {
+    const { start, end } = results.buildChanged;
+    for (const f of new Set([...Object.keys(start), ...Object.keys(end)])) {
+      const a = start[f];
+      const b = end[f];
+      if (JSON.stringify(a) === JSON.stringify(b)) continue;
+      const same = a?.sha256 && b?.sha256 && a.sha256 === b.sha256;
+      const what = same
+        ? 'was rewritten with the same content (sha256 unchanged)'
+        : a?.sha256 && b?.sha256
+          ? `changed (sha256 ${a.sha256}… → ${b.sha256}…): the main process kept the build it loaded at the start, the memory and worker child processes may have loaded the new one`
+          : 'was rewritten (only its modification time was recorded): the memory and worker child processes may have loaded another build';
+      out.push(`- during the run \`${f}\` ${what} (modified ${a?.mtime ?? '–'} → ${b?.mtime ?? '–'}).`);
+    }
+  }
+  if (!results.baseline.present) out.push(`- **baseline absent** (${results.baseline.error}): jobforge only.`);
+  out.push('');
+  out.push('### Targets');
+  out.push('');
+  out.push('Ratios are jobforge/baseline throughput (baseline cost ÷ jobforge cost; above 1 = jobforge faster), except memory (jobforge bytes ÷ baseline bytes) and the scaling row.');
+  out.push('');
+  out.push(targetsTable(results));
+  out.push('');
+  out.push('### Chart');
+  out.push('');
+  out.push(`![cost per operation against n, log–log, jobforge solid, baseline dashed](${chartFile})`);
+  out.push('');
+  for (const s of SCENARIOS) {
+    const { table, notes } = scenarioTable(results, s.key);
+    out.push(`### ${s.title}`);
+    out.push('');
+    out.push(table);
+    for (const nt of notes) out.push('', `_${nt}_`);
+    out.push('');
+  }
+  out.push('### 4. Memory per pending run (fresh child process per implementation and size)');
+  out.push('');
+  out.push(memoryTable(results));
+  out.push('');
+  out.push('### 5. Worker end to end (`bench/worker.js`)');
+  out.push('');
+  out.push(workerSection(results));
+  out.push('');
+  out.push('### Where the baseline stopped');
+  out.push('');
+  out.push(...coverageLines(results));
+  out.push('');
+  const bd = breakdownTable(results);
+  if (bd) {
+    out.push('### Per-call costs (diagnostic, not a target)');
+    out.push('');
+    out.push(bd);
+    out.push('');
+  }
+  return out.join('\n');
+}
+
+const BEGIN = '<!-- bench:begin (generated by bench/run.js; edit outside these markers) -->';
+const END = '<!-- bench:end -->';
+
+function updateBenchmarksMd(file, generated) {
+  let text = fs.existsSync(file) ? fs.readFileSync(file, 'utf8') : `# Benchmarks\n\n${BEGIN}\n${END}\n`;
+  const a = text.indexOf(BEGIN);
+  const b = text.indexOf(END);
+  if (a < 0 || b < a) text = `${text.trimEnd()}\n\n${BEGIN}\n${END}\n`;
+  const start = text.indexOf(BEGIN) + BEGIN.length;
+  const end = text.indexOf(END);
+  text = `${text.slice(0, start)}\n${generated.trimEnd()}\n${text.slice(end)}`;
+  fs.writeFileSync(file, text);
+}
+
+// ── chart ──────────────────────────────────────────────────────────────
+
+function esc(s) {
+  return String(s).replace(/&/g, '&amp;').replace(/</g, '&lt;').replace(/>/g, '&gt;');
+}
+
+function renderSvg(results) {
+  const W = 960;
+  const H = 560;
+  const L = 86;
+  const R = 250;
+  const T = 64;
+  const B = 64;
+  const pw = W - L - R;
+  const ph = H - T - B;
+  const series = [];
+  for (const s of CHART_SERIES) {
+    for (const impl of IMPLS) {
+      const pts = results.scenarios?.[s.key]?.[impl]?.points ?? {};
+      const xy = Object.keys(pts)
+        .map(Number)
+        .sort((a, b) => a - b)
+        .map((n) => [n, pts[n].median.nsPerOp / 1e3])
+        .filter(([, y]) => Number.isFinite(y) && y > 0);
+      if (xy.length) series.push({ ...s, impl, xy });
+    }
+  }
+  const xs = series.flatMap((s) => s.xy.map(([x]) => x));
+  const ys = series.flatMap((s) => s.xy.map(([, y]) => y));
+  if (!xs.length) xs.push(1000, 1000000);
+  if (!ys.length) ys.push(1, 1000);
+  const x0 = Math.log10(Math.min(...xs)) - 0.15;
+  const x1 = Math.log10(Math.max(...xs)) + 0.15;
+  const y0 = Math.floor(Math.log10(Math.min(...ys)));
+  const y1 = Math.max(y0 + 1, Math.ceil(Math.log10(Math.max(...ys))));
+  const px = (n) => L + ((Math.log10(n) - x0) / (x1 - x0)) * pw;
+  const py = (us) => T + ph - ((Math.log10(us) - y0) / (y1 - y0)) * ph;
+  const f = (v) => v.toFixed(1);
+  const yLabel = (e) => {
+    const us = 10 ** e;
+    if (us < 1) return `${us * 1e3} ns`;
+    if (us < 1e3) return `${us} µs`;
+    if (us < 1e6) return `${us / 1e3} ms`;
+    return `${us / 1e6} s`;
+  };
+  const o = [];
+  o.push(`<svg xmlns="http://www.w3.org/2000/svg" width="${W}" height="${H}" viewBox="0 0 ${W} ${H}" font-family="Helvetica, Arial, sans-serif" font-size="12">`);
+  o.push(`<title>jobforge vs baseline: cost per operation against live runs n (log–log)</title>`);
+  o.push(`<desc>Generated by bench/run.js from measured medians (${esc(results.startedAt)}).</desc>`);
+  o.push(`<rect width="${W}" height="${H}" fill="#ffffff"/>`);
+  o.push(`<text x="${L}" y="26" font-size="16" font-weight="bold">Cost per operation against live runs n (log–log, median of repetitions)</text>`);
+  const m = results.machine;
+  const load = results.load ? `; load average ${results.load.start[0].toFixed(1)} at start, ${results.load.end[0].toFixed(1)} at end` : '';
+  o.push(`<text x="${L}" y="46" fill="#555">${esc(`${m.cpuModel}, ${m.nproc} cores, Node.js ${m.node}; ${results.startedAt.slice(0, 10)}${load}`)}</text>`);
+  // grid
+  for (let e = y0; e <= y1; e++) {
+    const y = py(10 ** e);
+    o.push(`<line x1="${L}" y1="${f(y)}" x2="${L + pw}" y2="${f(y)}" stroke="#ccc"/>`);
+    o.push(`<text x="${L - 8}" y="${f(y + 4)}" text-anchor="end">${esc(yLabel(e))}</text>`);
+    if (e < y1) {
+      for (const k of [2, 5]) {
+        const ym = py(k * 10 ** e);
+        o.push(`<line x1="${L}" y1="${f(ym)}" x2="${L + pw}" y2="${f(ym)}" stroke="#eee"/>`);
+      }
+    }
+  }
+  const sizes = [...new Set(xs)].sort((a, b) => a - b);
+  for (const n of sizes) {
+    const x = px(n);
+    o.push(`<line x1="${f(x)}" y1="${T}" x2="${f(x)}" y2="${T + ph}" stroke="#ddd"/>`);
+    o.push(`<text x="${f(x)}" y="${T + ph + 18}" text-anchor="middle">${fmtN(n)}</text>`);
+  }
+  o.push(`<rect x="${L}" y="${T}" width="${pw}" height="${ph}" fill="none" stroke="#333"/>`);
+  o.push(`<text x="${L + pw / 2}" y="${H - 18}" text-anchor="middle">live runs n (log)</text>`);
+  o.push(`<text transform="translate(22 ${T + ph / 2}) rotate(-90)" text-anchor="middle">cost per operation (log)</text>`);
+  // series
+  for (const s of series) {
+    const dash = s.impl === 'baseline' ? ' stroke-dasharray="7 5"' : '';
+    const pts = s.xy.map(([x, y]) => `${f(px(x))},${f(py(y))}`).join(' ');
+    o.push(`<polyline points="${pts}" fill="none" stroke="${s.color}" stroke-width="2"${dash}/>`);
+    for (const [x, y] of s.xy) {
+      const cx = px(x);
+      const cy = py(y);
+      const tip = `<title>${esc(`${s.label}, ${s.impl}, n = ${fmtN(x)}: ${fmtNs(y * 1e3)}`)}</title>`;
+      if (s.impl === 'baseline') {
+        o.push(`<rect x="${f(cx - 4)}" y="${f(cy - 4)}" width="8" height="8" fill="#fff" stroke="${s.color}" stroke-width="2">${tip}</rect>`);
+      } else {
+        o.push(`<circle cx="${f(cx)}" cy="${f(cy)}" r="4" fill="${s.color}">${tip}</circle>`);
+      }
+    }
+  }
+  // legend
+  let ly = T + 8;
+  const lx = L + pw + 20;
+  o.push(`<text x="${lx}" y="${ly + 4}" font-weight="bold">operation</text>`);
+  ly += 20;
+  for (const s of CHART_SERIES) {
+    o.push(`<line x1="${lx}" y1="${ly}" x2="${lx + 28}" y2="${ly}" stroke="${s.color}" stroke-width="3"/>`);
+    o.push(`<text x="${lx + 36}" y="${ly + 4}">${esc(s.label)}</text>`);
+    ly += 20;
+  }
+  ly += 10;
+  o.push(`<text x="${lx}" y="${ly + 4}" font-weight="bold">implementation</text>`);
+  ly += 20;
+  o.push(`<line x1="${lx}" y1="${ly}" x2="${lx + 28}" y2="${ly}" stroke="#333" stroke-width="2"/><circle cx="${lx + 14}" cy="${ly}" r="4" fill="#333"/>`);
+  o.push(`<text x="${lx + 36}" y="${ly + 4}">jobforge</text>`);
+  ly += 20;
+  o.push(`<line x1="${lx}" y1="${ly}" x2="${lx + 28}" y2="${ly}" stroke="#333" stroke-width="2" stroke-dasharray="7 5"/><rect x="${lx + 10}" y="${ly - 4}" width="8" height="8" fill="#fff" stroke="#333" stroke-width="2"/>`);
+  o.push(`<text x="${lx + 36}" y="${ly + 4}">baseline (seed TS)</text>`);
+  if (!results.baseline?.present) {
+    ly += 20;
+    o.push(`<text x="${lx}" y="${ly + 4}" fill="#a00">baseline absent</text>`);
+  }
+  ly += 30;
+  const stops = [];
+  for (const s of CHART_SERIES) {
+    const st = results.scenarios?.[s.key]?.baseline?.stopped;
+    if (st) stops.push(`${s.label}: baseline stops before ${fmtN(st.atN)}`);
+  }
+  for (const line of stops) {
+    o.push(`<text x="${lx}" y="${ly}" fill="#555" font-size="11">${esc(line)}</text>`);
+    ly += 16;
+  }
+  o.push('</svg>');
+  return `${o.join('\n')}\n`;
+}
+
+// ── console ────────────────────────────────────────────────────────────
+
+function consoleSummary(results) {
+  const out = [];
+  const pad = (s, w) => String(s).padEnd(w);
+  for (const s of SCENARIOS) {
+    if (!results.scenarios?.[s.key]) continue;
+    out.push('', s.title.replace(/`/g, ''));
+    out.push(`  ${pad('n', 6)}${pad('jobforge/op', 14)}${pad('baseline/op', 14)}ratio jf/bl`);
+    for (const n of results.config.sizes) {
+      const j = median(results, s.key, 'jobforge', n);
+      const b = median(results, s.key, 'baseline', n);
+      if (j === null && b === null) continue;
+      out.push(`  ${pad(fmtN(n), 6)}${pad(fmtNs(j), 14)}${pad(fmtNs(b), 14)}${fmtRatio(speedup(results, s.key, n))}`);
+    }
+    for (const impl of IMPLS) {
+      const nt = stopNote(results, s.key, impl);
+      if (nt) out.push(`  (${nt})`);
+    }
+  }
+  if (results.memory && Object.keys(results.memory).length) {
+    out.push('', '4. memory per pending run');
+    for (const n of results.config.memorySizes ?? []) {
+      for (const impl of IMPLS) {
+        const m = results.memory?.[impl]?.[String(n)];
+        if (m) out.push(`  ${pad(fmtN(n), 6)}${pad(impl, 10)}heap ${pad(fmtBytes(m.heapPerRun), 10)} external ${pad(fmtBytes(m.externalPerRun), 10)} RSS ${fmtBytes(m.rssPerRun)}`);
+      }
+    }
+  }
+  out.push('', 'Targets');
+  for (const t of computeTargets(results)) {
+    out.push(`  ${pad(verdict(t), 5)} ${pad(t.display, 10)} (needs ${t.threshold}) ${t.label.replace(/`/g, '')}${t.note ? ` [${t.note}]` : ''}`);
+  }
+  return out.join('\n');
+}
+
+module.exports = {
+  SCENARIOS,
+  computeTargets,
+  consoleSummary,
+  fmtN,
+  fmtNs,
+  fmtS,
+  renderMarkdown,
+  renderSvg,
+  updateBenchmarksMd,
+  verdict,
+};

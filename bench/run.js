@@ -1,0 +1,785 @@
+#!/usr/bin/env node
+'use strict';
+/**
+ * jobforge benchmark suite: every scenario for jobforge and the seed
+ * TypeScript orchestrator (../shared/baseline) in one run, implementations
+ * alternating inside each repetition, medians over repetitions and the
+ * ratio jobforge/baseline. See BENCHMARKS.md for what each scenario times.
+ *
+ *   npm run bench                       full suite: n = 1k, 10k, 100k, 1M
+ *   npm run bench -- --quick            n up to 100k, fewer repetitions
+ *   node bench/run.js --render <file>   regenerate BENCHMARKS.md + chart from a results file
+ *
+ * Options: --reps <k>, --sizes 1000,10000, --only start,keyed,claim,memory,worker,breakdown,
+ * --limit <seconds per point> (default 60), --no-baseline, --docs / --no-docs
+ * (a full run updates BENCHMARKS.md and bench/chart.svg, a quick run does not
+ * unless --docs is given).
+ *
+ * Writes bench/results-<timestamp>.json (gitignored).
+ */
+const fs = require('node:fs');
+const os = require('node:os');
+const path = require('node:path');
+const { spawn, spawnSync } = require('node:child_process');
+const { randomUUID } = require('node:crypto');
+const report = require('./report');
+
+const ROOT = path.resolve(__dirname, '..');
+const BASELINE_PATH = path.resolve(__dirname, '../../shared/baseline/dist');
+const WORKER_BENCH = path.join(__dirname, 'worker.js');
+const DOCS = path.join(ROOT, 'BENCHMARKS.md');
+const CHART = path.join(__dirname, 'chart.svg');
+
+const NOOP = 'bench.noop';
+const CONC = 'bench.conc';
+const DEDUPE = 'bench.dedupe';
+const POOL = 'batch';
+
+// ── arguments ──────────────────────────────────────────────────────────
+
+function parseArgs(argv) {
+  const a = { quick: false, reps: null, sizes: null, only: null, limitS: 60, baseline: true, docs: null, render: null, child: null };
+  for (let i = 0; i < argv.length; i++) {
+    const k = argv[i];
+    const val = () => {
+      const v = argv[++i];
+      if (v === undefined) throw new Error(`${k} needs a value`);
+      return v;
+    };
+    if (k === '--quick') a.quick = true;
+    else if (k === '--reps') a.reps = Number(val());
+    else if (k === '--sizes') a.sizes = val().split(',').map(Number);
+    else if (k === '--only') a.only = new Set(val().split(','));
+    else if (k === '--limit') a.limitS = Number(val());
+    else if (k === '--no-baseline') a.baseline = false;
+    else if (k === '--docs') a.docs = true;
+    else if (k === '--no-docs') a.docs = false;
+    else if (k === '--render') a.render = val();
+    else if (k === '--child') a.child = val(); // internal: memory child process
+    else if (k === '--impl') a.impl = val();
+    else if (k === '--n') a.n = Number(val());
+    else throw new Error(`unknown option ${k}`);
+  }
+  if (a.reps !== null && !(Number.isInteger(a.reps) && a.reps >= 1)) throw new Error('--reps needs a positive integer');
+  if (a.sizes && a.sizes.some((n) => !(Number.isInteger(n) && n >= 10))) throw new Error('--sizes needs integers ≥ 10');
+  return a;
+}
+
+// ── timing helpers ─────────────────────────────────────────────────────
+
+const now = () => Number(process.hrtime.bigint());
+const sec = (ns) => ns / 1e9;
+
+async function fullGc() {
+  global.gc();
+  await new Promise((r) => setImmediate(r)); // let napi finalizers run
+  global.gc();
+}
+
+function medianOf(xs) {
+  const v = xs.filter((x) => typeof x === 'number' && Number.isFinite(x)).sort((a, b) => a - b);
+  if (!v.length) return null;
+  const m = v.length >> 1;
+  return v.length % 2 ? v[m] : (v[m - 1] + v[m]) / 2;
+}
+
+// ── implementations ────────────────────────────────────────────────────
+
+class NoopHandler {
+  async run() {
+    return {};
+  }
+}
+
+const META = {
+  [NOOP]: { pool: POOL },
+  [CONC]: { pool: POOL, concurrency: { key: 'c:{{k}}', collisionMode: 'queue' } },
+  [DEDUPE]: { pool: POOL, dedupe: { key: 'd:{{k}}', windowMs: 60_000 } },
+};
+
+const quietLogger = { log() {}, warn() {}, error() {}, debug() {} };
+
+function loadImpls(wantBaseline) {
+  const jf = require(path.join(ROOT, 'dist'));
+  const impls = {
+    jobforge: {
+      name: 'jobforge',
+      create() {
+        const o = new jf.JobOrchestrator({ loggerFactory: () => quietLogger });
+        for (const [type, meta] of Object.entries(META)) o.registerHandler(type, meta, NoopHandler);
+        return { o };
+      },
+      /** n live runs of the keyed type, distinct keys, through the public API. */
+      async seedKeyed(inst, type, n) {
+        for (let i = 0; i < n; i++) await inst.o.start(type, { k: `s${i}` });
+      },
+      async status(inst, id) {
+        return (await inst.o.findById(id))?.status;
+      },
+    },
+  };
+  const baseline = { present: false, path: BASELINE_PATH, error: null };
+  if (!wantBaseline) {
+    baseline.error = 'disabled with --no-baseline';
+  } else {
+    try {
+      const b = require(BASELINE_PATH);
+      impls.baseline = {
+        name: 'baseline',
+        create() {
+          const store = new b.MemoryJobStore();
+          const o = new b.MemoryJobOrchestrator(store, new b.MemoryJobStepService(store), false);
+          for (const [type, meta] of Object.entries(META)) o.registerHandler(type, meta, NoopHandler);
+          return { o, store };
+        },
+        /**
+         * n live runs of the keyed type, distinct keys. Through `start` this
+         * is O(n²) (every keyed start scans all runs), so the first run goes
+         * through `start` and the rest are copies of its row with their own
+         * id, key, input and timestamps, written to the store exactly as
+         * `start` writes them. The timed sample afterwards uses `start`.
+         */
+        async seedKeyed(inst, type, n) {
+          const tpl = await inst.o.start(type, { k: 's0' });
+          const field = type === CONC ? 'concurrencyKey' : 'dedupeKey';
+          const prefix = type === CONC ? 'c:' : 'd:';
+          for (let i = 1; i < n; i++) {
+            const id = randomUUID();
+            const at = new Date();
+            inst.store.runs.set(id, {
+              ...tpl,
+              id,
+              rootRunId: id,
+              tags: {},
+              [field]: `${prefix}s${i}`,
+              input: { k: `s${i}` },
+              runAt: at,
+              createdAt: at,
+              updatedAt: at,
+            });
+          }
+        },
+        async status(inst, id) {
+          return inst.store.runs.get(id)?.status;
+        },
+      };
+      baseline.present = true;
+    } catch (e) {
+      baseline.error = `cannot load ${BASELINE_PATH}: ${e.message.split('\n')[0]}`;
+    }
+  }
+  return { impls, baseline };
+}
+
+/**
+ * Fixed sample sizes (claims or keyed starts timed per point). jobforge:
+ * min(1000, n/10). Baseline: at most 100, and 10 at 1M, because each of its
+ * calls scans all n runs (a 1M claim sorts the whole backlog).
+ */
+function sampleSize(impl, n) {
+  const jf = Math.max(1, Math.min(1000, Math.floor(n / 10)));
+  if (impl === 'jobforge') return jf;
+  return Math.max(1, Math.min(jf, 100, Math.max(10, Math.floor(1e7 / n))));
+}
+
+// ── scenario points ────────────────────────────────────────────────────
+
+/**
+ * Scenario 1 and 3 share one build: n unkeyed starts into an empty
+ * orchestrator (scenario 1 times them), then a fixed sample of
+ * claimNext + tick on that backlog of n pending runs (scenario 3).
+ */
+async function pointStartClaim(impl, n, want) {
+  const w0 = now();
+  const inst = impl.create();
+  await fullGc();
+  const o = inst.o;
+  const lastWindow = Math.max(1, Math.min(1000, Math.floor(n / 10)));
+  const lastFrom = n - lastWindow;
+  const t0 = now();
+  let tLast = t0;
+  for (let i = 0; i < n; i++) {
+    if (i === lastFrom) tLast = now();
+    await o.start(NOOP, { n: i });
+  }
+  const t1 = now();
+  const out = {};
+  if (want.start) {
+    out.start = { nsPerOp: (t1 - t0) / n, marginalNsPerOp: (t1 - tLast) / lastWindow, lastWindow, wallS: sec(now() - w0) };
+  }
+  if (want.claim) {
+    await fullGc();
+    const S = sampleSize(impl.name, n);
+    let lastId = null;
+    const c0 = now();
+    let c1 = c0;
+    for (let i = 0; i < S; i++) {
+      const run = await o.claimNext(POOL);
+      if (!run) throw new Error(`${impl.name}: backlog empty after ${i} claims at n = ${n}`);
+      await o.tick(run.id);
+      if (i === 0) c1 = now();
+      lastId = run.id;
+    }
+    const c2 = now();
+    const st = await impl.status(inst, lastId);
+    if (st !== 'completed') throw new Error(`${impl.name}: claimed run ended '${st}', expected 'completed'`);
+    out.claim = {
+      nsPerOp: (c2 - c0) / S,
+      firstNs: c1 - c0,
+      steadyNsPerOp: S > 1 ? (c2 - c1) / (S - 1) : null,
+      sample: S,
+      wallS: sec(now() - w0),
+    };
+  }
+  return out; // the orchestrator is collected by the next point's GC, before it times anything
+}
+
+/** Scenario 2: n live runs of a keyed type (distinct keys), then a fixed sample of keyed starts with new keys. */
+async function pointKeyed(impl, type, n, rep) {
+  const w0 = now();
+  const inst = impl.create();
+  await fullGc();
+  const s0 = now();
+  await impl.seedKeyed(inst, type, n);
+  const seedNs = now() - s0;
+  await fullGc();
+  const S = sampleSize(impl.name, n);
+  const keyField = type === CONC ? 'concurrencyKey' : 'dedupeKey';
+  const prefix = type === CONC ? 'c:' : 'd:';
+  let last = null;
+  const ids = new Set();
+  const t0 = now();
+  for (let i = 0; i < S; i++) {
+    last = await inst.o.start(type, { k: `r${rep}_${i}` });
+    ids.add(last.id);
+  }
+  const t1 = now();
+  // Sanity: every sample start created a new, claimable run with its own key.
+  if (ids.size !== S || last.status !== 'pending' || last[keyField] !== `${prefix}r${rep}_${S - 1}` || last.runAt.getTime() > Date.now() + 1000) {
+    throw new Error(`${impl.name}: keyed start sample did not create ${S} distinct claimable runs`);
+  }
+  return {
+    nsPerOp: (t1 - t0) / S,
+    sample: S,
+    seedNsPerOp: impl.name === 'jobforge' ? seedNs / n : null, // the baseline's seed bypasses start
+    wallS: sec(now() - w0),
+  };
+}
+
+// ── time box ───────────────────────────────────────────────────────────
+
+/**
+ * Per scenario and implementation: a point (one repetition, setup
+ * included) may take at most `limitS`. Before a new n, the wall time is
+ * extrapolated from the previous sizes (exponent from the last two, at
+ * least 1); when it predicts more, that size and larger are skipped. A
+ * repetition that takes longer stops the remaining repetitions and sizes.
+ */
+class TimeBox {
+  constructor(limitS) {
+    this.limitS = limitS;
+    this.state = new Map();
+  }
+
+  entry(key) {
+    if (!this.state.has(key)) this.state.set(key, { walls: new Map(), stopped: null, repStop: new Set() });
+    return this.state.get(key);
+  }
+
+  allowed(key, n) {
+    const e = this.entry(key);
+    if (e.stopped) return false;
+    if (e.repStop.has(n)) return false;
+    if (e.walls.has(n)) return true;
+    const prev = [...e.walls.entries()].filter(([m]) => m < n).sort((a, b) => a[0] - b[0]);
+    if (prev.length) {
+      const [n1, w1s] = prev[prev.length - 1];
+      const w1 = medianOf(w1s);
+      let exp = 1;
+      if (prev.length >= 2) {
+        const [n0, w0s] = prev[prev.length - 2];
+        const w0 = medianOf(w0s);
+        if (w0 > 0.05) exp = Math.min(2.5, Math.max(1, Math.log(w1 / w0) / Math.log(n1 / n0)));
+      }
+      const predicted = w1 * (n / n1) ** exp;
+      if (predicted > this.limitS) {
+        e.stopped = {
+          atN: n,
+          reason: `one point would take about ${predicted.toFixed(0)} s (> ${this.limitS} s), extrapolated from ${w1.toFixed(1)} s at n = ${report.fmtN(n1)} with exponent ${exp.toFixed(2)}`,
+        };
+        return false;
+      }
+    }
+    e.walls.set(n, []);
+    return true;
+  }
+
+  record(key, n, wallS, nextN) {
+    const e = this.entry(key);
+    e.walls.get(n).push(wallS);
+    if (wallS > this.limitS) {
+      e.repStop.add(n);
+      e.stopped = {
+        atN: nextN ?? n * 10,
+        reason: `one repetition at n = ${report.fmtN(n)} took ${wallS.toFixed(1)} s (> ${this.limitS} s); later repetitions and larger sizes skipped`,
+      };
+    }
+  }
+
+  stopped(key) {
+    return this.entry(key).stopped;
+  }
+}
+
+// ── memory (child processes) ───────────────────────────────────────────
+
+async function childMemory(implName, n) {
+  const { impls } = loadImpls(implName === 'baseline');
+  const impl = impls[implName];
+  if (!impl) throw new Error(`implementation ${implName} not available`);
+  {
+    // Warm the code paths in a throwaway instance, so compiled code is not counted.
+    const w = impl.create();
+    for (let i = 0; i < 2000; i++) await w.o.start(NOOP, { n: i });
+  }
+  const inst = impl.create();
+  await fullGc();
+  await fullGc();
+  const before = process.memoryUsage();
+  for (let i = 0; i < n; i++) await inst.o.start(NOOP, { n: i });
+  await fullGc();
+  await fullGc();
+  const after = process.memoryUsage();
+  // Keep the orchestrator alive until after the measurement, and check it holds n pending runs.
+  let pending;
+  if (implName === 'jobforge') {
+    const counts = await inst.o.countByPoolAndStatus();
+    pending = counts.filter((c) => c.status === 'pending').reduce((s, c) => s + c.count, 0);
+  } else {
+    pending = [...inst.store.runs.values()].filter((r) => r.status === 'pending').length;
+  }
+  if (pending !== n) throw new Error(`expected ${n} pending runs, found ${pending}`);
+  const per = (k) => (after[k] - before[k]) / n;
+  const res = {
+    n,
+    addon: addonIdentity(),
+    heapPerRun: per('heapUsed'),
+    externalPerRun: per('external'),
+    rssPerRun: per('rss'),
+    rssBefore: before.rss,
+    rssAfter: after.rss,
+    heapBefore: before.heapUsed,
+    heapAfter: after.heapUsed,
+  };
+  process.stdout.write(`RESULT ${JSON.stringify(res)}\n`);
+}
+
+function runMemoryChild(implName, n, extraArgs) {
+  return new Promise((resolve) => {
+    const args = ['--expose-gc', `--max-old-space-size=${heapLimitMb()}`, __filename, '--child', 'memory', '--impl', implName, '--n', String(n), ...extraArgs];
+    const p = spawn(process.execPath, args, { stdio: ['ignore', 'pipe', 'pipe'] });
+    let out = '';
+    let err = '';
+    p.stdout.on('data', (d) => (out += d));
+    p.stderr.on('data', (d) => (err += d));
+    p.on('close', (code) => {
+      const line = out.split('\n').find((l) => l.startsWith('RESULT '));
+      if (code === 0 && line) resolve(JSON.parse(line.slice(7)));
+      else resolve({ n, error: `child exited ${code}: ${(err || out).trim().split('\n').slice(-3).join(' / ')}` });
+    });
+  });
+}
+
+// ── worker end to end (bench/worker.js, written separately) ────────────
+
+/**
+ * Runs bench/worker.js (jobforge's worker against a bare JS loop; the
+ * baseline has no worker) in a child process and keeps its output; the
+ * `median …` / `ratio …` lines are picked out for the table.
+ */
+function runWorkerBench(quick) {
+  if (!fs.existsSync(WORKER_BENCH)) return Promise.resolve({ present: false });
+  const extra = quick ? ['--n', '10000'] : [];
+  const args = ['--expose-gc', WORKER_BENCH, ...extra];
+  const command = ['node', '--expose-gc', path.relative(ROOT, WORKER_BENCH), ...extra].join(' ');
+  return new Promise((resolve) => {
+    const t0 = now();
+    const p = spawn(process.execPath, args, { cwd: ROOT, stdio: ['ignore', 'pipe', 'pipe'] });
+    let out = '';
+    let err = '';
+    let timedOut = false;
+    const timer = setTimeout(() => {
+      timedOut = true;
+      p.kill('SIGTERM');
+    }, 20 * 60 * 1000);
+    p.stdout.on('data', (d) => {
+      out += d;
+      process.stdout.write(String(d).replace(/^(?=.)/gm, '  [worker] '));
+    });
+    p.stderr.on('data', (d) => (err += d));
+    p.on('close', (status) => {
+      clearTimeout(timer);
+      const lines = out.split('\n');
+      const num = (s) => Number(s.replace(/,/g, ''));
+      const medians = {};
+      for (const l of lines) {
+        const m = /^median (\S+):\s*([\d.,]+) ms = ([\d.,]+) jobs\/s/.exec(l.trim());
+        if (m) medians[m[1]] = { ms: num(m[2]), jobsPerS: num(m[3]) };
+      }
+      resolve({
+        present: true,
+        command,
+        status,
+        timedOut,
+        wallS: sec(now() - t0),
+        medians,
+        ratioLine: lines.find((l) => l.startsWith('ratio')) ?? null,
+        stdout: lines.slice(-60).join('\n'),
+        stderrTail: err.split('\n').slice(-20).join('\n'),
+      });
+    });
+  });
+}
+
+// ── per-call breakdown (diagnostic) ────────────────────────────────────
+
+async function breakdown(impls) {
+  const N = 20000;
+  const out = {};
+  const timeSync = (f) => {
+    const t0 = now();
+    for (let i = 0; i < N; i++) f(i);
+    return (now() - t0) / N;
+  };
+  const timeAsync = async (f) => {
+    const t0 = now();
+    for (let i = 0; i < N; i++) await f(i);
+    return (now() - t0) / N;
+  };
+  {
+    // jobforge: the layers of one start and one claim + tick. Reads the
+    // orchestrator's private `native` engine and the dist helpers directly;
+    // an item whose internals changed shape is reported as skipped.
+    const inst = impls.jobforge.create();
+    const o = inst.o;
+    const items = [];
+    const tryItem = async (label, f) => {
+      try {
+        items.push({ label, ns: await f() });
+      } catch (e) {
+        items.push({ label, ns: null, note: `skipped: ${String(e.message).split('\n')[0]}` });
+      }
+    };
+    await fullGc();
+    await tryItem('`await start(type, {n})` (public API)', () => timeAsync((i) => o.start(NOOP, { n: i })));
+    let toJsonText;
+    let parseRun;
+    try {
+      ({ toJsonText } = require(path.join(ROOT, 'dist/json')));
+      ({ parseRun } = require(path.join(ROOT, 'dist/rows')));
+    } catch {
+      /* reported below as skipped */
+    }
+    const nat = o.native;
+    await tryItem('  input check + JSON text (`toJsonText`)', async () => timeSync((i) => toJsonText({ n: i }, 'input')));
+    await tryItem('  a bare napi call (native `now()`, returns a number)', async () => timeSync(() => nat.now()));
+    let row = '';
+    await tryItem('  native `start` (napi call, engine, row JSON out)', async () => timeSync(() => (row = nat.start(NOOP, '{"n":1}', null))));
+    await tryItem(`  parse of the returned row (\`parseRun\`, ${row.length} chars of JSON)`, async () => timeSync(() => parseRun(row)));
+    // Claim path, steady state: the first claim moves the due backlog into the ready index.
+    const first = await o.claimNext(POOL);
+    await o.tick(first.id);
+    const M = 5000;
+    let claimRows = [];
+    await tryItem('`await claimNext()` + `await tick()` (public API, after the first claim)', async () => {
+      let c = 0;
+      let t = 0;
+      for (let i = 0; i < M; i++) {
+        const t0 = now();
+        const run = await o.claimNext(POOL);
+        const t1 = now();
+        await o.tick(run.id);
+        t += now() - t1;
+        c += t1 - t0;
+      }
+      claimRows = [
+        { label: '  `await claimNext()`', ns: c / M },
+        { label: '  `await tick()` of a no-op handler (begin attempt, run handler, finish attempt)', ns: t / M },
+      ];
+      return (c + t) / M;
+    });
+    items.push(...claimRows);
+    let parseRows = [];
+    await tryItem('  native `claimNext` alone', async () => {
+      const rows = [];
+      const t0 = now();
+      for (let i = 0; i < M; i++) rows.push(nat.claimNext(POOL));
+      const ns = (now() - t0) / M;
+      const t1 = now();
+      for (const r of rows) parseRun(r);
+      parseRows = [{ label: '  parse of the claimed row (`parseRun`)', ns: (now() - t1) / M }];
+      return ns;
+    });
+    items.push(...parseRows);
+    out.jobforge = items;
+  }
+  await fullGc();
+  if (impls.baseline) {
+    const inst = impls.baseline.create();
+    const o = inst.o;
+    const items = [];
+    items.push({ label: '`await start(type, {n})` (public API)', ns: await timeAsync((i) => o.start(NOOP, { n: i })) });
+    items.push({ label: '  `crypto.randomUUID()`', ns: timeSync(() => randomUUID()) });
+    items.push({ label: '  one pass through its promise mutex (`mutex.run(async () => null)`)', ns: await timeAsync(() => o.mutex.run(async () => null)) });
+    out.baseline = items;
+  }
+  await fullGc();
+  return out;
+}
+
+// ── machine ────────────────────────────────────────────────────────────
+
+function machineInfo() {
+  let cpuModel = os.cpus()[0]?.model ?? 'unknown';
+  let memTotalBytes = os.totalmem();
+  try {
+    const m = /^model name\s*:\s*(.+)$/m.exec(fs.readFileSync('/proc/cpuinfo', 'utf8'));
+    if (m) cpuModel = m[1].trim();
+  } catch {
+    /* not Linux */
+  }
+  try {
+    const m = /^MemTotal:\s*(\d+) kB/m.exec(fs.readFileSync('/proc/meminfo', 'utf8'));
+    if (m) memTotalBytes = Number(m[1]) * 1024;
+  } catch {
+    /* not Linux */
+  }
+  const np = spawnSync('nproc', { encoding: 'utf8' });
+  const nproc = np.status === 0 ? Number(np.stdout.trim()) : os.availableParallelism?.() ?? os.cpus().length;
+  const git = (args) => {
+    const r = spawnSync('git', args, { cwd: ROOT, encoding: 'utf8' });
+    return r.status === 0 ? r.stdout.trim() : null;
+  };
+  return {
+    cpuModel,
+    nproc,
+    memTotalBytes,
+    node: process.version,
+    v8: process.versions.v8,
+    platform: `${os.platform()}-${os.arch()}`,
+    kernel: os.release(),
+    jobforgeCommit: git(['rev-parse', '--short', 'HEAD']),
+    addon: addonIdentity(),
+    dirty: (git(['status', '--porcelain', '--untracked-files=no']) ?? '') !== '',
+  };
+}
+
+/** Which build of the addon and dist/ was measured (the tree may change between runs). */
+function addonIdentity() {
+  const out = {};
+  for (const f of fs.readdirSync(ROOT).filter((x) => x.endsWith('.node'))) {
+    const buf = fs.readFileSync(path.join(ROOT, f));
+    out[f] = { sha256: require('node:crypto').createHash('sha256').update(buf).digest('hex').slice(0, 16), mtime: fs.statSync(path.join(ROOT, f)).mtime.toISOString() };
+  }
+  try {
+    const dist = path.join(ROOT, 'dist');
+    const files = fs.readdirSync(dist).filter((x) => x.endsWith('.js')).sort();
+    const h = require('node:crypto').createHash('sha256');
+    let mtime = 0;
+    for (const f of files) {
+      h.update(f).update(fs.readFileSync(path.join(dist, f)));
+      mtime = Math.max(mtime, fs.statSync(path.join(dist, f)).mtimeMs);
+    }
+    out['dist/*.js'] = { sha256: h.digest('hex').slice(0, 16), mtime: new Date(mtime).toISOString() };
+  } catch {
+    /* no dist */
+  }
+  return out;
+}
+
+function heapLimitMb() {
+  return Math.max(4096, Math.min(16384, Math.floor((os.totalmem() / 2 ** 20) * 0.6)));
+}
+
+// ── docs ───────────────────────────────────────────────────────────────
+
+function writeDocs(results, resultsFile) {
+  const rel = path.relative(ROOT, resultsFile);
+  fs.writeFileSync(CHART, report.renderSvg(results));
+  report.updateBenchmarksMd(DOCS, report.renderMarkdown(results, { resultsFile: rel, chartFile: path.relative(ROOT, CHART) }));
+  console.log(`\nwrote ${path.relative(ROOT, CHART)} and the generated section of ${path.relative(ROOT, DOCS)} from ${rel}`);
+}
+
+// ── main ───────────────────────────────────────────────────────────────
+
+async function main(args) {
+  const wall0 = now();
+  const startedAt = new Date().toISOString();
+  const sizes = args.sizes ?? (args.quick ? [1000, 10000, 100000] : [1000, 10000, 100000, 1000000]);
+  const reps = args.reps ?? (args.quick ? 3 : 5);
+  const smallReps = reps * 3; // n ≤ 10k points take milliseconds: three times the repetitions
+  const memorySizes = (args.quick ? [100000] : [100000, 1000000]).filter((n) => !args.sizes || n <= Math.max(...sizes));
+  const on = (s) => !args.only || args.only.has(s);
+  const { impls, baseline } = loadImpls(args.baseline);
+  const names = Object.keys(impls);
+  const command = `npm run bench${process.argv.length > 2 ? ` -- ${process.argv.slice(2).join(' ')}` : ''}`;
+
+  console.log(`jobforge benchmarks: ${command}`);
+  console.log(`sizes ${sizes.map(report.fmtN).join(', ')}; ${reps} repetitions (n ≤ 10k: ${smallReps}); time box ${args.limitS} s per point`);
+  if (!baseline.present) console.log(`baseline absent (${baseline.error}): reporting jobforge only`);
+
+  const results = {
+    version: 1,
+    startedAt,
+    command,
+    machine: machineInfo(),
+    load: { start: os.loadavg(), end: null },
+    baseline,
+    config: { sizes, reps, smallReps, memorySizes, limitS: args.limitS, quick: args.quick, samples: {} },
+    scenarios: {},
+    memory: null,
+    worker: null,
+    breakdown: null,
+  };
+  for (const n of sizes) results.config.samples[n] = { jobforge: sampleSize('jobforge', n), baseline: sampleSize('baseline', n) };
+
+  const scenKeys = [...(on('start') ? ['start'] : []), ...(on('keyed') ? ['conc', 'dedupe'] : []), ...(on('claim') ? ['claim'] : [])];
+  const raw = {};
+  for (const s of scenKeys) {
+    results.scenarios[s] = {};
+    raw[s] = {};
+    for (const i of names) raw[s][i] = {};
+  }
+  const box = new TimeBox(args.limitS);
+  const key = (s, i) => `${s}/${i}`;
+
+  if (scenKeys.length) {
+    // Warm-up (not recorded): every code path of every implementation.
+    process.stdout.write('warm-up… ');
+    for (const i of names) {
+      await pointStartClaim(impls[i], 2000, { start: true, claim: true });
+      await pointKeyed(impls[i], CONC, 2000, -1);
+      await pointKeyed(impls[i], DEDUPE, 2000, -1);
+    }
+    console.log('done');
+  }
+
+  for (let si = 0; si < sizes.length && scenKeys.length; si++) {
+    const n = sizes[si];
+    const nextN = sizes[si + 1];
+    const k = n <= 10000 ? smallReps : reps;
+    for (let rep = 0; rep < k; rep++) {
+      const order = rep % 2 === 0 ? names : [...names].reverse();
+      for (const i of order) {
+        const impl = impls[i];
+        const line = [];
+        const rw0 = now();
+        const want = {
+          start: scenKeys.includes('start') && box.allowed(key('start', i), n),
+          claim: scenKeys.includes('claim') && box.allowed(key('claim', i), n),
+        };
+        if (want.start || want.claim) {
+          const r = await pointStartClaim(impl, n, want);
+          for (const s of ['start', 'claim']) {
+            if (!r[s]) continue;
+            (raw[s][i][n] ??= []).push(r[s]);
+            box.record(key(s, i), n, r[s].wallS, nextN);
+            line.push(`${s} ${report.fmtNs(r[s].nsPerOp)}`);
+          }
+        }
+        for (const [s, type] of [
+          ['conc', CONC],
+          ['dedupe', DEDUPE],
+        ]) {
+          if (!scenKeys.includes(s) || !box.allowed(key(s, i), n)) continue;
+          const r = await pointKeyed(impl, type, n, rep);
+          (raw[s][i][n] ??= []).push(r);
+          box.record(key(s, i), n, r.wallS, nextN);
+          line.push(`${s} ${report.fmtNs(r.nsPerOp)}`);
+        }
+        if (line.length) {
+          console.log(`n=${report.fmtN(n).padEnd(4)} rep ${rep + 1}/${k} ${i.padEnd(8)} ${line.join(' | ')}  (${report.fmtS(sec(now() - rw0))})`);
+        }
+      }
+    }
+  }
+
+  for (const s of scenKeys) {
+    for (const i of names) {
+      const points = {};
+      for (const [n, reps_] of Object.entries(raw[s][i])) {
+        const metrics = Object.keys(reps_[0]).filter((m) => typeof reps_[0][m] === 'number' && m !== 'sample' && m !== 'lastWindow');
+        const median = {};
+        for (const m of metrics) median[m] = medianOf(reps_.map((r) => r[m]));
+        points[n] = { reps: reps_, median, sample: reps_[0].sample ?? null };
+      }
+      results.scenarios[s][i] = { points, stopped: box.stopped(key(s, i)) };
+    }
+  }
+
+  if (on('breakdown')) {
+    process.stdout.write('per-call breakdown… ');
+    results.breakdown = await breakdown(impls);
+    console.log('done');
+  }
+
+  if (on('memory')) {
+    results.memory = {};
+    for (const n of memorySizes) {
+      for (const i of names) {
+        process.stdout.write(`memory n=${report.fmtN(n)} ${i}: `);
+        const r = await runMemoryChild(i, n, args.baseline ? [] : ['--no-baseline']);
+        (results.memory[i] ??= {})[n] = r;
+        console.log(r.error ? r.error : `heap ${Math.round(r.heapPerRun)} B/run, external ${Math.round(r.externalPerRun)} B/run, RSS ${Math.round(r.rssPerRun)} B/run`);
+      }
+    }
+  }
+
+  if (on('worker')) {
+    if (fs.existsSync(WORKER_BENCH)) console.log('worker end to end: bench/worker.js');
+    results.worker = await runWorkerBench(args.quick);
+    if (!results.worker.present) console.log('worker end to end: bench/worker.js does not exist, skipped');
+  }
+
+  results.durationS = sec(now() - wall0);
+  results.load.end = os.loadavg();
+  // Another process may rebuild the addon or dist/ during a long run: children started after that load the new build.
+  const endBuild = addonIdentity();
+  if (JSON.stringify(endBuild) !== JSON.stringify(results.machine.addon)) {
+    results.buildChanged = { start: results.machine.addon, end: endBuild };
+    console.log('WARNING: the addon or dist/ changed on disk during this run; child processes (memory, worker) may have measured another build');
+  }
+  results.targets = report.computeTargets(results);
+  const stamp = startedAt.replace(/[:.]/g, '-');
+  const file = path.join(__dirname, `results-${stamp}.json`);
+  fs.writeFileSync(file, `${JSON.stringify(results, null, 2)}\n`);
+
+  console.log(report.consoleSummary(results));
+  console.log(`\nresults: ${path.relative(ROOT, file)} (${report.fmtS(results.durationS)})`);
+  const docs = args.docs ?? !args.quick;
+  if (docs) writeDocs(results, file);
+  else console.log('BENCHMARKS.md and bench/chart.svg left as they are (quick run; pass --docs to update them)');
+}
+
+async function entry() {
+  const args = parseArgs(process.argv.slice(2));
+  if (args.render) {
+    const file = path.resolve(args.render);
+    const results = JSON.parse(fs.readFileSync(file, 'utf8'));
+    console.log(report.consoleSummary(results));
+    writeDocs(results, file);
+    return;
+  }
+  if (typeof global.gc !== 'function') {
+    // Re-run with a callable gc and a heap large enough for 1M baseline rows.
+    const r = spawnSync(process.execPath, ['--expose-gc', `--max-old-space-size=${heapLimitMb()}`, __filename, ...process.argv.slice(2)], { stdio: 'inherit' });
+    process.exit(r.status ?? 1);
+  }
+  if (args.child === 'memory') return childMemory(args.impl, args.n);
+  return main(args);
+}
+
+entry().catch((e) => {
+  console.error(e);
+  process.exit(1);
+});

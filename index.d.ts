@@ -94,6 +94,11 @@ export declare class NativeEngine {
   workerStop(): number
   /** Attempts the worker holds right now. */
   workerInFlight(): number
+  /**
+   * Whether an attempt is still the run's current one (not canceled,
+   * timed out or released since it was claimed).
+   */
+  attemptLive(runId: string, epoch: number): boolean
   /** Puts an interrupted attempt's run back to pending (shutdown). */
   releaseAttempt(runId: string, epoch: number): boolean
   /** Engine time in epoch ms. */

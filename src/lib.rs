@@ -814,6 +814,15 @@ impl NativeEngine {
         worker.map_or(0, |w| w.pools().iter().map(|p| p.in_flight() as u32).sum())
     }
 
+    /// Whether an attempt is still the run's current one (not canceled,
+    /// timed out or released since it was claimed).
+    #[napi(catch_unwind)]
+    pub fn attempt_live(&self, run_id: String, epoch: u32) -> bool {
+        run_id
+            .parse::<RunId>()
+            .is_ok_and(|id| self.engine.attempt_current(&id, epoch))
+    }
+
     /// Puts an interrupted attempt's run back to pending (shutdown).
     #[napi(catch_unwind)]
     pub fn release_attempt(&self, run_id: String, epoch: u32) -> Result<bool> {

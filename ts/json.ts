@@ -31,7 +31,16 @@ export function jsonProblem(value: unknown): string | null {
       case 'object': {
         if (v === null) return null;
         if (v instanceof Date) {
-          return Number.isNaN(v.getTime()) ? `${path} is an invalid Date` : null;
+          // Only a genuine Date with the built-in toJSON (an ISO string).
+          let t = NaN;
+          try {
+            t = Date.prototype.getTime.call(v);
+          } catch {
+            return `${path} is not a genuine Date`;
+          }
+          if (Number.isNaN(t)) return `${path} is an invalid Date`;
+          if ((v as { toJSON?: unknown }).toJSON !== Date.prototype.toJSON) return `${path} is a Date with its own toJSON`;
+          return null;
         }
         if (seen.has(v)) return `${path} is a cyclic reference`;
         if (depth >= MAX_JSON_DEPTH) return `value nests deeper than ${MAX_JSON_DEPTH} levels`;

@@ -270,6 +270,7 @@ class WorkerRuntime {
     private readonly shutdownTimeoutMs: number,
     private readonly stopNative: () => number,
     private readonly release: (runId: string, epoch: number) => boolean,
+    private readonly slotsHeld: () => number,
   ) {}
 
   enter(): void {
@@ -327,6 +328,12 @@ class WorkerRuntime {
           if (this.release(runId, epoch)) this.releasedRuns.add(runId);
           inFlight.get(runId)?.abort('shutdown');
         }
+        await this.drained();
+      }
+      // Batches claimed just before stop() may still be crossing to JS;
+      // they are released on arrival. Wait until the slots are all free.
+      while (this.slotsHeld() > 0) {
+        await new Promise((r) => setTimeout(r, 2));
         await this.drained();
       }
       if (this.keepAlive) clearInterval(this.keepAlive);
@@ -395,8 +402,29 @@ function checkCount(name: string, v: unknown): void {
   }
 }
 
-const tenantGiven = (o: TenantOptions | undefined): boolean =>
-  o !== undefined && o !== null && o.tenantId !== undefined;
+/** Whether a tenant was given; a tenantId that is neither a string nor null is an error. */
+function tenantGiven(o: TenantOptions | undefined): boolean {
+  const t = o === undefined || o === null ? undefined : o.tenantId;
+  checkTenant(t);
+  return t !== undefined;
+}
+
+function checkTenant(t: unknown): void {
+  if (t !== undefined && t !== null && typeof t !== 'string') {
+    throw new JobInputInvalidError(`tenantId must be a string or null, got ${typeof t}`);
+  }
+}
+
+/** A real, valid Date (not a look-alike built on Date.prototype). */
+function dateMs(d: unknown): number | null {
+  if (!(d instanceof Date)) return null;
+  try {
+    const t: unknown = d.getTime(); // throws on a look-alike without a time value
+    return typeof t === 'number' && Number.isFinite(t) ? t : null;
+  } catch {
+    return null;
+  }
+}
 
 function isClass(h: unknown): h is new () => { run(ctx: JobContext<unknown>): unknown } {
   return (
@@ -491,6 +519,16 @@ export class JobOrchestrator {
         if (typeof k === 'string') return k;
         throw new JobInputInvalidError(`${what} key of '${type}' must be a template string or a function`);
       };
+      // JSON would turn NaN/Infinity into null, silently switching a feature off.
+      const finite = (v: unknown, what: string, min: number) => {
+        if (v !== undefined && (typeof v !== 'number' || !Number.isFinite(v) || v < min)) {
+          throw new JobInputInvalidError(`${what} of '${type}' must be a finite number >= ${min}, got ${String(v)}`);
+        }
+      };
+      finite(m.timeoutMs, 'timeoutMs', 1);
+      finite(m.dedupe?.windowMs, 'dedupe.windowMs', 0);
+      finite(m.retry?.attempts, 'retry.attempts', 1);
+      finite(m.retry?.baseMs, 'retry.baseMs', 0);
       if (m.scope !== undefined && (typeof m.scope?.entity !== 'string' || typeof m.scope?.from !== 'function')) {
         throw new JobInputInvalidError(`scope of '${type}' needs entity (string) and from (function)`);
       }
@@ -557,8 +595,8 @@ export class JobOrchestrator {
     }
     const o: Record<string, unknown> = { ...(opts ?? {}) };
     if (opts?.runAt !== undefined) {
-      const t = opts.runAt instanceof Date ? opts.runAt.getTime() : NaN;
-      if (!Number.isFinite(t)) throw new JobInputInvalidError('runAt must be a valid Date');
+      const t = dateMs(opts.runAt);
+      if (t === null) throw new JobInputInvalidError('runAt must be a valid Date');
       o.runAt = t;
     }
     if (opts?.priority !== undefined && !Number.isInteger(opts.priority)) {
@@ -654,8 +692,9 @@ export class JobOrchestrator {
     for (const k of ['startedAt', 'finishedAt'] as const) {
       const d = input[k];
       if (d !== undefined && d !== null) {
-        if (!(d instanceof Date) || Number.isNaN(d.getTime())) throw new JobInputInvalidError(`${k} must be a valid Date`);
-        wire[k] = d.getTime();
+        const t = dateMs(d);
+        if (t === null) throw new JobInputInvalidError(`${k} must be a valid Date`);
+        wire[k] = t;
       }
     }
     for (const k of ['input', 'output'] as const) {
@@ -694,17 +733,17 @@ export class JobOrchestrator {
 
   /** Moves the `runAt` of a scope's pending runs (others untouched); resolves with how many moved. */
   async rescheduleForScope(entityType: string, entityId: string, newRunAt: Date, opts: TenantOptions = {}): Promise<number> {
-    if (!(newRunAt instanceof Date) || Number.isNaN(newRunAt.getTime())) {
-      throw new JobInputInvalidError('newRunAt must be a valid Date');
-    }
+    const newRunAtMs = dateMs(newRunAt);
+    if (newRunAtMs === null) throw new JobInputInvalidError('newRunAt must be a valid Date');
     const o = opts ?? {};
     return call(() =>
-      this.native.rescheduleForScope(tenantGiven(o), o.tenantId ?? null, String(entityType), String(entityId), newRunAt.getTime()),
+      this.native.rescheduleForScope(tenantGiven(o), o.tenantId ?? null, String(entityType), String(entityId), newRunAtMs),
     );
   }
 
   /** Live run counts per pool and status (maintained incrementally). */
   async countByPoolAndStatus(tenantId?: string | null): Promise<PoolStatusCount[]> {
+    checkTenant(tenantId);
     const given = tenantId !== undefined;
     return JSON.parse(call(() => this.native.countByPoolAndStatus(given, tenantId ?? null))) as PoolStatusCount[];
   }
@@ -712,6 +751,7 @@ export class JobOrchestrator {
   /** Failed runs, most recently finished first; limit default 50, max 500. */
   async listRecentFailed(limit?: number, tenantId?: string | null): Promise<JobRun[]> {
     if (limit !== undefined && typeof limit !== 'number') throw new JobInputInvalidError('limit must be a number');
+    checkTenant(tenantId);
     const given = tenantId !== undefined;
     return parseRuns(call(() => this.native.listRecentFailed(given, tenantId ?? null, limit ?? null)));
   }
@@ -726,8 +766,9 @@ export class JobOrchestrator {
     checkCount('limit', o.limit);
     let since: number | undefined;
     if (o.since !== undefined) {
-      if (!(o.since instanceof Date) || Number.isNaN(o.since.getTime())) throw new JobInputInvalidError('since must be a valid Date');
-      since = o.since.getTime();
+      const t = dateMs(o.since);
+      if (t === null) throw new JobInputInvalidError('since must be a valid Date');
+      since = t;
     }
     const q = { poolId: o.poolId, rootRunId: o.rootRunId, status: o.status, since, cursor: o.cursor, limit: o.limit };
     const page = JSON.parse(call(() => this.native.listJobRuns(tenantGiven(o), o.tenantId ?? null, JSON.stringify(q)))) as {
@@ -830,6 +871,11 @@ export class JobOrchestrator {
     if (o.timeoutMs !== undefined && !(typeof o.timeoutMs === 'number' && o.timeoutMs >= 0)) {
       throw new JobInputInvalidError('timeoutMs must be a non-negative number');
     }
+    // Waiters are keyed by the canonical id (ids parse as UUIDs in any spelling).
+    const found = await this.findById(runId, o);
+    if (!found) throw new JobRunNotFoundError(String(runId));
+    if (TERMINAL.has(found.status)) return found;
+    runId = found.id;
     let resolveFn!: (run: JobRun) => void;
     const done = new Promise<JobRun>((resolve) => (resolveFn = resolve));
     // Listen before looking, so a transition in between is not missed.
@@ -917,8 +963,11 @@ export class JobOrchestrator {
     if (typeof shutdownTimeoutMs !== 'number' || !(shutdownTimeoutMs >= 0)) {
       throw new JobInputInvalidError('shutdownTimeoutMs must be a non-negative number');
     }
-    const runtime = new WorkerRuntime(shutdownTimeoutMs, () => this.native.workerStop(), (id, epoch) =>
-      this.native.releaseAttempt(id, epoch),
+    const runtime = new WorkerRuntime(
+      shutdownTimeoutMs,
+      () => this.native.workerStop(),
+      (id, epoch) => this.native.releaseAttempt(id, epoch),
+      () => this.native.workerInFlight(),
     );
     call(() => this.native.startWorker(JSON.stringify(pools), (json) => this.onWorkerBatch(runtime, json)));
     this.worker = runtime;
@@ -934,24 +983,35 @@ export class JobOrchestrator {
         console.error('jobforge: unreadable worker ticket', e);
         continue;
       }
-      void this.workerLoop(runtime, ticket);
+      if (!runtime.running) {
+        // Claimed just before stop(): back to pending, slot freed.
+        this.native.releaseAttempt(ticket.id, ticket.epoch);
+        this.native.workerFinish(ticket.id, ticket.epoch, null, ticket.pool);
+        continue;
+      }
+      void this.workerLoop(runtime, ticket, true);
     }
   }
 
   /** One slot of the worker: runs a ticket, reports it, continues with the next. */
-  private async workerLoop(runtime: WorkerRuntime, first: Ticket): Promise<void> {
+  private async workerLoop(runtime: WorkerRuntime, first: Ticket, fromScheduler: boolean): Promise<void> {
     runtime.enter();
     let ticket: Ticket | null = first;
+    // A ticket from the scheduler crossed threads: the run may have been
+    // canceled while it was queued. A continuation ticket was claimed in
+    // the same synchronous call that hands it over, so it cannot have been.
+    let check = fromScheduler;
     try {
       while (ticket) {
         const { id, epoch } = ticket;
         runtime.track(id, epoch);
         let outcome: Outcome | null;
         try {
-          outcome = await this.attempt(ticket);
+          outcome = await this.attempt(ticket, check);
         } catch (e) {
           outcome = failedOutcome(e);
         }
+        check = false;
         runtime.untrack(id);
         if (runtime.released(id)) outcome = null; // put back to pending by stop()
         let reply = '0';
@@ -999,9 +1059,11 @@ export class JobOrchestrator {
   }
 
   /** Runs the handler racing the attempt's timeout and a cancel; null = canceled. */
-  private async attempt(ticket: Ticket): Promise<Outcome | null> {
+  private async attempt(ticket: Ticket, checkLive = false): Promise<Outcome | null> {
     const attempt = new Attempt();
     this.inFlight.set(ticket.id, attempt);
+    // Registered first, so a cancel from now on reaches this attempt.
+    if (checkLive && !this.native.attemptLive(ticket.id, ticket.epoch)) return null;
     const canceled = new Promise<null>((resolve) => {
       attempt.onAbort = () => resolve(null);
     });

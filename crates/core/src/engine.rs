@@ -956,6 +956,17 @@ impl<S: Store> Engine<S> {
             .flatten()
     }
 
+    /// Whether `epoch` is still the running attempt of the run. O(1).
+    pub fn attempt_current(&self, run_id: &RunId, epoch: u32) -> bool {
+        self.store
+            .transaction(|tx| {
+                Ok(tx
+                    .run(run_id)
+                    .is_some_and(|r| r.status == RunStatus::Running && r.claim_epoch == epoch))
+            })
+            .unwrap_or(false)
+    }
+
     /// Puts a run whose attempt was interrupted by a shutdown back to
     /// `pending` (attempts unchanged, due now, still its lane's head).
     /// Returns whether it was released. O(log n).

@@ -20,8 +20,10 @@
 //!    non-`abandon` edges (computed from the rows' parent links).
 //! 6. `claim_next` returns the highest priority, then earliest runAt, then
 //!    earliest created claimable due run, or nothing when there is none.
+//! 7. With retention on, a run disappears only when it is terminal and its
+//!    retention has elapsed since `finishedAt`.
 
-use jobforge_core::engine::{JobRunQuery, ScopeQuery, StepBegin};
+use jobforge_core::engine::{JobRunQuery, Retention, ScopeQuery, StepBegin};
 use jobforge_core::*;
 use proptest::prelude::*;
 use proptest::sample::{select, Index};
@@ -170,12 +172,16 @@ enum Op {
         cfg: DefCfg,
     },
     Start(Box<StartOp>),
+    /// With `catch_up`, time first moves to the earliest runAt of the
+    /// pool's pending runs (when that is in the future).
     Claim {
         pool: PoolPick,
+        catch_up: bool,
     },
     ClaimBatch {
         pool: PoolPick,
         max: usize,
+        catch_up: bool,
     },
     Begin {
         pick: Index,
@@ -445,8 +451,10 @@ fn op(p: Profile) -> impl Strategy<Value = Op> {
     prop_oneof![
         1 => (0usize..TYPES.len(), def_cfg(p)).prop_map(|(ty, cfg)| Op::Register { ty, cfg }),
         p.start => start_op(p).prop_map(|s| Op::Start(Box::new(s))),
-        p.claim => pool().prop_map(|pool| Op::Claim { pool }),
-        2 => (pool(), 1usize..=3).prop_map(|(pool, max)| Op::ClaimBatch { pool, max }),
+        p.claim => (pool(), prop::bool::weighted(0.3))
+            .prop_map(|(pool, catch_up)| Op::Claim { pool, catch_up }),
+        2 => (pool(), 1usize..=3, prop::bool::weighted(0.3))
+            .prop_map(|(pool, max, catch_up)| Op::ClaimBatch { pool, max, catch_up }),
         1 => (any::<Index>(), prefer(Prefer::Running))
             .prop_map(|(pick, prefer)| Op::Begin { pick, prefer }),
         p.finish => (
@@ -545,6 +553,9 @@ struct Harness {
     op_no: usize,
     /// How often each interesting situation occurred (generator coverage).
     stats: BTreeMap<&'static str, u64>,
+    retention: Retention,
+    /// Runs deleted by retention.
+    purged: HashSet<RunId>,
 }
 
 fn backoff(p: &RetryPolicy, attempts: u32) -> i64 {
@@ -563,12 +574,13 @@ fn code<T>(r: &Result<T>) -> Option<&'static str> {
 }
 
 impl Harness {
-    fn new(mt: bool, defs: Vec<DefCfg>) -> Self {
+    fn new(mt: bool, defs: Vec<DefCfg>, retention: Retention) -> Self {
         let e = Engine::new(
             MemoryStore::new(),
             EngineOptions {
                 multi_tenant: mt,
                 clock: ClockKind::Manual,
+                retention,
             },
         );
         for (i, d) in defs.iter().enumerate() {
@@ -586,6 +598,8 @@ impl Harness {
             steps: HashMap::new(),
             op_no: 0,
             stats: BTreeMap::new(),
+            retention,
+            purged: HashSet::new(),
         }
     }
 
@@ -619,17 +633,99 @@ impl Harness {
         &self.defs[i]
     }
 
-    fn rows(&self) -> std::result::Result<Vec<RunRow>, String> {
+    /// Every known run, `None` where it no longer exists.
+    fn fetch(&self) -> std::result::Result<Vec<Option<RunRow>>, String> {
         self.ids
             .iter()
             .map(|id| {
                 let t = self.tenant[id].clone();
                 self.e
                     .find_by_id(&id.to_string(), &self.targ(t.as_deref()))
-                    .map_err(|e| format!("find_by_id({id}): {e}"))?
-                    .ok_or_else(|| format!("run {id} vanished"))
+                    .map_err(|e| format!("find_by_id({id}): {e}"))
             })
             .collect()
+    }
+
+    fn rows(&self) -> std::result::Result<Vec<RunRow>, String> {
+        self.fetch()?
+            .into_iter()
+            .zip(&self.ids)
+            .map(|(r, id)| r.ok_or_else(|| format!("run {id} vanished")))
+            .collect()
+    }
+
+    fn retention_of(&self, status: RunStatus) -> Option<i64> {
+        if status == RunStatus::Completed {
+            self.retention.completed_ms
+        } else {
+            self.retention.failed_ms
+        }
+    }
+
+    /// Runs that vanished during an operation: each must have been terminal
+    /// (before it or through it) with its retention elapsed at `now`. They
+    /// are then forgotten, and `before` and `exp` forget them too.
+    fn take_purged(
+        &mut self,
+        before: &mut Vec<RunRow>,
+        after: Vec<Option<RunRow>>,
+        exp: &mut Expect,
+        now: Millis,
+    ) -> std::result::Result<Vec<RunRow>, String> {
+        let mut gone = HashSet::new();
+        for (i, a) in after.iter().enumerate() {
+            if a.is_some() {
+                continue;
+            }
+            let id = self.ids[i];
+            ensure!(i < before.len(), "run {id} vanished as it was created");
+            let b = &before[i];
+            // (status, finishedAt) the run had when it was deleted.
+            let ended = match exp.changes.get(&id) {
+                None if b.status.is_terminal() => Some((b.status, b.finished_at)),
+                Some(Change::End { status, .. }) => Some((*status, Some(now))),
+                Some(Change::Cancel) => Some((RunStatus::Canceled, Some(now))),
+                _ => None,
+            };
+            let ok = ended.is_some_and(|(status, finished)| {
+                self.retention_of(status)
+                    .zip(finished)
+                    .is_some_and(|(ms, at)| at <= now - ms)
+            });
+            ensure!(
+                ok,
+                "run {id} was deleted but is not a terminal run past its retention \
+                 ({:?}, {:?}): {}",
+                self.retention,
+                exp.changes.get(&id),
+                b.to_json()
+            );
+            if before.iter().any(|c| c.parent_run_id == Some(id)) {
+                self.note("purged a parent");
+            }
+            self.note("purged a run");
+            gone.insert(id);
+        }
+        if gone.is_empty() {
+            return Ok(after.into_iter().flatten().collect());
+        }
+        before.retain(|r| !gone.contains(&r.id));
+        self.ids.retain(|id| !gone.contains(id));
+        self.pos = self
+            .ids
+            .iter()
+            .enumerate()
+            .map(|(i, id)| (*id, i))
+            .collect();
+        for id in &gone {
+            self.tenant.remove(id);
+            self.lane_order.remove(id);
+            self.steps.remove(id);
+            exp.changes.remove(id);
+            exp.steps_touched.remove(id);
+        }
+        self.purged.extend(gone);
+        Ok(after.into_iter().flatten().collect())
     }
 
     fn steps_of(&self, id: &RunId) -> Vec<StepRow> {
@@ -785,6 +881,28 @@ impl Harness {
 
     fn apply(&mut self, op: &Op) -> Check {
         self.op_no += 1;
+        if let Op::Claim {
+            pool,
+            catch_up: true,
+        }
+        | Op::ClaimBatch {
+            pool,
+            catch_up: true,
+            ..
+        } = op
+        {
+            let rows = self.rows()?;
+            let pool = self.pool(&rows, pool);
+            let now = self.e.now();
+            let due = rows
+                .iter()
+                .filter(|r| *r.pool == *pool && r.status == RunStatus::Pending)
+                .map(|r| r.run_at)
+                .min();
+            if let Some(t) = due.filter(|t| *t > now) {
+                self.e.advance_time(t - now);
+            }
+        }
         let before = self.rows()?;
         let now = self.e.now();
         let mut exp = Expect::default();
@@ -796,7 +914,7 @@ impl Harness {
                 self.defs[*ty] = cfg.clone();
             }
             Op::Start(s) => self.op_start(s, &before, now, &mut exp)?,
-            Op::Claim { pool } => {
+            Op::Claim { pool, .. } => {
                 let pool = &self.pool(&before, pool);
                 let expected = self.expected_claims(&before, pool, now);
                 let got = self
@@ -810,7 +928,7 @@ impl Harness {
                 if got.is_none()
                     && before
                         .iter()
-                        .any(|r| &*r.pool == *pool && r.status == RunStatus::Pending)
+                        .any(|r| *r.pool == **pool && r.status == RunStatus::Pending)
                 {
                     self.note("claim found nothing though runs are pending");
                 }
@@ -824,7 +942,7 @@ impl Harness {
                     exp.add(r.id, Change::Claim)?;
                 }
             }
-            Op::ClaimBatch { pool, max } => {
+            Op::ClaimBatch { pool, max, .. } => {
                 let pool = &self.pool(&before, pool);
                 let expected = self.expected_claims(&before, pool, now);
                 let tickets = self
@@ -1039,7 +1157,9 @@ impl Harness {
                 ensure!(t == Some(now + ms), "advance_time returned {t:?}");
             }
         }
-        let after = self.rows()?;
+        let mut before = before;
+        let fetched = self.fetch()?;
+        let after = self.take_purged(&mut before, fetched, &mut exp, now)?;
         self.check_transitions(&before, &after, &exp, now)?;
         self.check_steps(&exp)?;
         self.check_state(&after)
@@ -1783,6 +1903,7 @@ impl Harness {
             );
             match r.parent_run_id {
                 None => ensure!(r.root_run_id == r.id, "root run {} has another root", r.id),
+                Some(p) if self.purged.contains(&p) => {}
                 Some(p) => {
                     let pi = self.pos[&p];
                     ensure!(pi < i, "parent created after child");
@@ -2016,6 +2137,14 @@ impl Harness {
 
 type Stats = BTreeMap<&'static str, u64>;
 
+fn retention() -> impl Strategy<Value = Retention> {
+    let ms = || select(vec![None, Some(0i64), Some(15)]);
+    (ms(), ms()).prop_map(|(completed_ms, failed_ms)| Retention {
+        completed_ms,
+        failed_ms,
+    })
+}
+
 /// Definitions and operations of one case under a profile.
 fn case_with(p: Profile) -> impl Strategy<Value = (Vec<DefCfg>, Vec<Op>)> {
     (
@@ -2029,19 +2158,33 @@ fn case() -> impl Strategy<Value = (Vec<DefCfg>, Vec<Op>)> {
     prop_oneof![case_with(BALANCED), case_with(TREES), case_with(LANES)]
 }
 
-fn run_case(mt: bool, defs: Vec<DefCfg>, ops: &[Op]) -> std::result::Result<Stats, String> {
-    let mut h = Harness::new(mt, defs);
-    h.check_state(&[])?;
+/// Runs one case; returns the situations it reached and the first broken
+/// invariant, if any.
+fn run_case_stats(mt: bool, retention: Retention, defs: Vec<DefCfg>, ops: &[Op]) -> (Stats, Check) {
+    let mut h = Harness::new(mt, defs, retention);
+    let mut result = h.check_state(&[]);
     for (i, op) in ops.iter().enumerate() {
-        h.apply(op)
-            .map_err(|e| format!("after op #{i} {op:?}:\n{e}"))?;
+        if result.is_err() {
+            break;
+        }
+        result = h
+            .apply(op)
+            .map_err(|e| format!("after op #{i} {op:?}:\n{e}"));
     }
-    Ok(h.stats)
+    (h.stats, result)
 }
 
+fn run_case(mt: bool, retention: Retention, defs: Vec<DefCfg>, ops: &[Op]) -> Check {
+    run_case_stats(mt, retention, defs, ops).1
+}
+
+/// 256 cases per property; `PROPTEST_CASES` overrides for a deeper run.
 fn config() -> ProptestConfig {
     ProptestConfig {
-        cases: 256,
+        cases: std::env::var("PROPTEST_CASES")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(256),
         failure_persistence: None,
         ..ProptestConfig::default()
     }
@@ -2052,26 +2195,37 @@ proptest! {
 
     #[test]
     fn random_sequences_keep_invariants_single_tenant((defs, ops) in case()) {
-        run_case(false, defs, &ops).map_err(TestCaseError::fail)?;
+        run_case(false, Retention::default(), defs, &ops).map_err(TestCaseError::fail)?;
     }
 
     #[test]
     fn random_sequences_keep_invariants_multi_tenant((defs, ops) in case()) {
-        run_case(true, defs, &ops).map_err(TestCaseError::fail)?;
+        run_case(true, Retention::default(), defs, &ops).map_err(TestCaseError::fail)?;
     }
 
     /// Deep trees, cancels and failures: every cascade cancels exactly the
     /// live descendants reachable through non-`abandon` edges.
     #[test]
     fn cascade_heavy_sequences_keep_invariants(mt in any::<bool>(), (defs, ops) in case_with(TREES)) {
-        run_case(mt, defs, &ops).map_err(TestCaseError::fail)?;
+        run_case(mt, Retention::default(), defs, &ops).map_err(TestCaseError::fail)?;
+    }
+
+    /// Terminal runs deleted by retention (slots reused): indexes, lanes,
+    /// cascades and queries stay right, and nothing live is ever deleted.
+    #[test]
+    fn retention_sequences_keep_invariants(
+        mt in any::<bool>(),
+        retention in retention(),
+        (defs, ops) in case(),
+    ) {
+        run_case(mt, retention, defs, &ops).map_err(TestCaseError::fail)?;
     }
 
     /// Shared lanes, claims and completions: one running run per lane, in
     /// start/rejoin order.
     #[test]
     fn lane_heavy_sequences_keep_invariants(mt in any::<bool>(), (defs, ops) in case_with(LANES)) {
-        run_case(mt, defs, &ops).map_err(TestCaseError::fail)?;
+        run_case(mt, Retention::default(), defs, &ops).map_err(TestCaseError::fail)?;
     }
 }
 
@@ -2085,9 +2239,19 @@ fn generator_reaches_interesting_states() {
     let mut runner = TestRunner::deterministic();
     let strategy = (any::<bool>(), case());
     let mut total = Stats::new();
-    for _ in 0..200 {
+    for _ in 0..300 {
         let (mt, (defs, ops)) = strategy.new_tree(&mut runner).unwrap().current();
-        let stats = run_case(mt, defs, &ops).unwrap();
+        // Broken invariants are the properties' business; this test only
+        // counts what the generator reaches.
+        let (stats, _) = run_case_stats(mt, Retention::default(), defs, &ops);
+        for (k, v) in stats {
+            *total.entry(k).or_default() += v;
+        }
+    }
+    let strategy = (any::<bool>(), retention(), case());
+    for _ in 0..50 {
+        let (mt, retention, (defs, ops)) = strategy.new_tree(&mut runner).unwrap().current();
+        let (stats, _) = run_case_stats(mt, retention, defs, &ops);
         for (k, v) in stats {
             *total.entry(k).or_default() += v;
         }
@@ -2115,6 +2279,8 @@ fn generator_reaches_interesting_states() {
         "replayed a lane run",
         "replay kept memoized steps",
         "step memoized",
+        "purged a run",
+        "purged a parent",
         "JOB_COLLISION",
         "JOB_TEMPLATE_FIELD_MISSING",
         "MISSING_TENANT_ID",
@@ -2125,4 +2291,96 @@ fn generator_reaches_interesting_states() {
             "the generator never produced: {what} ({total:#?})"
         );
     }
+}
+
+// ── shrunk cases of failures found by the properties ─────────────────
+
+/// Shrunk from `retention_sequences_keep_invariants`: a run purged by
+/// retention leaves an empty per-tenant / per-pool set behind in the query
+/// index, which `verify_indexes` (rightly or not) reports as a difference
+/// from the rows. Either the purge must drop emptied sets or the check must
+/// ignore empty ones; the two disagree today.
+#[test]
+fn retention_purge_leaves_indexes_matching_the_rows() {
+    let e = Engine::new(
+        MemoryStore::new(),
+        EngineOptions {
+            multi_tenant: false,
+            clock: ClockKind::Manual,
+            retention: Retention {
+                completed_ms: Some(0),
+                failed_ms: None,
+            },
+        },
+    );
+    e.register(DefinitionSpec {
+        job_type: "t".into(),
+        ..DefinitionSpec::default()
+    })
+    .unwrap();
+    e.start(StartRequest {
+        job_type: "t".into(),
+        input: raw("{}"),
+        ..StartRequest::default()
+    })
+    .unwrap();
+    let c = e.claim_next("batch").unwrap().unwrap();
+    e.finish_attempt(&c.id, c.claim_epoch, AttemptOutcome::Completed(None))
+        .unwrap();
+    assert!(
+        e.find_by_id(&c.id.to_string(), &TenantArg::Missing)
+            .unwrap()
+            .is_none(),
+        "completed run with 0 ms retention is purged"
+    );
+    e.store().verify_indexes().unwrap();
+}
+
+/// Shrunk from `retention_sequences_keep_invariants` (found once the empty
+/// set mismatch above is patched out locally): a run canceled at instant T
+/// leaves a "failed/canceled" retention entry `(T, slot, seq)`. Replayed and
+/// completed at the same instant T, the run matches that stale entry again
+/// (same seq, terminal, same finishedAt), so it is purged under the
+/// *canceled* retention although completed runs are kept forever.
+#[test]
+fn retention_never_deletes_a_run_under_another_status_class() {
+    let e = Engine::new(
+        MemoryStore::new(),
+        EngineOptions {
+            multi_tenant: false,
+            clock: ClockKind::Manual,
+            retention: Retention {
+                completed_ms: None,
+                failed_ms: Some(15),
+            },
+        },
+    );
+    e.register(DefinitionSpec {
+        job_type: "t".into(),
+        ..DefinitionSpec::default()
+    })
+    .unwrap();
+    let start = || {
+        e.start(StartRequest {
+            job_type: "t".into(),
+            input: raw("{}"),
+            ..StartRequest::default()
+        })
+        .unwrap()
+    };
+    let run = start();
+    let id = run.id.to_string();
+    e.cancel(&id, true, &TenantArg::Missing).unwrap();
+    e.replay(&id).unwrap();
+    let c = e.claim_next("batch").unwrap().unwrap();
+    assert_eq!(c.id, run.id);
+    e.finish_attempt(&c.id, c.claim_epoch, AttemptOutcome::Completed(None))
+        .unwrap();
+    e.advance_time(15);
+    start(); // any transition runs the purge
+    let row = e.find_by_id(&id, &TenantArg::Missing).unwrap();
+    assert!(
+        row.is_some_and(|r| r.status == RunStatus::Completed),
+        "a completed run was deleted although completed runs are kept forever"
+    );
 }

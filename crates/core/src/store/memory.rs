@@ -156,9 +156,16 @@ impl MemoryState {
         let q = &mut self.q;
         if let Some(set) = q.by_tenant.get_mut(&t) {
             set.remove(&key);
+            if set.is_empty() {
+                q.by_tenant.remove(&t);
+            }
         }
-        if let Some(set) = q.by_pool.get_mut(&(t.clone(), pool.clone())) {
+        let pool_key = (t.clone(), pool.clone());
+        if let Some(set) = q.by_pool.get_mut(&pool_key) {
             set.remove(&key);
+            if set.is_empty() {
+                q.by_pool.remove(&pool_key);
+            }
         }
         if let Some(set) = q.by_status.get_mut(&(t.clone(), status)) {
             set.remove(&key);
@@ -753,9 +760,13 @@ impl StoreTx for MemoryTx<'_> {
                 s.finished[class].pop_front();
                 // Skip entries made stale by a replay (or a reused slot).
                 let r = &s.runs[h as usize];
+                // Same run, still terminal, same finish, and still of this
+                // class (a canceled run replayed and completed at the same
+                // instant must not be purged under the failed retention).
                 let live = r.seq == seq
                     && s.ids.get(&r.id) == Some(&h)
                     && r.status.is_terminal()
+                    && usize::from(r.status != RunStatus::Completed) == class
                     && r.finished_at.unwrap_or(r.updated_at) == at;
                 if live {
                     s.purge(h);

@@ -585,7 +585,7 @@ impl<S: Store> Engine<S> {
             scope_entity_type,
             scope_entity_id,
             tenant_id: tenant,
-            tags: req.tags.unwrap_or_else(empty_object),
+            tags: req.tags.filter(|t| t.get() != "{}"),
             pool: match req.pool {
                 Some(p) => Arc::from(p.as_str()),
                 None => def.pool.clone(),

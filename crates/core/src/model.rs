@@ -3,6 +3,7 @@
 //! the TS layer only turns the millisecond fields into `Date`s.
 
 use crate::template::KeyTemplate;
+use serde::ser::SerializeMap;
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 use std::sync::Arc;
@@ -208,7 +209,9 @@ pub struct RunRow {
     pub scope_entity_type: Option<Box<str>>,
     pub scope_entity_id: Option<Box<str>>,
     pub tenant_id: Option<Arc<str>>,
-    pub tags: Box<RawValue>,
+    /// `None` = `{}` (most runs have no tags: no allocation for them).
+    #[serde(serialize_with = "ser_tags")]
+    pub tags: Option<Box<RawValue>>,
     pub pool: Arc<str>,
     pub priority: i32,
     pub concurrency_key: Option<Box<str>>,
@@ -246,6 +249,21 @@ pub struct RunRow {
     /// True while a `tick` is executing the current claim.
     #[serde(skip)]
     pub executing: bool,
+}
+
+fn ser_tags<S: serde::Serializer>(t: &Option<Box<RawValue>>, s: S) -> Result<S::Ok, S::Error> {
+    TagsRef(t).serialize(s)
+}
+
+struct TagsRef<'a>(&'a Option<Box<RawValue>>);
+
+impl Serialize for TagsRef<'_> {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        match self.0 {
+            Some(t) => t.serialize(s),
+            None => s.serialize_map(Some(0))?.end(),
+        }
+    }
 }
 
 fn ser_null<S: serde::Serializer>(_: &(), s: S) -> Result<S::Ok, S::Error> {
@@ -315,7 +333,7 @@ impl Serialize for CompactRow<'_> {
         q.serialize_element(&r.scope_entity_type)?;
         q.serialize_element(&r.scope_entity_id)?;
         q.serialize_element(&r.tenant_id)?;
-        q.serialize_element(&r.tags)?;
+        q.serialize_element(&TagsRef(&r.tags))?;
         q.serialize_element(&*r.pool)?;
         q.serialize_element(&r.priority)?;
         q.serialize_element(&r.concurrency_key)?;

@@ -1690,7 +1690,7 @@ impl Harness {
                 && b.scope_entity_type == a.scope_entity_type
                 && b.scope_entity_id == a.scope_entity_id
                 && b.tenant_id == a.tenant_id
-                && b.tags.get() == a.tags.get()
+                && b.tags.as_ref().map(|t| t.get()) == a.tags.as_ref().map(|t| t.get())
                 && b.pool == a.pool
                 && b.priority == a.priority
                 && b.concurrency_key == a.concurrency_key

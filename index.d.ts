@@ -90,6 +90,11 @@ export declare class NativeEngine {
    * that run's ticket, if any.
    */
   workerFinish(runId: string, epoch: number, outcomeJson: string | undefined | null, pool: string): string
+  /**
+   * Claims into the worker's free slots from the JS thread (after a
+   * start): tickets one per line, or an empty string.
+   */
+  workerFill(): string
   /** Stops claiming; in-flight attempts go on. Returns how many are in flight. */
   workerStop(): number
   /** Attempts the worker holds right now. */

@@ -366,10 +366,21 @@ test('a run canceled between claim and hand-off to JS is not executed (or starts
     calls++;
     const row = await o.findById(ctx.run.id); // read synchronously at entry
     if (row!.status !== 'running' && !ctx.signal.aborted) staleUnaborted++;
+    // A live attempt ends when it returns or when its signal fires (a
+    // canceled handler's code may go on, but its run no longer holds the
+    // lane): count overlaps among live attempts only.
     active++;
     if (active > 1) overlaps++;
+    let left = false;
+    const leave = () => {
+      if (!left) {
+        left = true;
+        active--;
+      }
+    };
+    ctx.signal.addEventListener('abort', leave);
     await new Promise((r) => setImmediate(r));
-    active--;
+    leave();
     return {};
   });
   startW(t, o, { pools: { batch: { concurrency: 8 } } });

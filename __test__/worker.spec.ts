@@ -883,9 +883,13 @@ test('bad pool options → JobInputInvalidError, and no worker is left running',
 test('stop() lets in-flight handlers finish within shutdownTimeoutMs and stops claiming', async (t) => {
   const o = system();
   const signals: AbortSignal[] = [];
+  // A gate, not a sleep: on a loaded machine a 100 ms handler could finish
+  // before the scheduler thread delivers the second claimed attempt.
+  let release!: () => void;
+  const gate = new Promise<void>((r) => (release = r));
   o.registerHandler('slow', {}, async (ctx) => {
     signals.push(ctx.signal);
-    await realSleep(100);
+    await gate;
     return { done: true };
   });
   const w = o.startWorker({ pools: { batch: { concurrency: 2 } }, shutdownTimeoutMs: 3000 });
@@ -896,6 +900,7 @@ test('stop() lets in-flight handlers finish within shutdownTimeoutMs and stops c
   await waitFor(() => signals.length === 2, 'two attempts in flight');
   t.is(w.inFlight, 2);
   const t0 = Date.now();
+  setTimeout(release, 100);
   await w.stop();
   const took = Date.now() - t0;
   t.false(w.running);

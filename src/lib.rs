@@ -797,6 +797,22 @@ impl NativeEngine {
         Ok(out)
     }
 
+    /// Claims into the worker's free slots from the JS thread (after a
+    /// start): tickets one per line, or an empty string.
+    #[napi(catch_unwind)]
+    pub fn worker_fill(&self) -> Result<String> {
+        let worker = self.worker.lock().ok().and_then(|w| w.clone());
+        let Some(w) = worker else {
+            return Ok(String::new());
+        };
+        let tickets = w.fill().map_err(to_napi)?;
+        Ok(tickets
+            .iter()
+            .map(ticket_json)
+            .collect::<Vec<_>>()
+            .join("\n"))
+    }
+
     /// Stops claiming; in-flight attempts go on. Returns how many are in flight.
     #[napi(catch_unwind)]
     pub fn worker_stop(&self) -> u32 {

@@ -10,7 +10,9 @@ export const MAX_JSON_DEPTH = 1000;
 
 /** Returns why `value` is not a JSON value, or null when it is. */
 export function jsonProblem(value: unknown): string | null {
-  const seen = new Set<object>();
+  // The containers on the current path (cycle check): a plain stack is
+  // cheaper than a Set for the shallow values jobs usually carry.
+  const seen: object[] = [];
   let depth = 0;
   const walk = (v: unknown, path: string): string | null => {
     switch (typeof v) {
@@ -42,7 +44,7 @@ export function jsonProblem(value: unknown): string | null {
           if ((v as { toJSON?: unknown }).toJSON !== Date.prototype.toJSON) return `${path} is a Date with its own toJSON`;
           return null;
         }
-        if (seen.has(v)) return `${path} is a cyclic reference`;
+        if (seen.includes(v)) return `${path} is a cyclic reference`;
         if (depth >= MAX_JSON_DEPTH) return `value nests deeper than ${MAX_JSON_DEPTH} levels`;
         const proto = Object.getPrototypeOf(v);
         const isArray = Array.isArray(v);
@@ -50,7 +52,7 @@ export function jsonProblem(value: unknown): string | null {
           const name = (v as object).constructor?.name ?? 'object';
           return `${path} is a ${name} instance, not a plain object`;
         }
-        seen.add(v);
+        seen.push(v);
         depth++;
         if (isArray) {
           const a = v as unknown[];
@@ -64,7 +66,7 @@ export function jsonProblem(value: unknown): string | null {
             if (p) return p;
           }
         }
-        seen.delete(v);
+        seen.pop();
         depth--;
         return null;
       }

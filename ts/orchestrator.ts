@@ -175,6 +175,7 @@ const failedOutcome = (err: unknown): Outcome => ({
   text: JSON.stringify({ status: 'failed', error: describeFailure(err) }),
 });
 const NO_HANDLER: Outcome = { status: 'no_handler', text: '{"status":"no_handler"}' };
+const COMPLETED_EMPTY: Outcome = { status: 'completed', text: '{"status":"completed","output":{}}' };
 
 interface ManualTimer {
   deadline: number;
@@ -267,6 +268,7 @@ class WorkerRuntime {
   private keepAlive: NodeJS.Timeout | null = setInterval(() => undefined, 0x7fffffff);
 
   constructor(
+    private readonly capacity: number,
     private readonly shutdownTimeoutMs: number,
     private readonly stopNative: () => number,
     private readonly release: (runId: string, epoch: number) => boolean,
@@ -275,6 +277,11 @@ class WorkerRuntime {
 
   enter(): void {
     this.active++;
+  }
+
+  /** Fewer JS loops than slots (a hint: batches in transit are not counted). */
+  hasIdleSlot(): boolean {
+    return this.active < this.capacity;
   }
 
   leave(): void {
@@ -587,7 +594,9 @@ export class JobOrchestrator {
         (reg.meta.scope !== undefined && opts?.scope === undefined));
     if (opts === undefined && !needsJs) {
       const json = call(() => this.native.start(type, inputText, null));
-      this.afterMutation();
+      // Only a 'replace' collision can cancel (and so abort or report) runs.
+      if (reg?.meta.concurrency?.collisionMode === 'replace') this.afterMutation();
+      this.feedWorker();
       return parseRun(json);
     }
     if (opts !== undefined && (opts === null || typeof opts !== 'object')) {
@@ -623,7 +632,8 @@ export class JobOrchestrator {
       }
     }
     const json = call(() => this.native.start(type, inputText, JSON.stringify(o)));
-    this.afterMutation();
+    if (reg?.meta.concurrency?.collisionMode === 'replace') this.afterMutation();
+    this.feedWorker();
     return parseRun(json);
   }
 
@@ -964,6 +974,7 @@ export class JobOrchestrator {
       throw new JobInputInvalidError('shutdownTimeoutMs must be a non-negative number');
     }
     const runtime = new WorkerRuntime(
+      pools.reduce((sum, p) => sum + p.concurrency, 0),
       shutdownTimeoutMs,
       () => this.native.workerStop(),
       (id, epoch) => this.native.releaseAttempt(id, epoch),
@@ -972,6 +983,18 @@ export class JobOrchestrator {
     call(() => this.native.startWorker(JSON.stringify(pools), (json) => this.onWorkerBatch(runtime, json)));
     this.worker = runtime;
     return runtime.handle(this.inFlight);
+  }
+
+  /**
+   * After a start: if the worker has idle slots, claim into them here on
+   * the JS thread instead of waiting for the scheduler's thread hand-off.
+   */
+  private feedWorker(): void {
+    const rt = this.worker;
+    if (!rt || !rt.running || !rt.hasIdleSlot()) return;
+    const lines = this.native.workerFill();
+    if (lines.length === 0) return;
+    for (const line of lines.split('\n')) void this.workerLoop(rt, new Ticket(line), false);
   }
 
   private onWorkerBatch(runtime: WorkerRuntime, lines: string): void {
@@ -1064,13 +1087,22 @@ export class JobOrchestrator {
     this.inFlight.set(ticket.id, attempt);
     // Registered first, so a cancel from now on reaches this attempt.
     if (checkLive && !this.native.attemptLive(ticket.id, ticket.epoch)) return null;
+    const { timeoutMs } = ticket;
+    if (timeoutMs === null) {
+      // The common case: race the handler against a cancel with one promise.
+      return new Promise<Outcome | null>((resolve) => {
+        attempt.onAbort = () => resolve(null);
+        this.execute(ticket, attempt).then(resolve, (e) => resolve(failedOutcome(e)));
+      }).finally(() => {
+        attempt.onAbort = undefined;
+      });
+    }
     const canceled = new Promise<null>((resolve) => {
       attempt.onAbort = () => resolve(null);
     });
-    const { timeoutMs } = ticket;
-    const timer = timeoutMs === null ? null : this.sleep(timeoutMs);
+    const timer = this.sleep(timeoutMs);
     const racers: Promise<Outcome | null>[] = [this.execute(ticket, attempt), canceled];
-    if (timer && timeoutMs !== null) {
+    {
       racers.push(
         timer.promise.then((): Outcome => ({ status: 'timed_out', text: `{"status":"timed_out","timeoutMs":${timeoutMs}}` })),
       );
@@ -1078,7 +1110,7 @@ export class JobOrchestrator {
     try {
       return await Promise.race(racers);
     } finally {
-      timer?.cancel();
+      timer.cancel();
       attempt.onAbort = undefined;
     }
   }
@@ -1096,7 +1128,8 @@ export class JobOrchestrator {
     } catch (e) {
       return failedOutcome(e);
     }
-    const j = toJsonText(value ?? {}, 'handler output');
+    if (value === undefined || value === null) return COMPLETED_EMPTY;
+    const j = toJsonText(value, 'handler output');
     if (!j.ok) {
       return {
         status: 'failed',

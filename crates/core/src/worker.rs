@@ -110,8 +110,13 @@ impl<S: Store> Worker<S> {
         self.pools.iter().find(|p| &*p.name == name)
     }
 
-    /// Claims into every free slot; returns the tickets.
-    fn fill(&self) -> Result<Vec<AttemptTicket>> {
+    /// Claims into every free slot; returns the tickets. The scheduler
+    /// calls it when woken; JS calls it right after a `start` while the
+    /// worker has idle slots, which saves the thread hand-off.
+    pub fn fill(&self) -> Result<Vec<AttemptTicket>> {
+        if self.is_stopping() {
+            return Ok(Vec::new());
+        }
         let mut batch = Vec::new();
         for pool in &self.pools {
             let reserved = pool.reserve(usize::MAX);

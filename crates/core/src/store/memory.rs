@@ -65,14 +65,29 @@ pub struct MemoryState {
 /// key is 32 bytes instead of 48 (a `u128` forces 16-byte alignment).
 type CreatedKey = (Millis, [u8; 16], Handle);
 type Tenant = Option<Arc<str>>;
+type PoolStatusKey = (Tenant, Arc<str>, RunStatus);
+
+const ALL_STATUSES: [RunStatus; 7] = [
+    RunStatus::Pending,
+    RunStatus::Running,
+    RunStatus::Waiting,
+    RunStatus::Completed,
+    RunStatus::Failed,
+    RunStatus::TimedOut,
+    RunStatus::Canceled,
+];
 
 /// Indexes behind the run-service queries. Every set is ordered by
 /// `(createdAt, id)` so a page is a range walk: O(log n + k).
 #[derive(Default)]
 struct QueryIndex {
     by_tenant: HashMap<Tenant, BTreeSet<CreatedKey>>,
-    by_pool: HashMap<(Tenant, Arc<str>), BTreeSet<CreatedKey>>,
-    by_status: HashMap<(Tenant, RunStatus), BTreeSet<CreatedKey>>,
+    /// One set per (tenant, pool, status): a page filtered by pool, status
+    /// or both merges at most one set per status or per pool, so every
+    /// filter combination is O(log n + k) with a small constant factor.
+    by_pool_status: HashMap<PoolStatusKey, BTreeSet<CreatedKey>>,
+    /// Pools that have (had) runs, per tenant: the sets a status filter merges.
+    pools_of: HashMap<Tenant, BTreeSet<Arc<str>>>,
     /// Failed runs by `(finishedAt, id)`, for `listRecentFailed`.
     failed: HashMap<Tenant, BTreeSet<CreatedKey>>,
     /// Runs of a scope in created order.
@@ -162,15 +177,12 @@ impl MemoryState {
                 q.by_tenant.remove(&t);
             }
         }
-        let pool_key = (t.clone(), pool.clone());
-        if let Some(set) = q.by_pool.get_mut(&pool_key) {
+        let ps_key = (t.clone(), pool.clone(), status);
+        if let Some(set) = q.by_pool_status.get_mut(&ps_key) {
             set.remove(&key);
             if set.is_empty() {
-                q.by_pool.remove(&pool_key);
+                q.by_pool_status.remove(&ps_key);
             }
-        }
-        if let Some(set) = q.by_status.get_mut(&(t.clone(), status)) {
-            set.remove(&key);
         }
         if status == RunStatus::Failed {
             if let Some(set) = q.failed.get_mut(&t) {
@@ -256,11 +268,15 @@ impl MemoryState {
         let t = r.tenant_id.clone();
         let q = &mut self.q;
         if before.status != after.status {
-            if let Some(set) = q.by_status.get_mut(&(t.clone(), before.status)) {
+            let old = (t.clone(), before.pool.clone(), before.status);
+            if let Some(set) = q.by_pool_status.get_mut(&old) {
                 set.remove(&key);
+                if set.is_empty() {
+                    q.by_pool_status.remove(&old);
+                }
             }
-            q.by_status
-                .entry((t.clone(), after.status))
+            q.by_pool_status
+                .entry((t.clone(), after.pool.clone(), after.status))
                 .or_default()
                 .insert(key);
             if let Some(c) = q
@@ -436,8 +452,7 @@ impl MemoryState {
         }
         // Counts and status/pool/tenant sets.
         let mut counts: HashMap<(Tenant, Arc<str>, RunStatus), u64> = HashMap::new();
-        let mut by_status: HashMap<(Tenant, RunStatus), BTreeSet<CreatedKey>> = HashMap::new();
-        let mut by_pool: HashMap<(Tenant, Arc<str>), BTreeSet<CreatedKey>> = HashMap::new();
+        let mut by_pool_status: HashMap<PoolStatusKey, BTreeSet<CreatedKey>> = HashMap::new();
         let mut by_tenant: HashMap<Tenant, BTreeSet<CreatedKey>> = HashMap::new();
         let mut failed: HashMap<Tenant, BTreeSet<CreatedKey>> = HashMap::new();
         for &(h, r) in runs.iter() {
@@ -446,14 +461,16 @@ impl MemoryState {
             *counts
                 .entry((t.clone(), r.pool.clone(), r.status))
                 .or_default() += 1;
-            by_status
-                .entry((t.clone(), r.status))
+            by_pool_status
+                .entry((t.clone(), r.pool.clone(), r.status))
                 .or_default()
                 .insert(k);
-            by_pool
-                .entry((t.clone(), r.pool.clone()))
-                .or_default()
-                .insert(k);
+            if !self.q.pools_of.get(&t).is_some_and(|p| p.contains(&r.pool)) {
+                return Err(format!(
+                    "pool '{}' missing from its tenant's pool list",
+                    r.pool
+                ));
+            }
             by_tenant.entry(t.clone()).or_default().insert(k);
             if r.status == RunStatus::Failed {
                 failed
@@ -468,17 +485,18 @@ impl MemoryState {
         if nonzero(&counts) != nonzero(&self.q.counts) {
             return Err("status counts differ from the rows".into());
         }
-        let nonempty =
-            |m: &HashMap<_, BTreeSet<CreatedKey>>| m.values().filter(|s| !s.is_empty()).count();
-        let same = |a: &HashMap<(Tenant, RunStatus), BTreeSet<CreatedKey>>,
-                    b: &HashMap<(Tenant, RunStatus), BTreeSet<CreatedKey>>| {
-            a.iter().all(|(k, v)| b.get(k).is_some_and(|w| w == v)) && nonempty(a) == nonempty(b)
+        let nonempty = |m: &HashMap<PoolStatusKey, BTreeSet<CreatedKey>>| {
+            m.values().filter(|s| !s.is_empty()).count()
         };
-        if !same(&by_status, &self.q.by_status) {
-            return Err("status index differs from the rows".into());
+        let same = by_pool_status
+            .iter()
+            .all(|(k, v)| self.q.by_pool_status.get(k).is_some_and(|w| w == v))
+            && nonempty(&by_pool_status) == nonempty(&self.q.by_pool_status);
+        if !same {
+            return Err("pool/status index differs from the rows".into());
         }
-        if by_pool != self.q.by_pool || by_tenant != self.q.by_tenant {
-            return Err("pool or tenant index differs from the rows".into());
+        if by_tenant != self.q.by_tenant {
+            return Err("tenant index differs from the rows".into());
         }
         let failed_ok = failed.iter().all(|(k, v)| self.q.failed.get(k) == Some(v))
             && self.q.failed.values().filter(|s| !s.is_empty()).count() == failed.len();
@@ -562,14 +580,14 @@ impl StoreTx for MemoryTx<'_> {
         let key = created_key(&row, h);
         let t = row.tenant_id.clone();
         s.q.by_tenant.entry(t.clone()).or_default().insert(key);
-        s.q.by_pool
-            .entry((t.clone(), row.pool.clone()))
+        s.q.by_pool_status
+            .entry((t.clone(), row.pool.clone(), row.status))
             .or_default()
             .insert(key);
-        s.q.by_status
-            .entry((t.clone(), row.status))
-            .or_default()
-            .insert(key);
+        let pools = s.q.pools_of.entry(t.clone()).or_default();
+        if !pools.contains(&row.pool) {
+            pools.insert(row.pool.clone());
+        }
         *s.q.counts
             .entry((t.clone(), row.pool.clone(), row.status))
             .or_default() += 1;
@@ -853,31 +871,54 @@ impl StoreTx for MemoryTx<'_> {
                 .map(|k| s.runs[k.2 as usize].id)
                 .collect();
         }
-        // The narrowest index that serves the filters; the rest are checked per row.
-        let set = match (q.status, q.pool) {
-            (Some(st), _) => s.q.by_status.get(&(tenant, st)),
-            (None, Some(p)) => s.q.by_pool.get(&(tenant, Arc::from(p))),
-            (None, None) => s.q.by_tenant.get(&tenant),
+        // The sets whose union is exactly the filtered rows: one for no
+        // filter or both, one per status for a pool, one per pool for a status.
+        let sets: Vec<&BTreeSet<CreatedKey>> = match (q.pool, q.status) {
+            (None, None) => s.q.by_tenant.get(&tenant).into_iter().collect(),
+            (Some(p), Some(st)) => {
+                s.q.by_pool_status
+                    .get(&(tenant, Arc::from(p), st))
+                    .into_iter()
+                    .collect()
+            }
+            (Some(p), None) => {
+                let p: Arc<str> = Arc::from(p);
+                ALL_STATUSES
+                    .iter()
+                    .filter_map(|st| s.q.by_pool_status.get(&(tenant.clone(), p.clone(), *st)))
+                    .collect()
+            }
+            (None, Some(st)) => {
+                s.q.pools_of
+                    .get(&tenant)
+                    .into_iter()
+                    .flatten()
+                    .filter_map(|p| s.q.by_pool_status.get(&(tenant.clone(), p.clone(), st)))
+                    .collect()
+            }
         };
-        let Some(set) = set else { return out };
         let upper = match before {
             Some(b) => std::ops::Bound::Excluded(b),
             None => std::ops::Bound::Unbounded,
         };
-        for k in set.range((std::ops::Bound::Unbounded, upper)).rev() {
-            if k.0 < q.since {
-                break;
-            }
-            if before.is_some_and(|b| (k.0, k.1) == (b.0, b.1)) {
-                continue;
-            }
-            if matches(k.2) {
-                out.push(s.runs[k.2 as usize].id);
-                if out.len() == q.limit {
+        // Up to `limit` newest keys from each set, then the newest overall.
+        let mut keys: Vec<CreatedKey> = Vec::new();
+        for set in sets {
+            let mut taken = 0;
+            for k in set.range((std::ops::Bound::Unbounded, upper)).rev() {
+                if k.0 < q.since || taken == q.limit {
                     break;
                 }
+                if before.is_some_and(|b| (k.0, k.1) == (b.0, b.1)) {
+                    continue;
+                }
+                keys.push(*k);
+                taken += 1;
             }
         }
+        keys.sort_unstable_by(|a, b| b.cmp(a));
+        keys.truncate(q.limit);
+        out.extend(keys.into_iter().map(|k| s.runs[k.2 as usize].id));
         out
     }
 

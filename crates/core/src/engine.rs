@@ -151,6 +151,17 @@ struct Effects {
     transitions: Vec<RunRow>,
 }
 
+/// A claim: running from `now`, with a new epoch so outcomes of earlier
+/// attempts can no longer apply; `executing` when the attempt opens at once.
+fn mark_claimed(r: &mut RunRow, now: Millis, executing: bool) {
+    r.status = RunStatus::Running;
+    r.claimed_at = Some(now);
+    r.started_at = Some(now);
+    r.updated_at = now;
+    r.claim_epoch = r.claim_epoch.wrapping_add(1);
+    r.executing = executing;
+}
+
 fn parse_run_id(id: &str) -> Option<RunId> {
     Uuid::parse_str(id).ok()
 }
@@ -711,12 +722,7 @@ impl<S: Store> Engine<S> {
             };
             let mut out = None;
             tx.update_run(&id, &mut |r| {
-                r.status = RunStatus::Running;
-                r.claimed_at = Some(now);
-                r.started_at = Some(now);
-                r.updated_at = now;
-                r.claim_epoch = r.claim_epoch.wrapping_add(1);
-                r.executing = false;
+                mark_claimed(r, now, false);
                 out = Some(r.clone());
             });
             Ok(out)
@@ -925,12 +931,7 @@ impl<S: Store> Engine<S> {
                 };
                 let mut ticket = None;
                 tx.update_run(&id, &mut |r| {
-                    r.status = RunStatus::Running;
-                    r.claimed_at = Some(now);
-                    r.started_at = Some(now);
-                    r.updated_at = now;
-                    r.claim_epoch = r.claim_epoch.wrapping_add(1);
-                    r.executing = true;
+                    mark_claimed(r, now, true);
                     ticket = Some(AttemptTicket {
                         run: r.clone(),
                         epoch: r.claim_epoch,

@@ -18,7 +18,10 @@ fn main() {
         ..DefinitionSpec::default()
     })
     .unwrap();
-    let n = 200_000;
+    let n: u32 = std::env::var("N")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(200_000);
     let t0 = Instant::now();
     for _ in 0..n {
         let req = StartRequest {

@@ -17,7 +17,12 @@ use super::{PageQuery, Store, StoreTx, TenantRef};
 use crate::error::Result;
 use crate::model::{JobDefinition, Millis, RunId, RunRow, RunStatus, StepRow, StepStatus};
 use std::cmp::Reverse;
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet};
+
+/// aHash: several times cheaper than SipHash for the short keys here (ids,
+/// pool and lane names) while keeping per-process random keys, so
+/// user-chosen keys cannot be crafted into collisions.
+type HashMap<K, V> = std::collections::HashMap<K, V, ahash::RandomState>;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 type Handle = u32;
@@ -395,7 +400,7 @@ impl MemoryState {
             ));
         }
         // Lanes: exactly the non-terminal keyed runs, ordered by lane_seq.
-        let mut lanes: HashMap<LaneKey, BTreeMap<u64, Handle>> = HashMap::new();
+        let mut lanes: HashMap<LaneKey, BTreeMap<u64, Handle>> = HashMap::default();
         for &(h, r) in runs.iter() {
             if self.ids.get(&r.id) != Some(&(h as Handle)) {
                 return Err(format!("ids does not map {} to its slot", r.id));
@@ -451,10 +456,10 @@ impl MemoryState {
             ));
         }
         // Counts and status/pool/tenant sets.
-        let mut counts: HashMap<(Tenant, Arc<str>, RunStatus), u64> = HashMap::new();
-        let mut by_pool_status: HashMap<PoolStatusKey, BTreeSet<CreatedKey>> = HashMap::new();
-        let mut by_tenant: HashMap<Tenant, BTreeSet<CreatedKey>> = HashMap::new();
-        let mut failed: HashMap<Tenant, BTreeSet<CreatedKey>> = HashMap::new();
+        let mut counts: HashMap<(Tenant, Arc<str>, RunStatus), u64> = HashMap::default();
+        let mut by_pool_status: HashMap<PoolStatusKey, BTreeSet<CreatedKey>> = HashMap::default();
+        let mut by_tenant: HashMap<Tenant, BTreeSet<CreatedKey>> = HashMap::default();
+        let mut failed: HashMap<Tenant, BTreeSet<CreatedKey>> = HashMap::default();
         for &(h, r) in runs.iter() {
             let t = r.tenant_id.clone();
             let k = created_key(r, h as Handle);
@@ -504,7 +509,7 @@ impl MemoryState {
             return Err("failed index differs from the rows".into());
         }
         // Dedupe lists: every keyed run once, in created order.
-        let mut dedupe: HashMap<DedupeKey, Vec<Handle>> = HashMap::new();
+        let mut dedupe: HashMap<DedupeKey, Vec<Handle>> = HashMap::default();
         for &(h, r) in runs.iter() {
             if let Some(k) = &r.dedupe_key {
                 dedupe
@@ -517,7 +522,7 @@ impl MemoryState {
             return Err("dedupe lists differ from the rows".into());
         }
         // Children lists mirror parentRunId.
-        let mut children: HashMap<Handle, Vec<Handle>> = HashMap::new();
+        let mut children: HashMap<Handle, Vec<Handle>> = HashMap::default();
         for &(h, r) in runs.iter() {
             if let Some(p) = r.parent_run_id.and_then(|p| self.ids.get(&p)) {
                 children.entry(*p).or_default().push(h as Handle);

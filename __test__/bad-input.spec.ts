@@ -24,35 +24,7 @@ import {
   ParentRunNotFoundError,
 } from '../dist';
 import type { JobRun, JobStep, StartOptions } from '../dist';
-
-type ErrorClass = abstract new (...args: never[]) => Error;
-
-/** Awaits `f`, asserts it throws an instance of `cls` with `code`, returns the error. */
-async function rejects<E extends Error>(
-  t: ExecutionContext,
-  f: () => unknown,
-  cls: ErrorClass,
-  code: string,
-  label: string,
-): Promise<E> {
-  let thrown: unknown;
-  let threw = false;
-  try {
-    await f();
-  } catch (e) {
-    threw = true;
-    thrown = e;
-  }
-  if (!threw) {
-    t.fail(`${label}: expected ${cls.name}, nothing was thrown`);
-    return undefined as unknown as E;
-  }
-  t.true(thrown instanceof cls, `${label}: expected ${cls.name}, got ${String((thrown as Error)?.name)}: ${String((thrown as Error)?.message)}`);
-  t.true(thrown instanceof JobforgeError, `${label}: not a JobforgeError`);
-  t.is((thrown as { code?: unknown }).code, code, `${label}: code`);
-  t.is((thrown as Error).name, cls.name, `${label}: name`);
-  return thrown as E;
-}
+import { rejects } from './helpers';
 
 /** Asserts `f` throws some typed jobforge error (any class). */
 async function rejectsTyped(t: ExecutionContext, f: () => unknown, label: string): Promise<void> {

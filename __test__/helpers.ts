@@ -1,8 +1,9 @@
 /**
- * Shared helpers of the jobforge test suite. Nothing here asserts; the
- * helpers only drive the orchestrator and wait for things to happen.
+ * Shared helpers of the jobforge test suite: they drive the orchestrator
+ * and wait for things to happen; `rejects` is the one shared assertion.
  */
-import { JobOrchestrator } from '../dist';
+import type { ExecutionContext } from 'ava';
+import { JobOrchestrator, JobforgeError } from '../dist';
 import type { JobContext, JobLogger, JobOrchestratorOptions, JobRun, JobStep } from '../dist';
 
 /** RFC 4122 version-4 UUID. */
@@ -226,4 +227,33 @@ export function hanging(): {
     return attempts[n - 1]!;
   };
   return { handler, attempts, entered };
+}
+
+export type ErrorClass = abstract new (...args: never[]) => Error;
+
+/** Awaits `f`, asserts it throws an instance of `cls` with `code`, returns the error. */
+export async function rejects<E extends Error>(
+  t: ExecutionContext,
+  f: () => unknown,
+  cls: ErrorClass,
+  code: string,
+  label: string,
+): Promise<E> {
+  let thrown: unknown;
+  let threw = false;
+  try {
+    await f();
+  } catch (e) {
+    threw = true;
+    thrown = e;
+  }
+  if (!threw) {
+    t.fail(`${label}: expected ${cls.name}, nothing was thrown`);
+    return undefined as unknown as E;
+  }
+  t.true(thrown instanceof cls, `${label}: expected ${cls.name}, got ${String((thrown as Error)?.name)}: ${String((thrown as Error)?.message)}`);
+  t.true(thrown instanceof JobforgeError, `${label}: not a JobforgeError`);
+  t.is((thrown as { code?: unknown }).code, code, `${label}: code`);
+  t.is((thrown as Error).name, cls.name, `${label}: name`);
+  return thrown as E;
 }

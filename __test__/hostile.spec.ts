@@ -17,7 +17,6 @@ import test from 'ava';
 import type { ExecutionContext } from 'ava';
 import { randomUUID } from 'node:crypto';
 import {
-  JobforgeError,
   JobInputInvalidError,
   JobOrchestrator,
   JobRunNotFoundError,
@@ -27,34 +26,7 @@ import {
   ParentRunNotFoundError,
 } from '../dist';
 import type { JobContext, JobRun, PoolStatusCount, WorkerHandle, WorkerOptions } from '../dist';
-import { deferred, manual, realSleep, system, waitFor } from './helpers';
-
-type ErrorClass = abstract new (...args: never[]) => Error;
-
-/** Awaits `f` and asserts it throws an instance of `cls` (a JobforgeError) with `code`. */
-async function rejects<E extends Error>(
-  t: ExecutionContext,
-  f: () => unknown,
-  cls: ErrorClass,
-  code: string,
-  label: string,
-): Promise<E> {
-  let thrown: unknown;
-  try {
-    await f();
-  } catch (e) {
-    thrown = e;
-    t.true(
-      e instanceof cls && e instanceof JobforgeError,
-      `${label}: expected ${cls.name}, got ${String((e as Error)?.constructor?.name)}: ${String((e as Error)?.message)}`,
-    );
-    t.is((e as { code?: unknown }).code, code, `${label}: code`);
-    t.is((e as Error).name, cls.name, `${label}: name`);
-    return e as E;
-  }
-  t.fail(`${label}: expected ${cls.name}, nothing was thrown`);
-  return thrown as E;
-}
+import { deferred, manual, realSleep, rejects, system, waitFor } from './helpers';
 
 const noop = async () => ({ ok: true });
 

@@ -113,11 +113,6 @@ pub struct RecordStep {
     pub finished_at: Option<Millis>,
 }
 
-#[derive(Debug, Clone, Copy, Default)]
-pub struct CancelOptions {
-    pub cascade: bool,
-}
-
 struct InFlight {
     epoch: u32,
     abort: Arc<Notify>,

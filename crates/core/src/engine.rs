@@ -393,7 +393,7 @@ impl<S: Store> Engine<S> {
 
     pub fn definition(&self, job_type: &str) -> Option<Arc<JobDefinition>> {
         self.store
-            .transaction(|tx| Ok(tx.definition(job_type)))
+            .read(|tx| Ok(tx.definition(job_type)))
             .ok()
             .flatten()
     }
@@ -797,9 +797,12 @@ impl<S: Store> Engine<S> {
             self.purge(tx, now);
             out
         });
-        self.end_in_flight(run_id, epoch);
-        self.deliver(fx);
-        self.wake_worker();
+        // A failed transaction changed nothing: the attempt is still live.
+        if result.is_ok() {
+            self.end_in_flight(run_id, epoch);
+            self.deliver(fx);
+            self.wake_worker();
+        }
         result
     }
 
@@ -919,6 +922,7 @@ impl<S: Store> Engine<S> {
         }
         let now = self.now();
         self.store.transaction(|tx| {
+            tx.expect_claims(max);
             let mut out = Vec::new();
             while out.len() < max {
                 let Some(id) = tx.next_claimable(pool, now) else {
@@ -942,12 +946,75 @@ impl<S: Store> Engine<S> {
         })
     }
 
+    /// One step of a worker on a networked store: applies the outcomes of
+    /// finished attempts (`None` = ended without one) and claims up to
+    /// `want` runs per pool, all in one transaction (one commit for the
+    /// batch). Returns how many outcomes were applied and the new tickets.
+    /// On error nothing changed and the caller may retry the same batch.
+    pub fn settle(
+        &self,
+        finished: &[(RunId, u32, Option<AttemptOutcome>)],
+        claims: &[(Arc<str>, usize)],
+    ) -> Result<(usize, Vec<AttemptTicket>)> {
+        let now = self.now();
+        let mut fx = Effects::default();
+        let result = self.store.transaction(|tx| {
+            let mut applied = 0;
+            for (id, epoch, outcome) in finished {
+                if let Some(o) = outcome {
+                    if self
+                        .finish_in(tx, id, *epoch, o.clone(), now, &mut fx)?
+                        .is_some()
+                    {
+                        applied += 1;
+                    }
+                }
+            }
+            let mut tickets = Vec::new();
+            for (pool, want) in claims {
+                if *want == 0 {
+                    continue;
+                }
+                tx.expect_claims(*want);
+                let mut got = 0;
+                while got < *want {
+                    let Some(id) = tx.next_claimable(pool, now) else {
+                        break;
+                    };
+                    let mut ticket = None;
+                    tx.update_run(&id, &mut |r| {
+                        mark_claimed(r, now, true);
+                        ticket = Some(AttemptTicket {
+                            run: r.clone(),
+                            epoch: r.claim_epoch,
+                            timeout_ms: None,
+                        });
+                    });
+                    if let Some(mut t) = ticket {
+                        t.timeout_ms = tx.definition(&t.run.job_type).and_then(|d| d.timeout_ms);
+                        tickets.push(t);
+                        got += 1;
+                    }
+                }
+            }
+            self.purge(tx, now);
+            Ok((applied, tickets))
+        });
+        if result.is_ok() {
+            for (id, epoch, _) in finished {
+                self.end_in_flight(id, *epoch);
+            }
+            self.deliver(fx);
+        }
+        result
+    }
+
     /// When the next claimable run of `pool` falls due: `Some(now)` if one
     /// is due already, `None` if none is waiting. O(log n).
     pub fn next_due(&self, pool: &str) -> Option<Millis> {
         let now = self.now();
         self.store
-            .transaction(|tx| Ok(tx.next_due(pool, now)))
+            .read(|tx| Ok(tx.next_due(pool, now)))
             .ok()
             .flatten()
     }
@@ -955,7 +1022,7 @@ impl<S: Store> Engine<S> {
     /// Whether `epoch` is still the running attempt of the run. O(1).
     pub fn attempt_current(&self, run_id: &RunId, epoch: u32) -> bool {
         self.store
-            .transaction(|tx| {
+            .read(|tx| {
                 Ok(tx
                     .run(run_id)
                     .is_some_and(|r| r.status == RunStatus::Running && r.claim_epoch == epoch))
@@ -1221,7 +1288,7 @@ impl<S: Store> Engine<S> {
             return Ok(None);
         };
         self.store
-            .transaction(|tx| Ok(tx.run(&id).filter(|r| Self::visible(&filter, r)).cloned()))
+            .read(|tx| Ok(tx.run(&id).filter(|r| Self::visible(&filter, r)).cloned()))
     }
 
     /// Steps of a run in seq order. O(k log k) for its k steps.
@@ -1230,7 +1297,7 @@ impl<S: Store> Engine<S> {
         let Some(id) = parse_run_id(run_id) else {
             return Ok(Vec::new());
         };
-        self.store.transaction(|tx| match tx.run(&id) {
+        self.store.read(|tx| match tx.run(&id) {
             Some(r) if Self::visible(&filter, r) => Ok(tx.steps(&id)),
             _ => Ok(Vec::new()),
         })
@@ -1246,7 +1313,7 @@ impl<S: Store> Engine<S> {
     ) -> Result<Vec<RunRow>> {
         let filter = self.gate("listForScope", tenant)?;
         let t = filter.flatten();
-        self.store.transaction(|tx| {
+        self.store.read(|tx| {
             let mut ids = tx.scope_runs(t.as_deref(), entity_type, entity_id);
             if !q.ascending {
                 ids.reverse();
@@ -1337,15 +1404,14 @@ impl<S: Store> Engine<S> {
     ) -> Result<Vec<(Arc<str>, RunStatus, u64)>> {
         let filter = self.gate("countByPoolAndStatus", tenant)?;
         let t = filter.flatten();
-        self.store
-            .transaction(|tx| Ok(tx.status_counts(t.as_deref())))
+        self.store.read(|tx| Ok(tx.status_counts(t.as_deref())))
     }
 
     /// Most recently finished failed runs. O(log n + k).
     pub fn list_recent_failed(&self, tenant: &TenantArg, limit: usize) -> Result<Vec<RunRow>> {
         let filter = self.gate("listRecentFailed", tenant)?;
         let t = filter.flatten();
-        self.store.transaction(|tx| {
+        self.store.read(|tx| {
             Ok(tx
                 .recent_failed(t.as_deref(), limit)
                 .iter()
@@ -1371,7 +1437,7 @@ impl<S: Store> Engine<S> {
             },
             None => None,
         };
-        self.store.transaction(|tx| {
+        self.store.read(|tx| {
             // One extra row tells whether another page exists.
             let ids = tx.page_runs(&PageQuery {
                 tenant: t.as_deref(),
@@ -1400,7 +1466,7 @@ impl<S: Store> Engine<S> {
         let Some(id) = parse_run_id(root_run_id) else {
             return Ok(None);
         };
-        self.store.transaction(|tx| {
+        self.store.read(|tx| {
             match tx.run(&id) {
                 Some(r) if Self::visible(&filter, r) => {}
                 _ => return Ok(None),
@@ -1425,7 +1491,7 @@ impl<S: Store> Engine<S> {
         let Some(id) = parse_run_id(run_id) else {
             return Ok(None);
         };
-        self.store.transaction(|tx| match tx.run(&id) {
+        self.store.read(|tx| match tx.run(&id) {
             Some(r) if Self::visible(&filter, r) => Ok(tx.step(&id, step_id).cloned()),
             _ => Ok(None),
         })

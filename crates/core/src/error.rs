@@ -52,6 +52,12 @@ pub enum JobError {
 
     #[error("step '{step_id}' of run {run_id} is already running in this attempt")]
     JobStepConflict { run_id: String, step_id: String },
+
+    /// The database failed (connection lost, deadlock, ...): the
+    /// transaction was rolled back, nothing changed. `retryable` for
+    /// deadlocks, serialisation failures and lost connections.
+    #[error("database error: {message}")]
+    Store { message: String, retryable: bool },
 }
 
 impl JobError {
@@ -69,6 +75,7 @@ impl JobError {
             JobError::JobInputInvalid { .. } => "JOB_INPUT_INVALID",
             JobError::JobRunState { .. } => "JOB_RUN_STATE",
             JobError::JobStepConflict { .. } => "JOB_STEP_CONFLICT",
+            JobError::Store { .. } => "JOB_STORE_ERROR",
         }
     }
 
@@ -108,6 +115,7 @@ impl JobError {
             JobError::JobStepConflict { run_id, step_id } => {
                 json!({ "runId": run_id, "stepId": step_id })
             }
+            JobError::Store { retryable, .. } => json!({ "retryable": retryable }),
         }
     }
 

@@ -13,6 +13,7 @@
 //! async entry points, so the rules are written once.
 
 pub mod memory;
+pub mod postgres;
 
 use crate::error::Result;
 use crate::model::{JobDefinition, Millis, RunId, RunRow, StepRow};
@@ -25,6 +26,11 @@ pub trait Store: Send + Sync + 'static {
 
     /// Runs `f` atomically with respect to every other transaction.
     fn transaction<R>(&self, f: impl FnOnce(&mut Self::Tx<'_>) -> Result<R>) -> Result<R>;
+
+    /// A transaction that only reads: a networked store skips row locks.
+    fn read<R>(&self, f: impl FnOnce(&mut Self::Tx<'_>) -> Result<R>) -> Result<R> {
+        self.transaction(f)
+    }
 }
 
 /// Tenant + key identity used by lanes and dedupe. In single-tenant mode
@@ -79,6 +85,10 @@ pub trait StoreTx {
     /// then earliest `runAt`, then earliest created. Claimable means pending
     /// and either unkeyed or the head of its lane.
     fn next_claimable(&mut self, pool: &str, now: Millis) -> Option<RunId>;
+
+    /// Says how many `next_claimable` calls this transaction will make,
+    /// so a networked store can fetch that many candidates at once.
+    fn expect_claims(&mut self, _n: usize) {}
 
     /// When the next claimable run of `pool` is due (`now` if one is due).
     fn next_due(&mut self, pool: &str, now: Millis) -> Option<Millis>;

@@ -1,0 +1,1321 @@
+//! The PostgreSQL store: any number of processes share one database.
+//!
+//! The engine's rules run unchanged: [`PgStore::transaction`] opens a
+//! database transaction on a pooled connection, hands the rule closure a
+//! [`PgTx`] whose primitives are SQL, and commits on `Ok` (rolls back on
+//! `Err` or on any database error met on the way). Callers run it on a
+//! blocking thread, never on the JS thread or a runtime worker.
+//!
+//! Why the blocking `postgres` client (tokio-postgres underneath) and not
+//! sqlx or deadpool: the rules are synchronous closures, so a transaction
+//! runs start to end on one blocking thread; the blocking client answers
+//! there without a hop to another thread per statement, prepared
+//! statements are cached per connection, and LISTEN/NOTIFY comes with it.
+//! sqlx's checked macros need a database (or offline data) at build time
+//! and bring a second async stack for no gain here.
+//!
+//! Cross-process rules:
+//! - reads inside a mutating transaction lock the row (`FOR UPDATE`), so
+//!   a rule decides on the row it then writes;
+//! - a concurrency lane and a dedupe key are serialised with a
+//!   transaction-scoped advisory lock on their identity before they are
+//!   read, so two processes starting the same key queue up (one run, one
+//!   collision) and lane positions are handed out in commit order;
+//! - claims take the best due rows with `FOR UPDATE SKIP LOCKED`; a lane
+//!   member is claimable only when no earlier member is live and none is
+//!   running;
+//! - a claimed run's `claimed_at` is its lease: the worker renews it
+//!   ([`PgStore::heartbeat`]) and [`PgStore::expired_leases`] finds runs
+//!   whose worker died.
+
+use crate::error::{JobError, Result};
+use crate::model::*;
+use crate::store::{PageQuery, Store, StoreTx, TenantRef};
+use crate::template::KeyTemplate;
+use bytes::{BufMut, BytesMut};
+use elsa::FrozenMap;
+use postgres::types::{FromSql, IsNull, ToSql, Type};
+use postgres::{Client, NoTls, Row, Statement};
+use serde_json::value::RawValue;
+use std::cell::RefCell;
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::sync::{Arc, Condvar, Mutex, RwLock};
+use std::time::Duration;
+use uuid::Uuid;
+
+/// Connection settings of the Postgres backend.
+#[derive(Debug, Clone)]
+pub struct PgConfig {
+    pub url: String,
+    /// Schema holding the tables (created by `migrate`). Default `public`.
+    pub schema: String,
+    /// Pool size. Default 10.
+    pub max_connections: usize,
+}
+
+impl PgConfig {
+    pub fn new(url: impl Into<String>) -> Self {
+        PgConfig {
+            url: url.into(),
+            schema: "public".to_owned(),
+            max_connections: 10,
+        }
+    }
+}
+
+fn db_err(e: postgres::Error) -> JobError {
+    let retryable = e.code().is_some_and(|c| {
+        let c = c.code();
+        // serialization_failure, deadlock_detected
+        c == "40001" || c == "40P01"
+    }) || e.is_closed();
+    JobError::Store {
+        message: e.to_string(),
+        retryable,
+    }
+}
+
+// ── wire types ─────────────────────────────────────────────────────────
+
+/// Epoch milliseconds as `timestamptz` (binary: µs since 2000-01-01).
+#[derive(Debug, Clone, Copy)]
+struct Ms(Millis);
+
+const PG_EPOCH_MS: i64 = 946_684_800_000;
+/// PostgreSQL's timestamptz range (4713 BC .. 294276 AD) in epoch ms.
+const PG_MIN_MS: i64 = -210_866_803_200_000;
+const PG_MAX_MS: i64 = 9_224_318_016_000_000;
+
+impl ToSql for Ms {
+    fn to_sql(
+        &self,
+        _: &Type,
+        out: &mut BytesMut,
+    ) -> std::result::Result<IsNull, Box<dyn std::error::Error + Sync + Send>> {
+        let ms = self.0.clamp(PG_MIN_MS, PG_MAX_MS - 1);
+        out.put_i64((ms - PG_EPOCH_MS) * 1000);
+        Ok(IsNull::No)
+    }
+    fn accepts(ty: &Type) -> bool {
+        *ty == Type::TIMESTAMPTZ || *ty == Type::TIMESTAMP
+    }
+    postgres::types::to_sql_checked!();
+}
+
+impl<'a> FromSql<'a> for Ms {
+    fn from_sql(
+        _: &Type,
+        raw: &'a [u8],
+    ) -> std::result::Result<Self, Box<dyn std::error::Error + Sync + Send>> {
+        let b: [u8; 8] = raw.try_into()?;
+        let micros = i64::from_be_bytes(b);
+        Ok(Ms(micros.div_euclid(1000) + PG_EPOCH_MS))
+    }
+    fn accepts(ty: &Type) -> bool {
+        *ty == Type::TIMESTAMPTZ || *ty == Type::TIMESTAMP
+    }
+}
+
+/// JSON text as `jsonb` without re-encoding it.
+#[derive(Debug)]
+struct Jsonb<'a>(&'a str);
+
+impl ToSql for Jsonb<'_> {
+    fn to_sql(
+        &self,
+        ty: &Type,
+        out: &mut BytesMut,
+    ) -> std::result::Result<IsNull, Box<dyn std::error::Error + Sync + Send>> {
+        if *ty == Type::JSONB {
+            out.put_u8(1);
+        }
+        out.put_slice(self.0.as_bytes());
+        Ok(IsNull::No)
+    }
+    fn accepts(ty: &Type) -> bool {
+        *ty == Type::JSONB || *ty == Type::JSON
+    }
+    postgres::types::to_sql_checked!();
+}
+
+/// A `jsonb` value read back as JSON text.
+struct JsonText(Box<RawValue>);
+
+impl<'a> FromSql<'a> for JsonText {
+    fn from_sql(
+        ty: &Type,
+        raw: &'a [u8],
+    ) -> std::result::Result<Self, Box<dyn std::error::Error + Sync + Send>> {
+        let body = if *ty == Type::JSONB {
+            raw.split_first().map(|(_, rest)| rest).unwrap_or(raw)
+        } else {
+            raw
+        };
+        let text = std::str::from_utf8(body)?.to_owned();
+        Ok(JsonText(RawValue::from_string(text)?))
+    }
+    fn accepts(ty: &Type) -> bool {
+        *ty == Type::JSONB || *ty == Type::JSON
+    }
+}
+
+fn error_json(e: &RunError) -> String {
+    serde_json::to_string(e).unwrap_or_else(|_| "null".to_owned())
+}
+
+fn parse_error(v: Option<JsonText>) -> Option<Box<RunError>> {
+    v.and_then(|j| serde_json::from_str::<RunError>(j.0.get()).ok())
+        .map(Box::new)
+}
+
+// ── connection pool ────────────────────────────────────────────────────
+
+struct Conn {
+    client: Client,
+    /// Prepared statements by template (address of the `&'static str`)
+    /// and tenant variant.
+    stmts: HashMap<(usize, bool), Statement>,
+}
+
+struct Pool {
+    config: postgres::Config,
+    max: usize,
+    state: Mutex<PoolState>,
+    freed: Condvar,
+}
+
+struct PoolState {
+    idle: Vec<Conn>,
+    open: usize,
+}
+
+struct Lease<'p> {
+    pool: &'p Pool,
+    conn: Option<Conn>,
+}
+
+impl Drop for Lease<'_> {
+    fn drop(&mut self) {
+        let Some(conn) = self.conn.take() else { return };
+        let mut st = self.pool.state.lock().unwrap_or_else(|p| p.into_inner());
+        if conn.client.is_closed() {
+            st.open -= 1;
+        } else {
+            st.idle.push(conn);
+        }
+        self.pool.freed.notify_one();
+    }
+}
+
+impl Pool {
+    fn get(&self) -> Result<Lease<'_>> {
+        let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        loop {
+            if let Some(conn) = st.idle.pop() {
+                return Ok(Lease {
+                    pool: self,
+                    conn: Some(conn),
+                });
+            }
+            if st.open < self.max {
+                st.open += 1;
+                drop(st);
+                return match self.config.connect(NoTls) {
+                    Ok(client) => Ok(Lease {
+                        pool: self,
+                        conn: Some(Conn {
+                            client,
+                            stmts: HashMap::new(),
+                        }),
+                    }),
+                    Err(e) => {
+                        let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
+                        st.open -= 1;
+                        self.freed.notify_one();
+                        Err(db_err(e))
+                    }
+                };
+            }
+            let (next, timeout) = self
+                .freed
+                .wait_timeout(st, Duration::from_secs(30))
+                .unwrap_or_else(|p| p.into_inner());
+            st = next;
+            if timeout.timed_out() && st.idle.is_empty() && st.open >= self.max {
+                return Err(JobError::Store {
+                    message: "no database connection free after 30 s".to_owned(),
+                    retryable: true,
+                });
+            }
+        }
+    }
+
+    fn close_idle(&self) {
+        let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        let n = st.idle.len();
+        st.idle.clear();
+        st.open -= n;
+    }
+}
+
+// ── the store ──────────────────────────────────────────────────────────
+
+pub struct PgStore {
+    pool: Pool,
+    config: PgConfig,
+    /// `"schema"`, quoted for SQL.
+    schema_sql: String,
+    /// LISTEN/NOTIFY channel of this schema.
+    channel: String,
+    /// Definitions are process-local (each process registers its handlers)
+    /// and mirrored to the `job` table; a miss reads the table.
+    defs: RwLock<HashMap<Arc<str>, Arc<JobDefinition>>>,
+}
+
+fn quote_ident(s: &str) -> String {
+    format!("\"{}\"", s.replace('"', "\"\""))
+}
+
+const RUN_COLS: &str = "id, job_type, job_version, parent_run_id, root_run_id, parent_close_policy, \
+     scope_entity_type, scope_entity_id, tenant_id, tags, pool, priority, concurrency_key, dedupe_key, \
+     status, input, output, error, trigger_source, trigger_ref, run_at, started_at, finished_at, \
+     claimed_at, attempts, created_at, updated_at, seq, lane_seq, claim_epoch, executing";
+
+const STEP_COLS: &str = "id, job_run_id, step_id, seq, status, input, output, error, attempts, \
+     started_at, finished_at, epoch";
+
+fn enum_or<T>(v: &str, parse: fn(&str) -> Option<T>, default: T) -> T {
+    parse(v).unwrap_or(default)
+}
+
+fn run_from_row(r: &Row) -> std::result::Result<RunRow, postgres::Error> {
+    let tags: Option<JsonText> = r.try_get(9)?;
+    let input: Option<JsonText> = r.try_get(15)?;
+    let output: Option<JsonText> = r.try_get(16)?;
+    let error: Option<JsonText> = r.try_get(17)?;
+    let status: &str = r.try_get(14)?;
+    let pcp: &str = r.try_get(5)?;
+    let trig: &str = r.try_get(18)?;
+    let opt_ms = |i: usize| -> std::result::Result<Option<Millis>, postgres::Error> {
+        Ok(r.try_get::<_, Option<Ms>>(i)?.map(|m| m.0))
+    };
+    let boxed = |i: usize| -> std::result::Result<Option<Box<str>>, postgres::Error> {
+        Ok(r.try_get::<_, Option<&str>>(i)?.map(Box::from))
+    };
+    Ok(RunRow {
+        id: r.try_get(0)?,
+        job_type: Arc::from(r.try_get::<_, &str>(1)?),
+        job_version: r.try_get(2)?,
+        parent_run_id: r.try_get(3)?,
+        root_run_id: r.try_get(4)?,
+        parent_close_policy: enum_or(pcp, ParentClosePolicy::parse, ParentClosePolicy::Terminate),
+        scope_entity_type: boxed(6)?,
+        scope_entity_id: boxed(7)?,
+        tenant_id: r.try_get::<_, Option<&str>>(8)?.map(Arc::from),
+        tags: tags.map(|t| t.0).filter(|t| t.get() != "{}"),
+        pool: Arc::from(r.try_get::<_, &str>(10)?),
+        priority: r.try_get(11)?,
+        concurrency_key: boxed(12)?,
+        dedupe_key: boxed(13)?,
+        status: enum_or(status, RunStatus::parse, RunStatus::Pending),
+        input: input.map_or_else(crate::model::empty_object, |j| j.0),
+        output: output.map(|j| j.0),
+        error: parse_error(error),
+        trigger_source: enum_or(trig, TriggerSource::parse, TriggerSource::Manual),
+        trigger_ref: boxed(19)?,
+        run_at: r.try_get::<_, Ms>(20)?.0,
+        started_at: opt_ms(21)?,
+        finished_at: opt_ms(22)?,
+        claimed_at: opt_ms(23)?,
+        attempts: r.try_get::<_, i32>(24)?.max(0) as u32,
+        wait_kind: (),
+        resume_token: (),
+        wait_deadline: (),
+        created_at: r.try_get::<_, Ms>(25)?.0,
+        updated_at: r.try_get::<_, Ms>(26)?.0,
+        seq: r.try_get::<_, i64>(27)?.max(0) as u64,
+        lane_seq: r.try_get::<_, i64>(28)?.max(0) as u64,
+        claim_epoch: r.try_get::<_, i32>(29)? as u32,
+        executing: r.try_get(30)?,
+    })
+}
+
+fn step_from_row(r: &Row) -> std::result::Result<StepRow, postgres::Error> {
+    let status: &str = r.try_get(4)?;
+    let input: Option<JsonText> = r.try_get(5)?;
+    let output: Option<JsonText> = r.try_get(6)?;
+    let error: Option<JsonText> = r.try_get(7)?;
+    Ok(StepRow {
+        id: r.try_get(0)?,
+        job_run_id: r.try_get(1)?,
+        step_id: Box::from(r.try_get::<_, &str>(2)?),
+        kind: "task",
+        seq: r.try_get::<_, i32>(3)?.max(0) as u32,
+        status: enum_or(status, StepStatus::parse, StepStatus::Pending),
+        input: input.map(|j| j.0),
+        output: output.map(|j| j.0),
+        error: parse_error(error),
+        attempts: r.try_get::<_, i32>(8)?.max(0) as u32,
+        started_at: r.try_get::<_, Option<Ms>>(9)?.map(|m| m.0),
+        finished_at: r.try_get::<_, Option<Ms>>(10)?.map(|m| m.0),
+        epoch: r.try_get::<_, i32>(11)? as u32,
+    })
+}
+
+fn definition_from_row(r: &Row) -> Option<JobDefinition> {
+    let key = |i: usize| -> Option<KeySpec> {
+        let t: Option<&str> = r.try_get(i).ok()?;
+        match t {
+            None => None,
+            Some("<fn>") => Some(KeySpec::Function),
+            Some(t) => KeyTemplate::parse(t).ok().map(KeySpec::Template),
+        }
+    };
+    let retry: JsonText = r.try_get(4).ok()?;
+    Some(JobDefinition {
+        job_type: Arc::from(r.try_get::<_, &str>(0).ok()?),
+        version: r.try_get(1).ok()?,
+        pool: Arc::from(r.try_get::<_, &str>(2).ok()?),
+        scope_entity_type: r.try_get(3).ok()?,
+        retry_policy: serde_json::from_str(retry.0.get()).unwrap_or_default(),
+        timeout_ms: r.try_get(5).ok()?,
+        concurrency_key_template: key(6),
+        collision_mode: CollisionMode::parse(r.try_get(7).ok()?).unwrap_or(CollisionMode::Queue),
+        dedupe_key_template: key(8),
+        dedupe_window_ms: r.try_get(9).ok()?,
+        priority_default: r.try_get(10).ok()?,
+        replay_from: ReplayFrom::parse(r.try_get(11).ok()?).unwrap_or(ReplayFrom::LastCheckpoint),
+        created_at: r.try_get::<_, Ms>(12).ok()?.0,
+        updated_at: r.try_get::<_, Ms>(13).ok()?.0,
+    })
+}
+
+/// 64-bit advisory-lock key of a lane or dedupe identity.
+fn lock_key(kind: u8, tenant: TenantRef<'_>, a: &str, b: &str) -> i64 {
+    // FNV-1a: stable across processes and builds (std's hasher is not).
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    let mut feed = |bytes: &[u8]| {
+        for &x in bytes {
+            h ^= u64::from(x);
+            h = h.wrapping_mul(0x0100_0000_01b3);
+        }
+        h ^= 0xff;
+        h = h.wrapping_mul(0x0100_0000_01b3);
+    };
+    feed(&[kind]);
+    match tenant {
+        Some(t) => feed(t.as_bytes()),
+        None => feed(&[0, 0]),
+    }
+    feed(a.as_bytes());
+    feed(b.as_bytes());
+    h as i64
+}
+
+impl PgStore {
+    /// Connects lazily: the first transaction opens the first connection.
+    pub fn new(config: PgConfig) -> Result<Self> {
+        let pg: postgres::Config = config.url.parse().map_err(|e: postgres::Error| {
+            JobError::invalid(format!(
+                "postgres.url is not a valid connection string: {e}"
+            ))
+        })?;
+        if config.schema.is_empty() {
+            return Err(JobError::invalid(
+                "postgres.schema must be a non-empty string",
+            ));
+        }
+        let schema_sql = quote_ident(&config.schema);
+        let channel = format!("jobforge_{}", config.schema);
+        Ok(PgStore {
+            pool: Pool {
+                config: pg,
+                max: config.max_connections.max(1),
+                state: Mutex::new(PoolState {
+                    idle: Vec::new(),
+                    open: 0,
+                }),
+                freed: Condvar::new(),
+            },
+            config,
+            schema_sql,
+            channel,
+            defs: RwLock::new(HashMap::new()),
+        })
+    }
+
+    pub fn config(&self) -> &PgConfig {
+        &self.config
+    }
+
+    /// Closes idle connections (the pool reopens on demand).
+    pub fn close(&self) {
+        self.pool.close_idle();
+    }
+
+    /// Creates or upgrades the schema. Idempotent and safe to run from
+    /// several processes at once (serialised by an advisory lock).
+    pub fn migrate(&self) -> Result<()> {
+        let mut lease = self.pool.get()?;
+        let Some(conn) = lease.conn.as_mut() else {
+            return Err(JobError::invalid("connection pool is closed"));
+        };
+        let ddl = include_str!("schema.sql").replace("{S}", &self.schema_sql);
+        let sql = format!(
+            "BEGIN; SELECT pg_advisory_xact_lock({}); CREATE SCHEMA IF NOT EXISTS {}; {} COMMIT;",
+            lock_key(b'm', None, &self.config.schema, ""),
+            self.schema_sql,
+            ddl
+        );
+        let r = conn.client.batch_execute(&sql).map_err(db_err);
+        if r.is_err() {
+            let _ = conn.client.batch_execute("ROLLBACK");
+        }
+        r
+    }
+
+    /// Job types stored in the `job` table.
+    pub fn stored_job_types(&self) -> Result<Vec<String>> {
+        self.read(|tx| {
+            let rows = tx.query(SQL_JOB_TYPES, &[], None);
+            Ok(rows
+                .iter()
+                .filter_map(|r| r.try_get::<_, String>(0).ok())
+                .collect())
+        })
+    }
+
+    /// Renews the lease (`claimed_at`) of running runs this process holds.
+    pub fn heartbeat(&self, runs: &[(RunId, u32)], now: Millis) -> Result<u64> {
+        if runs.is_empty() {
+            return Ok(0);
+        }
+        let ids: Vec<Uuid> = runs.iter().map(|r| r.0).collect();
+        let epochs: Vec<i32> = runs.iter().map(|r| r.1 as i32).collect();
+        self.transaction(|tx| {
+            let rows = tx.query(SQL_HEARTBEAT, &[&ids, &epochs, &Ms(now)], None);
+            Ok(rows.len() as u64)
+        })
+    }
+
+    /// Running runs whose lease is older than `lease_ms` (their worker is
+    /// gone): `(id, epoch)`, at most `limit`.
+    pub fn expired_leases(
+        &self,
+        now: Millis,
+        lease_ms: i64,
+        limit: i64,
+    ) -> Result<Vec<(RunId, u32)>> {
+        self.read(|tx| {
+            let rows = tx.query(
+                SQL_EXPIRED,
+                &[&Ms(now.saturating_sub(lease_ms)), &limit],
+                None,
+            );
+            Ok(rows
+                .iter()
+                .filter_map(|r| {
+                    Some((
+                        r.try_get::<_, Uuid>(0).ok()?,
+                        r.try_get::<_, i32>(1).ok()? as u32,
+                    ))
+                })
+                .collect())
+        })
+    }
+
+    /// Blocks the calling thread listening for start notifications until
+    /// `keep_going` returns false; calls `on_notify` for each.
+    pub fn listen(&self, keep_going: &dyn Fn() -> bool, on_notify: &dyn Fn()) -> Result<()> {
+        let mut client = self.pool.config.connect(NoTls).map_err(db_err)?;
+        client
+            .batch_execute(&format!("LISTEN {}", quote_ident(&self.channel)))
+            .map_err(db_err)?;
+        while keep_going() {
+            let mut n = client.notifications();
+            let mut it = n.timeout_iter(Duration::from_millis(200));
+            loop {
+                match fallible_next(&mut it) {
+                    Ok(Some(())) => on_notify(),
+                    Ok(None) => break,
+                    Err(e) => return Err(db_err(e)),
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn run_tx<R>(&self, lock: bool, f: impl FnOnce(&mut PgTx<'_>) -> Result<R>) -> Result<R> {
+        let mut lease = self.pool.get()?;
+        let Some(conn) = lease.conn.as_mut() else {
+            return Err(JobError::invalid("connection pool is closed"));
+        };
+        conn.client
+            .batch_execute(if lock { "BEGIN" } else { "BEGIN READ ONLY" })
+            .map_err(db_err)?;
+        let mut tx = PgTx {
+            store: self,
+            conn: RefCell::new(conn),
+            lock,
+            runs: FrozenMap::new(),
+            locked: RefCell::new(HashSet::new()),
+            steps: FrozenMap::new(),
+            dirty: Vec::new(),
+            claim_queue: VecDeque::new(),
+            claim_hint: 1,
+            notify: false,
+            failure: RefCell::new(None),
+        };
+        let out = f(&mut tx);
+        tx.flush();
+        if tx.notify {
+            let chan = self.channel.clone();
+            tx.exec(SQL_NOTIFY, &[&chan]);
+        }
+        let failure = tx.failure.take();
+        let PgTx { conn, .. } = tx;
+        let conn = conn.into_inner();
+        match (out, failure) {
+            (Ok(v), None) => {
+                conn.client.batch_execute("COMMIT").map_err(db_err)?;
+                Ok(v)
+            }
+            (Err(e), None) => {
+                conn.client.batch_execute("ROLLBACK").map_err(db_err)?;
+                Err(e)
+            }
+            (_, Some(e)) => {
+                let _ = conn.client.batch_execute("ROLLBACK");
+                Err(db_err(e))
+            }
+        }
+    }
+}
+
+impl Store for PgStore {
+    type Tx<'a> = PgTx<'a>;
+
+    fn transaction<R>(&self, f: impl FnOnce(&mut PgTx<'_>) -> Result<R>) -> Result<R> {
+        self.run_tx(true, f)
+    }
+
+    /// Read-only: rows are not locked, so readers never hold up claims.
+    fn read<R>(&self, f: impl FnOnce(&mut PgTx<'_>) -> Result<R>) -> Result<R> {
+        self.run_tx(false, f)
+    }
+}
+
+fn fallible_next(
+    it: &mut postgres::notifications::TimeoutIter<'_>,
+) -> std::result::Result<Option<()>, postgres::Error> {
+    use postgres::fallible_iterator::FallibleIterator;
+    Ok(it.next()?.map(|_| ()))
+}
+
+// ── SQL ────────────────────────────────────────────────────────────────
+// `{S}` = schema, `{R}` = run columns, `{P}` = step columns,
+// `{T}` = tenant predicate on `$1` (two prepared variants: null / value).
+
+const SQL_RUN: &str = "SELECT {R} FROM {S}.job_run WHERE id = $1";
+const SQL_RUN_LOCK: &str = "SELECT {R} FROM {S}.job_run WHERE id = $1 FOR UPDATE";
+const SQL_INSERT_RUN: &str = "INSERT INTO {S}.job_run ({R}) VALUES \
+    ($1,$2,$3,$4,$5,$6,$7,$8,$9,$10,$11,$12,$13,$14,$15,$16,$17,$18,$19,$20,$21,$22,$23,$24,$25,$26,$27,$28,$29,$30,$31)";
+const SQL_UPDATE_RUN: &str = "UPDATE {S}.job_run SET status=$2, output=$3, error=$4, run_at=$5, \
+    started_at=$6, finished_at=$7, claimed_at=$8, attempts=$9, updated_at=$10, lane_seq=$11, \
+    claim_epoch=$12, executing=$13, priority=$14, pool=$15 WHERE id = $1";
+const SQL_NEXTVAL: &str = "SELECT nextval('{S}.job_run_seq')";
+const SQL_LOCK: &str = "SELECT pg_advisory_xact_lock($1)";
+const SQL_DEDUPE: &str = "SELECT {R} FROM {S}.job_run WHERE {T} AND job_type = $2 AND dedupe_key = $3 \
+    AND created_at > $4 AND status NOT IN ('canceled','failed') ORDER BY created_at DESC, seq DESC LIMIT 1";
+const SQL_LANE: &str = "SELECT id FROM {S}.job_run WHERE {T} AND concurrency_key = $2 \
+    AND status IN ('pending','running','waiting') ORDER BY lane_seq";
+/// Claimable = pending, due, and unkeyed or the head of an idle lane.
+const SQL_CLAIMABLE: &str = "SELECT {R} FROM {S}.job_run r WHERE pool = $1 AND status = 'pending' \
+    AND run_at <= $2 AND (concurrency_key IS NULL OR NOT EXISTS (SELECT 1 FROM {S}.job_run l \
+    WHERE l.concurrency_key = r.concurrency_key AND l.tenant_id IS NOT DISTINCT FROM r.tenant_id \
+    AND l.status IN ('pending','running','waiting') AND l.id <> r.id \
+    AND (l.lane_seq < r.lane_seq OR l.status = 'running'))) \
+    ORDER BY priority DESC, run_at, seq LIMIT $3 FOR UPDATE SKIP LOCKED";
+const SQL_NEXT_DUE: &str = "SELECT min(run_at) FROM (SELECT run_at FROM {S}.job_run r WHERE pool = $1 \
+    AND status = 'pending' AND (concurrency_key IS NULL OR NOT EXISTS (SELECT 1 FROM {S}.job_run l \
+    WHERE l.concurrency_key = r.concurrency_key AND l.tenant_id IS NOT DISTINCT FROM r.tenant_id \
+    AND l.status IN ('pending','running','waiting') AND l.id <> r.id \
+    AND (l.lane_seq < r.lane_seq OR l.status = 'running'))) ORDER BY priority DESC, run_at LIMIT 64) d";
+const SQL_CHILDREN: &str = "SELECT id FROM {S}.job_run WHERE parent_run_id = $1 ORDER BY seq";
+const SQL_STEP: &str = "SELECT {P} FROM {S}.job_step WHERE job_run_id = $1 AND step_id = $2";
+const SQL_STEPS: &str = "SELECT {P} FROM {S}.job_step WHERE job_run_id = $1 ORDER BY seq";
+const SQL_MAX_STEP: &str = "SELECT coalesce(max(seq), 0) FROM {S}.job_step WHERE job_run_id = $1";
+const SQL_PUT_STEP: &str = "INSERT INTO {S}.job_step ({P}, kind) VALUES ($1,$2,$3,$4,$5,$6,$7,$8,$9,$10,$11,$12,'task') \
+    ON CONFLICT (job_run_id, step_id) DO UPDATE SET id=EXCLUDED.id, seq=EXCLUDED.seq, status=EXCLUDED.status, \
+    input=EXCLUDED.input, output=EXCLUDED.output, error=EXCLUDED.error, attempts=EXCLUDED.attempts, \
+    started_at=EXCLUDED.started_at, finished_at=EXCLUDED.finished_at, epoch=EXCLUDED.epoch";
+const SQL_DELETE_STEPS: &str = "DELETE FROM {S}.job_step WHERE job_run_id = $1";
+const SQL_DELETE_OPEN_STEPS: &str =
+    "DELETE FROM {S}.job_step WHERE job_run_id = $1 AND status <> 'completed'";
+const SQL_DEF: &str = "SELECT type, version, pool, scope_entity_type, retry_policy, timeout_ms, \
+    concurrency_key_template, collision_mode, dedupe_key_template, dedupe_window_ms, priority_default, \
+    replay_from, created_at, updated_at FROM {S}.job WHERE type = $1";
+const SQL_PUT_DEF: &str = "INSERT INTO {S}.job (type, version, pool, scope_entity_type, retry_policy, \
+    timeout_ms, concurrency_key_template, collision_mode, dedupe_key_template, dedupe_window_ms, \
+    priority_default, replay_from, created_at, updated_at) VALUES ($1,$2,$3,$4,$5,$6,$7,$8,$9,$10,$11,$12,$13,$14) \
+    ON CONFLICT (type) DO UPDATE SET version=EXCLUDED.version, pool=EXCLUDED.pool, \
+    scope_entity_type=EXCLUDED.scope_entity_type, retry_policy=EXCLUDED.retry_policy, \
+    timeout_ms=EXCLUDED.timeout_ms, concurrency_key_template=EXCLUDED.concurrency_key_template, \
+    collision_mode=EXCLUDED.collision_mode, dedupe_key_template=EXCLUDED.dedupe_key_template, \
+    dedupe_window_ms=EXCLUDED.dedupe_window_ms, priority_default=EXCLUDED.priority_default, \
+    replay_from=EXCLUDED.replay_from, updated_at=EXCLUDED.updated_at";
+const SQL_JOB_TYPES: &str = "SELECT type FROM {S}.job ORDER BY type";
+const SQL_PURGE: &str =
+    "WITH gone AS (DELETE FROM {S}.job_run WHERE id IN (SELECT id FROM {S}.job_run \
+    WHERE finished_at IS NOT NULL AND ((status = 'completed' AND finished_at <= $1) \
+    OR (status <> 'completed' AND finished_at <= $2)) LIMIT 1000) RETURNING id) \
+    DELETE FROM {S}.job_step WHERE job_run_id IN (SELECT id FROM gone)";
+const SQL_SCOPE: &str = "SELECT {R} FROM {S}.job_run WHERE {T} AND scope_entity_type = $2 \
+    AND scope_entity_id = $3 ORDER BY seq";
+const SQL_COUNTS: &str =
+    "SELECT pool, status, count(*) FROM {S}.job_run WHERE {T} GROUP BY pool, status";
+const SQL_FAILED: &str = "SELECT {R} FROM {S}.job_run WHERE {T} AND status = 'failed' \
+    ORDER BY finished_at DESC, seq DESC LIMIT $2";
+const SQL_PAGE: &str = "SELECT {R} FROM {S}.job_run WHERE {T} AND ($2::text IS NULL OR pool = $2) \
+    AND ($3::text IS NULL OR status = $3) AND created_at >= $4 \
+    AND ($5::timestamptz IS NULL OR (created_at, id) < ($5, $6::uuid)) \
+    ORDER BY created_at DESC, id DESC LIMIT $7";
+const SQL_PAGE_ROOT: &str = "SELECT {R} FROM {S}.job_run WHERE {T} AND root_run_id = $8 \
+    AND ($2::text IS NULL OR pool = $2) AND ($3::text IS NULL OR status = $3) AND created_at >= $4 \
+    AND ($5::timestamptz IS NULL OR (created_at, id) < ($5, $6::uuid)) \
+    ORDER BY created_at DESC, id DESC LIMIT $7";
+const SQL_TREE: &str = "SELECT {R} FROM {S}.job_run WHERE root_run_id = $1 ORDER BY seq";
+const SQL_HEARTBEAT: &str = "UPDATE {S}.job_run r SET claimed_at = $3 FROM unnest($1::uuid[], $2::int4[]) \
+    AS h(id, epoch) WHERE r.id = h.id AND r.claim_epoch = h.epoch AND r.status = 'running' RETURNING r.id";
+const SQL_EXPIRED: &str = "SELECT id, claim_epoch FROM {S}.job_run WHERE status = 'running' \
+    AND claimed_at < $1 ORDER BY claimed_at LIMIT $2";
+const SQL_NOTIFY: &str = "SELECT pg_notify($1, '')";
+
+// ── the transaction ────────────────────────────────────────────────────
+
+pub struct PgTx<'a> {
+    store: &'a PgStore,
+    conn: RefCell<&'a mut Conn>,
+    /// Mutating transaction: reads lock their rows.
+    lock: bool,
+    /// Rows read or written in this transaction (stable addresses, so
+    /// reads can hand out references while more rows are loaded).
+    runs: FrozenMap<RunId, Box<RunRow>>,
+    /// Cached rows read with `FOR UPDATE`.
+    locked: RefCell<HashSet<RunId>>,
+    steps: FrozenMap<(RunId, String), Box<Option<StepRow>>>,
+    /// Rows changed in the cache and not yet written.
+    dirty: Vec<RunId>,
+    /// Locked claim candidates not yet handed out.
+    claim_queue: VecDeque<RunId>,
+    claim_hint: usize,
+    /// Something became claimable: notify listeners on commit.
+    notify: bool,
+    failure: RefCell<Option<postgres::Error>>,
+}
+
+impl PgTx<'_> {
+    fn sql(&self, tpl: &'static str, tenant_null: Option<bool>) -> String {
+        let t = match tenant_null {
+            Some(true) => "(tenant_id IS NULL AND $1::text IS NULL)",
+            _ => "tenant_id = $1",
+        };
+        tpl.replace("{S}", &self.store.schema_sql)
+            .replace("{R}", RUN_COLS)
+            .replace("{P}", STEP_COLS)
+            .replace("{T}", t)
+    }
+
+    fn statement(&self, tpl: &'static str, tenant_null: Option<bool>) -> Option<Statement> {
+        let key = (tpl.as_ptr() as usize, tenant_null == Some(true));
+        let mut conn = self.conn.borrow_mut();
+        if let Some(s) = conn.stmts.get(&key) {
+            return Some(s.clone());
+        }
+        let sql = self.sql(tpl, tenant_null);
+        match conn.client.prepare(&sql) {
+            Ok(s) => {
+                conn.stmts.insert(key, s.clone());
+                Some(s)
+            }
+            Err(e) => {
+                self.fail(e);
+                None
+            }
+        }
+    }
+
+    fn fail(&self, e: postgres::Error) {
+        let mut f = self.failure.borrow_mut();
+        if f.is_none() {
+            *f = Some(e);
+        }
+    }
+
+    fn failed(&self) -> bool {
+        self.failure.borrow().is_some()
+    }
+
+    /// Runs a query; on error records it (the transaction then rolls back)
+    /// and returns no rows.
+    fn query(
+        &self,
+        tpl: &'static str,
+        params: &[&(dyn ToSql + Sync)],
+        tenant_null: Option<bool>,
+    ) -> Vec<Row> {
+        if self.failed() {
+            return Vec::new();
+        }
+        let Some(stmt) = self.statement(tpl, tenant_null) else {
+            return Vec::new();
+        };
+        let r = self.conn.borrow_mut().client.query(&stmt, params);
+        match r {
+            Ok(rows) => rows,
+            Err(e) => {
+                self.fail(e);
+                Vec::new()
+            }
+        }
+    }
+
+    fn exec(&self, tpl: &'static str, params: &[&(dyn ToSql + Sync)]) {
+        if self.failed() {
+            return;
+        }
+        let Some(stmt) = self.statement(tpl, None) else {
+            return;
+        };
+        let r = self.conn.borrow_mut().client.execute(&stmt, params);
+        if let Err(e) = r {
+            self.fail(e);
+        }
+    }
+
+    /// Caches rows read by a query (keeping rows already cached, which may
+    /// hold unwritten changes) and returns their ids in query order.
+    fn absorb(&self, rows: &[Row], locked: bool) -> Vec<RunId> {
+        let mut ids = Vec::with_capacity(rows.len());
+        for r in rows {
+            match run_from_row(r) {
+                Ok(row) => {
+                    let id = row.id;
+                    if self.runs.get(&id).is_none() {
+                        self.runs.insert(id, Box::new(row));
+                        if locked {
+                            self.locked.borrow_mut().insert(id);
+                        }
+                    }
+                    ids.push(id);
+                }
+                Err(e) => self.fail(e),
+            }
+        }
+        ids
+    }
+
+    fn load(&self, id: &RunId) -> Option<&RunRow> {
+        if let Some(r) = self.runs.get(id) {
+            return Some(r);
+        }
+        let tpl = if self.lock { SQL_RUN_LOCK } else { SQL_RUN };
+        let rows = self.query(tpl, &[id], None);
+        self.absorb(&rows, self.lock);
+        self.runs.get(id)
+    }
+
+    /// Makes sure a cached row is locked before it is written.
+    fn ensure_locked(&mut self, id: &RunId) {
+        if !self.lock || self.locked.borrow().contains(id) {
+            return;
+        }
+        self.flush();
+        let rows = self.query(SQL_RUN_LOCK, &[id], None);
+        if let Some(Ok(fresh)) = rows.first().map(run_from_row) {
+            self.runs.as_mut().insert(*id, Box::new(fresh));
+        }
+        self.locked.borrow_mut().insert(*id);
+    }
+
+    /// Writes changed rows (before any query that could see them, and at
+    /// commit).
+    fn flush(&mut self) {
+        if self.dirty.is_empty() {
+            return;
+        }
+        let dirty = std::mem::take(&mut self.dirty);
+        for id in dirty {
+            let Some(r) = self.runs.get(&id) else {
+                continue;
+            };
+            let error = r.error.as_deref().map(error_json);
+            let status = r.status.as_str();
+            let attempts = r.attempts as i32;
+            let lane_seq = r.lane_seq as i64;
+            let epoch = r.claim_epoch as i32;
+            let pool: &str = &r.pool;
+            self.exec(
+                SQL_UPDATE_RUN,
+                &[
+                    &r.id,
+                    &status,
+                    &r.output.as_deref().map(|o| Jsonb(o.get())),
+                    &error.as_deref().map(Jsonb),
+                    &Ms(r.run_at),
+                    &r.started_at.map(Ms),
+                    &r.finished_at.map(Ms),
+                    &r.claimed_at.map(Ms),
+                    &attempts,
+                    &Ms(r.updated_at),
+                    &lane_seq,
+                    &epoch,
+                    &r.executing,
+                    &r.priority,
+                    &pool,
+                ],
+            );
+        }
+    }
+
+    fn lock_identity(&mut self, kind: u8, tenant: TenantRef<'_>, a: &str, b: &str) {
+        let k = lock_key(kind, tenant, a, b);
+        self.exec(SQL_LOCK, &[&k]);
+    }
+
+    fn tenant_null(tenant: TenantRef<'_>) -> Option<bool> {
+        Some(tenant.is_none())
+    }
+}
+
+impl StoreTx for PgTx<'_> {
+    fn definition(&self, job_type: &str) -> Option<Arc<JobDefinition>> {
+        if let Some(d) = self
+            .store
+            .defs
+            .read()
+            .ok()
+            .and_then(|m| m.get(job_type).cloned())
+        {
+            return Some(d);
+        }
+        let rows = self.query(SQL_DEF, &[&job_type], None);
+        let def = Arc::new(definition_from_row(rows.first()?)?);
+        if let Ok(mut m) = self.store.defs.write() {
+            m.insert(def.job_type.clone(), def.clone());
+        }
+        Some(def)
+    }
+
+    fn put_definition(&mut self, def: JobDefinition) -> Arc<JobDefinition> {
+        let retry = serde_json::to_string(&def.retry_policy).unwrap_or_else(|_| "{}".to_owned());
+        let jt: &str = &def.job_type;
+        let pool: &str = &def.pool;
+        let ck = def.concurrency_key_template.as_ref().map(|k| k.stored());
+        let dk = def.dedupe_key_template.as_ref().map(|k| k.stored());
+        self.exec(
+            SQL_PUT_DEF,
+            &[
+                &jt,
+                &def.version,
+                &pool,
+                &def.scope_entity_type,
+                &Jsonb(&retry),
+                &def.timeout_ms,
+                &ck,
+                &def.collision_mode.as_str(),
+                &dk,
+                &def.dedupe_window_ms,
+                &def.priority_default,
+                &def.replay_from.as_str(),
+                &Ms(def.created_at),
+                &Ms(def.updated_at),
+            ],
+        );
+        let def = Arc::new(def);
+        if let Ok(mut m) = self.store.defs.write() {
+            m.insert(def.job_type.clone(), def.clone());
+        }
+        def
+    }
+
+    fn run(&self, id: &RunId) -> Option<&RunRow> {
+        self.load(id)
+    }
+
+    fn insert_run(&mut self, row: RunRow) {
+        self.flush();
+        let tags = row.tags.as_deref().map_or("{}", |t| t.get());
+        let error = row.error.as_deref().map(error_json);
+        let attempts = row.attempts as i32;
+        let seq = row.seq as i64;
+        let lane_seq = row.lane_seq as i64;
+        let epoch = row.claim_epoch as i32;
+        let jt: &str = &row.job_type;
+        let pool: &str = &row.pool;
+        self.exec(
+            SQL_INSERT_RUN,
+            &[
+                &row.id,
+                &jt,
+                &row.job_version,
+                &row.parent_run_id,
+                &row.root_run_id,
+                &row.parent_close_policy.as_str(),
+                &row.scope_entity_type.as_deref(),
+                &row.scope_entity_id.as_deref(),
+                &row.tenant_id.as_deref(),
+                &Jsonb(tags),
+                &pool,
+                &row.priority,
+                &row.concurrency_key.as_deref(),
+                &row.dedupe_key.as_deref(),
+                &row.status.as_str(),
+                &Jsonb(row.input.get()),
+                &row.output.as_deref().map(|o| Jsonb(o.get())),
+                &error.as_deref().map(Jsonb),
+                &row.trigger_source.as_str(),
+                &row.trigger_ref.as_deref(),
+                &Ms(row.run_at),
+                &row.started_at.map(Ms),
+                &row.finished_at.map(Ms),
+                &row.claimed_at.map(Ms),
+                &attempts,
+                &Ms(row.created_at),
+                &Ms(row.updated_at),
+                &seq,
+                &lane_seq,
+                &epoch,
+                &row.executing,
+            ],
+        );
+        if row.status == RunStatus::Pending {
+            self.notify = true;
+        }
+        let id = row.id;
+        self.runs.as_mut().insert(id, Box::new(row));
+        self.locked.borrow_mut().insert(id);
+    }
+
+    fn update_run(&mut self, id: &RunId, f: &mut dyn FnMut(&mut RunRow)) {
+        if self.load(id).is_none() {
+            return;
+        }
+        self.ensure_locked(id);
+        let Some(row) = self.runs.as_mut().get_mut(id) else {
+            return;
+        };
+        let before_status = row.status;
+        let before_lane = row.lane_seq;
+        f(row);
+        let lane_moved = row.lane_seq != before_lane;
+        let key = row.concurrency_key.clone();
+        let tenant = row.tenant_id.clone();
+        let wakes = (row.status == RunStatus::Pending && before_status != RunStatus::Pending)
+            || (row.concurrency_key.is_some()
+                && row.status.is_terminal()
+                && !before_status.is_terminal());
+        if wakes {
+            self.notify = true;
+        }
+        if !self.dirty.contains(id) {
+            self.dirty.push(*id);
+        }
+        // A run rejoining its lane gets its position under the lane lock,
+        // so positions are handed out in commit order across processes.
+        if lane_moved {
+            if let Some(k) = key {
+                self.lock_identity(b'l', tenant.as_deref(), &k, "");
+                let rows = self.query(SQL_NEXTVAL, &[], None);
+                let seq = rows.first().and_then(|r| r.try_get::<_, i64>(0).ok());
+                if let (Some(seq), Some(row)) = (seq, self.runs.as_mut().get_mut(id)) {
+                    row.lane_seq = seq.max(0) as u64;
+                }
+            }
+        }
+    }
+
+    fn next_seq(&mut self) -> u64 {
+        let rows = self.query(SQL_NEXTVAL, &[], None);
+        rows.first()
+            .and_then(|r| r.try_get::<_, i64>(0).ok())
+            .unwrap_or(0)
+            .max(0) as u64
+    }
+
+    fn find_dedupe(
+        &self,
+        tenant: TenantRef<'_>,
+        job_type: &str,
+        dedupe_key: &str,
+        created_after: Millis,
+    ) -> Option<&RunRow> {
+        if self.lock {
+            let k = lock_key(b'd', tenant, job_type, dedupe_key);
+            self.exec(SQL_LOCK, &[&k]);
+        }
+        let rows = self.query(
+            SQL_DEDUPE,
+            &[&tenant, &job_type, &dedupe_key, &Ms(created_after)],
+            Self::tenant_null(tenant),
+        );
+        let id = *self.absorb(&rows, false).first()?;
+        self.runs.get(&id)
+    }
+
+    fn lane(&self, tenant: TenantRef<'_>, key: &str) -> Vec<RunId> {
+        if self.lock {
+            let k = lock_key(b'l', tenant, key, "");
+            self.exec(SQL_LOCK, &[&k]);
+        }
+        let rows = self.query(SQL_LANE, &[&tenant, &key], Self::tenant_null(tenant));
+        rows.iter()
+            .filter_map(|r| r.try_get::<_, Uuid>(0).ok())
+            .collect()
+    }
+
+    fn expect_claims(&mut self, n: usize) {
+        self.claim_hint = n.clamp(1, 1000);
+    }
+
+    fn next_claimable(&mut self, pool: &str, now: Millis) -> Option<RunId> {
+        loop {
+            if let Some(id) = self.claim_queue.pop_front() {
+                // Still claimable? (a rule may have changed it meanwhile)
+                if self
+                    .runs
+                    .get(&id)
+                    .is_some_and(|r| r.status == RunStatus::Pending && &*r.pool == pool)
+                {
+                    return Some(id);
+                }
+                continue;
+            }
+            if self.claim_hint == 0 {
+                return None;
+            }
+            self.flush();
+            let limit = self.claim_hint as i64;
+            // One fetch per transaction: the rows stay locked until commit.
+            self.claim_hint = 0;
+            let rows = self.query(SQL_CLAIMABLE, &[&pool, &Ms(now), &limit], None);
+            let ids = self.absorb(&rows, true);
+            if ids.is_empty() {
+                return None;
+            }
+            self.claim_queue.extend(ids);
+        }
+    }
+
+    fn next_due(&mut self, pool: &str, _now: Millis) -> Option<Millis> {
+        self.flush();
+        let rows = self.query(SQL_NEXT_DUE, &[&pool], None);
+        rows.first()
+            .and_then(|r| r.try_get::<_, Option<Ms>>(0).ok().flatten())
+            .map(|m| m.0)
+    }
+
+    fn children(&self, id: &RunId) -> Vec<RunId> {
+        let rows = self.query(SQL_CHILDREN, &[id], None);
+        rows.iter()
+            .filter_map(|r| r.try_get::<_, Uuid>(0).ok())
+            .collect()
+    }
+
+    fn step(&self, run: &RunId, step_id: &str) -> Option<&StepRow> {
+        let key = (*run, step_id.to_owned());
+        if let Some(s) = self.steps.get(&key) {
+            return s.as_ref();
+        }
+        let rows = self.query(SQL_STEP, &[run, &step_id], None);
+        let row = match rows.first().map(step_from_row) {
+            Some(Ok(s)) => Some(s),
+            Some(Err(e)) => {
+                self.fail(e);
+                None
+            }
+            None => None,
+        };
+        self.steps.insert(key, Box::new(row)).as_ref()
+    }
+
+    fn put_step(&mut self, row: StepRow) {
+        let error = row.error.as_deref().map(error_json);
+        let step_id: &str = &row.step_id;
+        let seq = row.seq as i32;
+        let attempts = row.attempts as i32;
+        let epoch = row.epoch as i32;
+        self.exec(
+            SQL_PUT_STEP,
+            &[
+                &row.id,
+                &row.job_run_id,
+                &step_id,
+                &seq,
+                &row.status.as_str(),
+                &row.input.as_deref().map(|o| Jsonb(o.get())),
+                &row.output.as_deref().map(|o| Jsonb(o.get())),
+                &error.as_deref().map(Jsonb),
+                &attempts,
+                &row.started_at.map(Ms),
+                &row.finished_at.map(Ms),
+                &epoch,
+            ],
+        );
+        let key = (row.job_run_id, row.step_id.to_string());
+        self.steps.as_mut().insert(key, Box::new(Some(row)));
+    }
+
+    fn steps(&self, run: &RunId) -> Vec<StepRow> {
+        let rows = self.query(SQL_STEPS, &[run], None);
+        let mut out = Vec::with_capacity(rows.len());
+        for r in &rows {
+            match step_from_row(r) {
+                Ok(s) => out.push(s),
+                Err(e) => self.fail(e),
+            }
+        }
+        out
+    }
+
+    fn max_step_seq(&self, run: &RunId) -> u32 {
+        let rows = self.query(SQL_MAX_STEP, &[run], None);
+        rows.first()
+            .and_then(|r| r.try_get::<_, i32>(0).ok())
+            .unwrap_or(0)
+            .max(0) as u32
+    }
+
+    fn delete_steps(&mut self, run: &RunId, keep_completed: bool) {
+        let tpl = if keep_completed {
+            SQL_DELETE_OPEN_STEPS
+        } else {
+            SQL_DELETE_STEPS
+        };
+        self.exec(tpl, &[run]);
+        self.steps.as_mut().retain(|(r, _), _| r != run);
+    }
+
+    fn set_retention_tracking(&mut self, _on: bool) {}
+
+    fn purge_finished(
+        &mut self,
+        completed_before: Option<Millis>,
+        other_before: Option<Millis>,
+    ) -> usize {
+        if completed_before.is_none() && other_before.is_none() {
+            return 0;
+        }
+        self.flush();
+        let c = Ms(completed_before.unwrap_or(PG_MIN_MS));
+        let o = Ms(other_before.unwrap_or(PG_MIN_MS));
+        let rows = self.query(SQL_PURGE, &[&c, &o], None);
+        rows.len()
+    }
+
+    fn scope_runs(&self, tenant: TenantRef<'_>, entity_type: &str, entity_id: &str) -> Vec<RunId> {
+        let rows = self.query(
+            SQL_SCOPE,
+            &[&tenant, &entity_type, &entity_id],
+            Self::tenant_null(tenant),
+        );
+        self.absorb(&rows, false)
+    }
+
+    fn status_counts(&self, tenant: TenantRef<'_>) -> Vec<(Arc<str>, RunStatus, u64)> {
+        let rows = self.query(SQL_COUNTS, &[&tenant], Self::tenant_null(tenant));
+        let mut out: Vec<(Arc<str>, RunStatus, u64)> = rows
+            .iter()
+            .filter_map(|r| {
+                let pool: &str = r.try_get(0).ok()?;
+                let status = RunStatus::parse(r.try_get(1).ok()?)?;
+                let n: i64 = r.try_get(2).ok()?;
+                Some((Arc::from(pool), status, n.max(0) as u64))
+            })
+            .collect();
+        out.sort_by(|a, b| a.0.cmp(&b.0).then(a.1.as_str().cmp(b.1.as_str())));
+        out
+    }
+
+    fn recent_failed(&self, tenant: TenantRef<'_>, limit: usize) -> Vec<RunId> {
+        let limit = limit as i64;
+        let rows = self.query(SQL_FAILED, &[&tenant, &limit], Self::tenant_null(tenant));
+        self.absorb(&rows, false)
+    }
+
+    fn page_runs(&self, q: &PageQuery<'_>) -> Vec<RunId> {
+        let status = q.status.map(|s| s.as_str());
+        let before_at = q.before.map(|b| Ms(b.0));
+        let before_id = q.before.map(|b| Uuid::from_u128(b.1));
+        let limit = q.limit as i64;
+        let tn = Self::tenant_null(q.tenant);
+        let rows = match q.root {
+            Some(root) => self.query(
+                SQL_PAGE_ROOT,
+                &[
+                    &q.tenant,
+                    &q.pool,
+                    &status,
+                    &Ms(q.since),
+                    &before_at,
+                    &before_id,
+                    &limit,
+                    root,
+                ],
+                tn,
+            ),
+            None => self.query(
+                SQL_PAGE,
+                &[
+                    &q.tenant,
+                    &q.pool,
+                    &status,
+                    &Ms(q.since),
+                    &before_at,
+                    &before_id,
+                    &limit,
+                ],
+                tn,
+            ),
+        };
+        self.absorb(&rows, false)
+    }
+
+    fn tree_runs(&self, root: &RunId) -> Vec<RunId> {
+        let Some(r) = self.load(root) else {
+            return Vec::new();
+        };
+        if r.root_run_id != *root {
+            // A subtree: walk children breadth-first.
+            let mut out = vec![*root];
+            let mut i = 0;
+            while i < out.len() {
+                let kids = self.children(&out[i]);
+                for k in &kids {
+                    self.load(k);
+                }
+                out.extend(kids);
+                i += 1;
+            }
+            return out;
+        }
+        // A whole tree: one query, then breadth-first order in memory.
+        let rows = self.query(SQL_TREE, &[root], None);
+        let ids = self.absorb(&rows, false);
+        let mut kids: HashMap<RunId, Vec<RunId>> = HashMap::new();
+        for id in &ids {
+            if let Some(p) = self.runs.get(id).and_then(|r| r.parent_run_id) {
+                kids.entry(p).or_default().push(*id);
+            }
+        }
+        let mut out = vec![*root];
+        let mut i = 0;
+        while i < out.len() {
+            if let Some(k) = kids.get(&out[i]) {
+                out.extend(k.iter().copied());
+            }
+            i += 1;
+        }
+        out
+    }
+}

@@ -1,0 +1,113 @@
+-- jobforge schema, version 1. `{S}` is the quoted schema name.
+-- Tables and columns follow the seed's persistence model (the row shapes of
+-- CONTRACT.md in snake_case); the columns marked "jobforge" are additions a
+-- database created for the TypeScript system gains through ADD COLUMN IF
+-- NOT EXISTS, so such a database is upgraded in place.
+
+CREATE TABLE IF NOT EXISTS {S}.job (
+  type                     text PRIMARY KEY,
+  version                  integer NOT NULL DEFAULT 1,
+  pool                     text NOT NULL DEFAULT 'batch',
+  scope_entity_type        text,
+  retry_policy             jsonb NOT NULL DEFAULT '{"attempts":1,"backoff":"fixed","baseMs":0}',
+  timeout_ms               bigint,
+  concurrency_key_template text,
+  collision_mode           text NOT NULL DEFAULT 'queue'
+                           CHECK (collision_mode IN ('queue', 'reject', 'replace')),
+  dedupe_key_template      text,
+  dedupe_window_ms         bigint,
+  priority_default         integer NOT NULL DEFAULT 0,
+  replay_from              text NOT NULL DEFAULT 'last_checkpoint'
+                           CHECK (replay_from IN ('scratch', 'last_step', 'last_checkpoint')),
+  created_at               timestamptz NOT NULL DEFAULT now(),
+  updated_at               timestamptz NOT NULL DEFAULT now()
+);
+
+CREATE TABLE IF NOT EXISTS {S}.job_run (
+  id                  uuid PRIMARY KEY,
+  job_type            text NOT NULL,
+  job_version         integer NOT NULL DEFAULT 1,
+  parent_run_id       uuid,
+  root_run_id         uuid NOT NULL,
+  parent_close_policy text NOT NULL DEFAULT 'terminate'
+                      CHECK (parent_close_policy IN ('terminate', 'cancel', 'abandon')),
+  scope_entity_type   text,
+  scope_entity_id     text,
+  tenant_id           text,
+  tags                jsonb NOT NULL DEFAULT '{}',
+  pool                text NOT NULL,
+  priority            integer NOT NULL DEFAULT 0,
+  concurrency_key     text,
+  dedupe_key          text,
+  status              text NOT NULL DEFAULT 'pending'
+                      CHECK (status IN ('pending', 'running', 'waiting', 'completed', 'failed', 'timed_out', 'canceled')),
+  input               jsonb NOT NULL DEFAULT '{}',
+  output              jsonb,
+  error               jsonb,
+  trigger_source      text NOT NULL DEFAULT 'manual'
+                      CHECK (trigger_source IN ('manual', 'schedule', 'event', 'parent')),
+  trigger_ref         text,
+  run_at              timestamptz NOT NULL DEFAULT now(),
+  started_at          timestamptz,
+  finished_at         timestamptz,
+  claimed_at          timestamptz,
+  attempts            integer NOT NULL DEFAULT 0,
+  wait_kind           text CHECK (wait_kind IN ('signal')),
+  resume_token        text,
+  wait_deadline       timestamptz,
+  created_at          timestamptz NOT NULL DEFAULT now(),
+  updated_at          timestamptz NOT NULL DEFAULT now()
+);
+
+CREATE TABLE IF NOT EXISTS {S}.job_step (
+  id          uuid PRIMARY KEY,
+  job_run_id  uuid NOT NULL,
+  step_id     text NOT NULL,
+  kind        text NOT NULL DEFAULT 'task' CHECK (kind IN ('task')),
+  seq         integer NOT NULL,
+  status      text NOT NULL
+              CHECK (status IN ('pending', 'running', 'completed', 'failed', 'skipped')),
+  input       jsonb,
+  output      jsonb,
+  error       jsonb,
+  attempts    integer NOT NULL DEFAULT 0,
+  started_at  timestamptz,
+  finished_at timestamptz,
+  UNIQUE (job_run_id, step_id)
+);
+
+-- jobforge: created order / lane order, claim epochs, the executing flag.
+CREATE SEQUENCE IF NOT EXISTS {S}.job_run_seq;
+ALTER TABLE {S}.job_run ADD COLUMN IF NOT EXISTS seq bigint NOT NULL DEFAULT nextval('{S}.job_run_seq');
+ALTER TABLE {S}.job_run ADD COLUMN IF NOT EXISTS lane_seq bigint NOT NULL DEFAULT 0;
+ALTER TABLE {S}.job_run ADD COLUMN IF NOT EXISTS claim_epoch integer NOT NULL DEFAULT 0;
+ALTER TABLE {S}.job_run ADD COLUMN IF NOT EXISTS executing boolean NOT NULL DEFAULT false;
+ALTER TABLE {S}.job_step ADD COLUMN IF NOT EXISTS epoch integer NOT NULL DEFAULT 0;
+
+-- Claims: the best pending run of a pool (priority, then runAt, then created).
+CREATE INDEX IF NOT EXISTS job_run_claim_idx ON {S}.job_run (pool, priority DESC, run_at, seq)
+  WHERE status = 'pending';
+-- Lanes: the live runs of a concurrency key in lane order.
+CREATE INDEX IF NOT EXISTS job_run_lane_idx ON {S}.job_run (concurrency_key, tenant_id, lane_seq)
+  WHERE concurrency_key IS NOT NULL AND status IN ('pending', 'running', 'waiting');
+CREATE INDEX IF NOT EXISTS job_run_dedupe_idx ON {S}.job_run (job_type, dedupe_key, created_at)
+  WHERE dedupe_key IS NOT NULL;
+CREATE INDEX IF NOT EXISTS job_run_parent_idx ON {S}.job_run (parent_run_id, seq)
+  WHERE parent_run_id IS NOT NULL;
+CREATE INDEX IF NOT EXISTS job_run_root_idx ON {S}.job_run (root_run_id);
+CREATE INDEX IF NOT EXISTS job_run_scope_idx ON {S}.job_run (scope_entity_type, scope_entity_id, seq)
+  WHERE scope_entity_type IS NOT NULL;
+CREATE INDEX IF NOT EXISTS job_run_created_idx ON {S}.job_run (tenant_id, created_at DESC, id DESC);
+CREATE INDEX IF NOT EXISTS job_run_pool_status_idx ON {S}.job_run (tenant_id, pool, status);
+CREATE INDEX IF NOT EXISTS job_run_failed_idx ON {S}.job_run (tenant_id, finished_at DESC, seq DESC)
+  WHERE status = 'failed';
+-- The sweeper: running runs by lease age.
+CREATE INDEX IF NOT EXISTS job_run_lease_idx ON {S}.job_run (claimed_at) WHERE status = 'running';
+CREATE INDEX IF NOT EXISTS job_run_finished_idx ON {S}.job_run (finished_at)
+  WHERE finished_at IS NOT NULL;
+
+CREATE TABLE IF NOT EXISTS {S}.jobforge_migration (
+  version    integer PRIMARY KEY,
+  applied_at timestamptz NOT NULL DEFAULT now()
+);
+INSERT INTO {S}.jobforge_migration (version) VALUES (1) ON CONFLICT DO NOTHING;

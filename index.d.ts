@@ -118,6 +118,70 @@ export declare class NativeEngine {
   clockKind(): string
 }
 
+export declare class PgEngine {
+  /** Creates the engine; connections open on first use. */
+  constructor(options: PgNativeOptions, onAbort: () => void)
+  /** Creates or upgrades the schema (idempotent, safe concurrently). */
+  migrate(): Promise<void>
+  /** Job types stored in the `job` table (for `upsertJobRows`' orphans). */
+  storedJobTypes(): Promise<Array<string>>
+  /** Closes idle connections; the pool reopens on demand. */
+  close(): void
+  register(specsJson: string): Promise<string>
+  definition(jobType: string): Promise<string | null>
+  start(jobType: string, inputJson: string, optsJson?: string | undefined | null): Promise<string>
+  startPreflight(jobType: string, tenantGiven: boolean, tenantId: string | undefined | null, hasParent: boolean): Promise<void>
+  cancel(runId: string, cascade: boolean, tenantGiven: boolean, tenantId?: string | undefined | null): Promise<void>
+  claimNext(pool: string): Promise<string | null>
+  beginAttempt(runId: string): Promise<string>
+  finishAttempt(runId: string, epoch: number, outcomeJson: string): Promise<boolean>
+  stepBegin(runId: string, epoch: number, stepId: string): Promise<string>
+  stepComplete(runId: string, epoch: number, stepId: string, outputJson?: string | undefined | null): Promise<void>
+  stepFail(runId: string, epoch: number, stepId: string, failureJson: string, policyJson?: string | undefined | null): Promise<number | null>
+  replay(runId: string): Promise<string>
+  findById(runId: string, tenantGiven: boolean, tenantId?: string | undefined | null): Promise<string | null>
+  listSteps(runId: string, tenantGiven: boolean, tenantId?: string | undefined | null): Promise<string>
+  listForScope(tenantGiven: boolean, tenantId: string | undefined | null, entityType: string, entityId: string, queryJson: string): Promise<string>
+  cancelForScope(tenantGiven: boolean, tenantId: string | undefined | null, entityType: string, entityId: string, cascade: boolean): Promise<number>
+  rescheduleForScope(tenantGiven: boolean, tenantId: string | undefined | null, entityType: string, entityId: string, runAt: number): Promise<number>
+  countByPoolAndStatus(tenantGiven: boolean, tenantId?: string | undefined | null): Promise<string>
+  listRecentFailed(tenantGiven: boolean, tenantId?: string | undefined | null, limit?: number | undefined | null): Promise<string>
+  listJobRuns(tenantGiven: boolean, tenantId: string | undefined | null, queryJson: string): Promise<string>
+  getRunTree(tenantGiven: boolean, tenantId: string | undefined | null, rootRunId: string): Promise<string | null>
+  findStep(tenantGiven: boolean, tenantId: string | undefined | null, runId: string, stepId: string): Promise<string | null>
+  recordStep(tenantGiven: boolean, tenantId: string | undefined | null, recordJson: string): Promise<string>
+  /** Puts an interrupted attempt's run back to pending. */
+  releaseAttempt(runId: string, epoch: number): Promise<boolean>
+  /** Whether an attempt is still the run's current one. */
+  attemptLive(runId: string, epoch: number): Promise<boolean>
+  /**
+   * Returns runs whose lease expired to pending now (the worker also
+   * does this on its own every lease/1.5). Returns how many.
+   */
+  sweepExpired(): Promise<number>
+  takeNotices(): string | null
+  setEvents(enabled: boolean): void
+  watchRun(runId: string, on: boolean): void
+  now(): number
+  advanceTime(ms: number): number | null
+  clockKind(): string
+  /**
+   * Starts the worker loop for `pools_json` (`[{"name","concurrency"}]`);
+   * claimed batches reach `on_batch` as tickets, one per line.
+   */
+  startWorker(poolsJson: string, onBatch: (tickets: string) => void): void
+  /**
+   * Queues a worker attempt's outcome (null = it ended without one).
+   * No I/O: the worker loop applies it with the next batch.
+   */
+  workerDone(runId: string, epoch: number, outcomeJson: string | undefined | null, pool: string): void
+  /** Stops claiming; returns how many attempts are still in flight. */
+  workerStop(): number
+  workerInFlight(): number
+  /** The worker loop's last database error, if any (diagnostics). */
+  workerLastError(): string | null
+}
+
 export interface NativeOptions {
   /** Tenant gate on every call (CONTRACT.md "Tenant gate"). */
   multiTenant?: boolean
@@ -127,4 +191,26 @@ export interface NativeOptions {
   retainCompletedMs?: number
   /** Keep failed, timed-out and canceled runs this many ms (default: forever). */
   retainFailedMs?: number
+}
+
+export interface PgNativeOptions {
+  /** `postgres://user:password@host:port/database`. */
+  url: string
+  /** Schema holding jobforge's tables. Default `public`. */
+  schema?: string
+  /** Connection pool size per process. Default 10. */
+  maxConnections?: number
+  /** Tenant gate on every call (CONTRACT.md "Tenant gate"). */
+  multiTenant?: boolean
+  /** `'system'` (default) or `'manual'`. */
+  clock?: string
+  retainCompletedMs?: number
+  retainFailedMs?: number
+  /**
+   * A claimed run whose lease (`claimed_at`) is not renewed for this
+   * long goes back to `pending` (its worker died). Default 30000.
+   */
+  leaseMs?: number
+  /** Polling fallback when no notification arrives. Default 1000. */
+  pollMs?: number
 }

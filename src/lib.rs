@@ -23,6 +23,9 @@ use serde_json::{json, Value};
 
 use std::sync::Arc;
 
+mod ops;
+mod pg;
+
 /// Prefix of every engine error message crossing into JS; the TS layer
 /// parses the JSON after it into the matching error class. Async napi
 /// functions cannot carry custom codes, so sync and async share this form.
@@ -310,18 +313,12 @@ impl NativeEngine {
     /// returns the definition rows as a JSON array.
     #[napi(catch_unwind)]
     pub fn register(&self, specs_json: String) -> Result<String> {
-        let specs: Vec<DefinitionSpec> =
-            serde_json::from_str(&specs_json).map_err(|e| invalid(format!("handler meta: {e}")))?;
-        let defs = self.engine.register_all(specs).map_err(to_napi)?;
-        let rows: Vec<&jobforge_core::JobDefinition> = defs.iter().map(|d| d.as_ref()).collect();
-        serde_json::to_string(&rows).map_err(|e| invalid(e.to_string()))
+        ops::register(&self.engine, specs_json)
     }
 
     #[napi(catch_unwind)]
     pub fn definition(&self, job_type: String) -> Option<String> {
-        self.engine
-            .definition(&job_type)
-            .and_then(|d| serde_json::to_string(d.as_ref()).ok())
+        ops::definition(&self.engine, job_type)
     }
 
     /// `start`: `input_json` is the validated input; `opts_json` the start
@@ -333,18 +330,7 @@ impl NativeEngine {
         input_json: String,
         opts_json: Option<String>,
     ) -> Result<String> {
-        let mut req = StartRequest {
-            job_type,
-            input: json_value(input_json).map_err(to_napi)?,
-            ..StartRequest::default()
-        };
-        if let Some(o) = opts_json {
-            apply_start_opts(&mut req, &o)?;
-        }
-        self.engine
-            .start(req)
-            .map(|r| r.to_compact_json())
-            .map_err(to_napi)
+        ops::start(&self.engine, job_type, input_json, opts_json)
     }
 
     /// Checks the tenant gate and job type only (see `Engine::start_preflight`).
@@ -356,9 +342,7 @@ impl NativeEngine {
         tenant_id: Option<String>,
         has_parent: bool,
     ) -> Result<()> {
-        self.engine
-            .start_preflight(&job_type, &tenant_arg(tenant_given, tenant_id), has_parent)
-            .map_err(to_napi)
+        ops::start_preflight(&self.engine, job_type, tenant_given, tenant_id, has_parent)
     }
 
     #[napi(catch_unwind)]
@@ -369,17 +353,12 @@ impl NativeEngine {
         tenant_given: bool,
         tenant_id: Option<String>,
     ) -> Result<()> {
-        self.engine
-            .cancel(&run_id, cascade, &tenant_arg(tenant_given, tenant_id))
-            .map_err(to_napi)
+        ops::cancel(&self.engine, run_id, cascade, tenant_given, tenant_id)
     }
 
     #[napi(catch_unwind)]
     pub fn claim_next(&self, pool: String) -> Result<Option<String>> {
-        self.engine
-            .claim_next(&pool)
-            .map(|r| r.map(|r| r.to_compact_json()))
-            .map_err(to_napi)
+        ops::claim_next(&self.engine, pool)
     }
 
     /// Starts the attempt of a claimed run: `{"run","epoch","timeoutMs"}`.
@@ -387,8 +366,7 @@ impl NativeEngine {
     /// JS: the handler runs on the JS thread with no thread hop.
     #[napi(catch_unwind)]
     pub fn begin_attempt(&self, run_id: String) -> Result<String> {
-        let t = self.engine.begin_attempt(&run_id).map_err(to_napi)?;
-        Ok(ticket_json(&t))
+        ops::begin_attempt(&self.engine, run_id)
     }
 
     /// Applies an attempt's outcome JSON (`completed` / `failed` /
@@ -396,13 +374,7 @@ impl NativeEngine {
     /// when the run was canceled or replayed meanwhile).
     #[napi(catch_unwind)]
     pub fn finish_attempt(&self, run_id: String, epoch: u32, outcome_json: String) -> Result<bool> {
-        let Ok(id) = run_id.parse::<RunId>() else {
-            return Err(to_napi(JobError::JobRunNotFound { run_id }));
-        };
-        self.engine
-            .finish_attempt(&id, epoch, parse_outcome(&outcome_json))
-            .map(|r| r.is_some())
-            .map_err(to_napi)
+        ops::finish_attempt(&self.engine, run_id, epoch, outcome_json)
     }
 
     /// Executes one claimed run with the handler called through the
@@ -421,19 +393,7 @@ impl NativeEngine {
     /// `ctx.step` begin: `{"memoized":true,"output":…}` or `{"attempt":n}`.
     #[napi(catch_unwind)]
     pub fn step_begin(&self, run_id: String, epoch: u32, step_id: String) -> Result<String> {
-        match self
-            .engine
-            .step_begin(&run_id, epoch, &step_id)
-            .map_err(to_napi)?
-        {
-            StepBegin::Memoized(out) => Ok(format!(
-                "{{\"memoized\":true,\"output\":{}}}",
-                out.as_deref().map_or("null", RawValue::get)
-            )),
-            StepBegin::Started { attempt } => {
-                Ok(format!("{{\"memoized\":false,\"attempt\":{attempt}}}"))
-            }
-        }
+        ops::step_begin(&self.engine, run_id, epoch, step_id)
     }
 
     #[napi(catch_unwind)]
@@ -444,10 +404,7 @@ impl NativeEngine {
         step_id: String,
         output_json: Option<String>,
     ) -> Result<()> {
-        let output = output_json.map(json_value).transpose().map_err(to_napi)?;
-        self.engine
-            .step_complete(&run_id, epoch, &step_id, output)
-            .map_err(to_napi)
+        ops::step_complete(&self.engine, run_id, epoch, step_id, output_json)
     }
 
     /// Records a step failure; returns the backoff before a retry, if any.
@@ -460,24 +417,19 @@ impl NativeEngine {
         failure_json: String,
         policy_json: Option<String>,
     ) -> Result<Option<f64>> {
-        let info = parse_failure(&failure_json);
-        let policy: Option<RetryPolicy> = policy_json
-            .map(|p| {
-                serde_json::from_str(&p).map_err(|e| invalid(format!("step retry policy: {e}")))
-            })
-            .transpose()?;
-        self.engine
-            .step_fail(&run_id, epoch, &step_id, info, policy.as_ref())
-            .map(|d| d.map(|ms| ms as f64))
-            .map_err(to_napi)
+        ops::step_fail(
+            &self.engine,
+            run_id,
+            epoch,
+            step_id,
+            failure_json,
+            policy_json,
+        )
     }
 
     #[napi(catch_unwind)]
     pub fn replay(&self, run_id: String) -> Result<String> {
-        self.engine
-            .replay(&run_id)
-            .map(|r| r.to_compact_json())
-            .map_err(to_napi)
+        ops::replay(&self.engine, run_id)
     }
 
     #[napi(catch_unwind)]
@@ -487,10 +439,7 @@ impl NativeEngine {
         tenant_given: bool,
         tenant_id: Option<String>,
     ) -> Result<Option<String>> {
-        self.engine
-            .find_by_id(&run_id, &tenant_arg(tenant_given, tenant_id))
-            .map(|r| r.map(|r| r.to_compact_json()))
-            .map_err(to_napi)
+        ops::find_by_id(&self.engine, run_id, tenant_given, tenant_id)
     }
 
     /// Steps of a run as a JSON array, in seq order.
@@ -501,11 +450,7 @@ impl NativeEngine {
         tenant_given: bool,
         tenant_id: Option<String>,
     ) -> Result<String> {
-        let steps = self
-            .engine
-            .list_steps(&run_id, &tenant_arg(tenant_given, tenant_id))
-            .map_err(to_napi)?;
-        serde_json::to_string(&steps).map_err(|e| invalid(e.to_string()))
+        ops::list_steps(&self.engine, run_id, tenant_given, tenant_id)
     }
 
     // ── run service ────────────────────────────────────────────────────
@@ -521,17 +466,14 @@ impl NativeEngine {
         entity_id: String,
         query_json: String,
     ) -> Result<String> {
-        let q = parse_scope_query(&query_json)?;
-        let rows = self
-            .engine
-            .list_for_scope(
-                &tenant_arg(tenant_given, tenant_id),
-                &entity_type,
-                &entity_id,
-                &q,
-            )
-            .map_err(to_napi)?;
-        Ok(rows_json(&rows))
+        ops::list_for_scope(
+            &self.engine,
+            tenant_given,
+            tenant_id,
+            entity_type,
+            entity_id,
+            query_json,
+        )
     }
 
     #[napi(catch_unwind)]
@@ -543,14 +485,14 @@ impl NativeEngine {
         entity_id: String,
         cascade: bool,
     ) -> Result<u32> {
-        self.engine
-            .cancel_for_scope(
-                &tenant_arg(tenant_given, tenant_id),
-                &entity_type,
-                &entity_id,
-                cascade,
-            )
-            .map_err(to_napi)
+        ops::cancel_for_scope(
+            &self.engine,
+            tenant_given,
+            tenant_id,
+            entity_type,
+            entity_id,
+            cascade,
+        )
     }
 
     #[napi(catch_unwind)]
@@ -562,17 +504,14 @@ impl NativeEngine {
         entity_id: String,
         run_at: f64,
     ) -> Result<u32> {
-        if !run_at.is_finite() || run_at.fract() != 0.0 || run_at.abs() > 8.64e15 {
-            return Err(invalid("newRunAt must be a valid Date"));
-        }
-        self.engine
-            .reschedule_for_scope(
-                &tenant_arg(tenant_given, tenant_id),
-                &entity_type,
-                &entity_id,
-                run_at as i64,
-            )
-            .map_err(to_napi)
+        ops::reschedule_for_scope(
+            &self.engine,
+            tenant_given,
+            tenant_id,
+            entity_type,
+            entity_id,
+            run_at,
+        )
     }
 
     /// `[{pool, status, count}]`, sorted by pool then status.
@@ -582,21 +521,7 @@ impl NativeEngine {
         tenant_given: bool,
         tenant_id: Option<String>,
     ) -> Result<String> {
-        let counts = self
-            .engine
-            .count_by_pool_and_status(&tenant_arg(tenant_given, tenant_id))
-            .map_err(to_napi)?;
-        let items: Vec<String> = counts
-            .iter()
-            .map(|(pool, status, count)| {
-                format!(
-                    "{{\"pool\":{},\"status\":\"{}\",\"count\":{count}}}",
-                    Value::String(pool.to_string()),
-                    status.as_str()
-                )
-            })
-            .collect();
-        Ok(format!("[{}]", items.join(",")))
+        ops::count_by_pool_and_status(&self.engine, tenant_given, tenant_id)
     }
 
     #[napi(catch_unwind)]
@@ -606,12 +531,7 @@ impl NativeEngine {
         tenant_id: Option<String>,
         limit: Option<f64>,
     ) -> Result<String> {
-        let limit = page_limit(limit)?;
-        let rows = self
-            .engine
-            .list_recent_failed(&tenant_arg(tenant_given, tenant_id), limit)
-            .map_err(to_napi)?;
-        Ok(rows_json(&rows))
+        ops::list_recent_failed(&self.engine, tenant_given, tenant_id, limit)
     }
 
     /// `{"rows": [...], "nextCursor": string | null}`.
@@ -622,18 +542,7 @@ impl NativeEngine {
         tenant_id: Option<String>,
         query_json: String,
     ) -> Result<String> {
-        let q = parse_job_run_query(&query_json)?;
-        let (rows, next) = self
-            .engine
-            .list_job_runs(&tenant_arg(tenant_given, tenant_id), &q)
-            .map_err(to_napi)?;
-        let cursor = next.map_or("null".to_owned(), |(t, id)| {
-            format!("\"{}\"", encode_cursor(t, id))
-        });
-        Ok(format!(
-            "{{\"rows\":{},\"nextCursor\":{cursor}}}",
-            rows_json(&rows)
-        ))
+        ops::list_job_runs(&self.engine, tenant_given, tenant_id, query_json)
     }
 
     /// `{run, children: [...]}` nested, or null.
@@ -644,14 +553,7 @@ impl NativeEngine {
         tenant_id: Option<String>,
         root_run_id: String,
     ) -> Result<Option<String>> {
-        let Some(rows) = self
-            .engine
-            .run_tree(&tenant_arg(tenant_given, tenant_id), &root_run_id)
-            .map_err(to_napi)?
-        else {
-            return Ok(None);
-        };
-        Ok(Some(tree_json(&rows)))
+        ops::get_run_tree(&self.engine, tenant_given, tenant_id, root_run_id)
     }
 
     #[napi(catch_unwind)]
@@ -662,11 +564,7 @@ impl NativeEngine {
         run_id: String,
         step_id: String,
     ) -> Result<Option<String>> {
-        let step = self
-            .engine
-            .find_step(&tenant_arg(tenant_given, tenant_id), &run_id, &step_id)
-            .map_err(to_napi)?;
-        Ok(step.and_then(|s| serde_json::to_string(&s).ok()))
+        ops::find_step(&self.engine, tenant_given, tenant_id, run_id, step_id)
     }
 
     #[napi(catch_unwind)]
@@ -676,32 +574,14 @@ impl NativeEngine {
         tenant_id: Option<String>,
         record_json: String,
     ) -> Result<String> {
-        let rec = parse_record_step(&record_json)?;
-        let row = self
-            .engine
-            .record_step(&tenant_arg(tenant_given, tenant_id), rec)
-            .map_err(to_napi)?;
-        serde_json::to_string(&row).map_err(|e| invalid(e.to_string()))
+        ops::record_step(&self.engine, tenant_given, tenant_id, record_json)
     }
 
     /// Drains queued notices: `{"aborts":[{"runId","reason"}],"events":[row…]}`,
     /// or null when there are none.
     #[napi(catch_unwind)]
     pub fn take_notices(&self) -> Option<String> {
-        let taken = std::mem::take(&mut *self.pending_aborts.lock().ok()?);
-        if taken.aborts.is_empty() && taken.events.is_empty() {
-            return None;
-        }
-        let aborts: Vec<Value> = taken
-            .aborts
-            .iter()
-            .map(|(id, r)| json!({ "runId": id.to_string(), "reason": r.as_str() }))
-            .collect();
-        Some(format!(
-            "{{\"aborts\":{},\"events\":[{}]}}",
-            Value::Array(aborts),
-            taken.events.join(",")
-        ))
+        take_notices(&self.pending_aborts)
     }
 
     /// Turns transition events for every run on or off.
@@ -727,13 +607,7 @@ impl NativeEngine {
         ts_args_type = "poolsJson: string, onBatch: (tickets: string) => void"
     )]
     pub fn start_worker(&self, pools_json: String, on_batch: BatchFn) -> Result<()> {
-        #[derive(serde::Deserialize)]
-        struct PoolWire {
-            name: String,
-            concurrency: usize,
-        }
-        let pools: Vec<PoolWire> =
-            serde_json::from_str(&pools_json).map_err(|e| invalid(format!("worker pools: {e}")))?;
+        let pools = parse_pools(&pools_json)?;
         let mut guard = self
             .worker
             .lock()
@@ -741,13 +615,7 @@ impl NativeEngine {
         if guard.as_ref().is_some_and(|w| !w.is_stopping()) {
             return Err(invalid("a worker is already running on this orchestrator"));
         }
-        let worker = Worker::new(
-            self.engine.clone(),
-            pools
-                .iter()
-                .map(|p| WorkerPool::new(&p.name, p.concurrency))
-                .collect(),
-        );
+        let worker = Worker::new(self.engine.clone(), pools);
         *guard = Some(worker.clone());
         napi::bindgen_prelude::spawn(worker.run(JsBatch { on_batch }));
         Ok(())
@@ -1188,4 +1056,37 @@ fn parse_record_step(text: &str) -> Result<jobforge_core::engine::RecordStep> {
         started_at: w.started_at,
         finished_at: w.finished_at,
     })
+}
+
+/// Drains queued notices (see `NativeEngine::take_notices`).
+fn take_notices(pending: &PendingAborts) -> Option<String> {
+    let taken = std::mem::take(&mut *pending.lock().ok()?);
+    if taken.aborts.is_empty() && taken.events.is_empty() {
+        return None;
+    }
+    let aborts: Vec<Value> = taken
+        .aborts
+        .iter()
+        .map(|(id, r)| json!({ "runId": id.to_string(), "reason": r.as_str() }))
+        .collect();
+    Some(format!(
+        "{{\"aborts\":{},\"events\":[{}]}}",
+        Value::Array(aborts),
+        taken.events.join(",")
+    ))
+}
+
+/// Worker pools from `[{"name","concurrency"}]`.
+fn parse_pools(text: &str) -> Result<Vec<WorkerPool>> {
+    #[derive(serde::Deserialize)]
+    struct PoolWire {
+        name: String,
+        concurrency: usize,
+    }
+    let pools: Vec<PoolWire> =
+        serde_json::from_str(text).map_err(|e| invalid(format!("worker pools: {e}")))?;
+    Ok(pools
+        .iter()
+        .map(|p| WorkerPool::new(&p.name, p.concurrency))
+        .collect())
 }

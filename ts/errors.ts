@@ -163,6 +163,22 @@ export class JobClockError extends JobforgeError {
   }
 }
 
+/**
+ * The database failed (connection lost, deadlock, ...): the operation's
+ * transaction was rolled back, nothing changed. `retryable` when trying
+ * again may succeed (deadlock, serialization failure, lost connection).
+ */
+export class JobStoreError extends JobforgeError {
+  override readonly name = 'JobStoreError';
+  readonly code = 'JOB_STORE_ERROR';
+  constructor(
+    message: string,
+    readonly retryable: boolean,
+  ) {
+    super(message);
+  }
+}
+
 const PREFIX = 'JOBFORGE_ERROR:';
 
 type Fields = Record<string, unknown>;
@@ -190,6 +206,7 @@ const builders: Record<string, (f: Fields, message: string) => JobforgeError> = 
     return e;
   },
   JOB_STEP_CONFLICT: (f) => new JobStepConflictError(String(f.runId), String(f.stepId)),
+  JOB_STORE_ERROR: (f, m) => new JobStoreError(m, f.retryable === true),
 };
 
 /** Rebuilds the typed error of a native failure; other errors pass through. */

@@ -4,3 +4,5 @@ const binding = require('../index.js') as typeof import('../index');
 
 export const NativeEngine = binding.NativeEngine;
 export type NativeEngine = import('../index').NativeEngine;
+export const PgEngine = binding.PgEngine;
+export type PgEngine = import('../index').PgEngine;

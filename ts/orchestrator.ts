@@ -23,7 +23,7 @@ import type {
 } from './handler';
 import { consoleLogger } from './handler';
 import { toJsonText } from './json';
-import { NativeEngine } from './native';
+import { NativeEngine, PgEngine } from './native';
 import type { JobDefinitionRow, JobRun, JobRunError, JobRunStatus, JobStep } from './rows';
 import { fromTuple, parseDefinition, parseRun, parseRuns, parseStep } from './rows';
 import type { RunTuple } from './rows';
@@ -41,6 +41,29 @@ export interface JobOrchestratorOptions {
    * dedupe window that should still see completed runs.
    */
   retention?: { completedMs?: number; failedMs?: number };
+  /**
+   * Where runs live: `'memory'` (default; this process only) or
+   * `'postgres'` (any number of processes on one database; needs
+   * `postgres.url` and `await migrate()` once).
+   */
+  backend?: 'memory' | 'postgres';
+  postgres?: PostgresOptions;
+}
+
+export interface PostgresOptions {
+  /** `postgres://user:password@host:port/database`. */
+  url: string;
+  /** Schema of jobforge's tables (created by `migrate()`). Default `public`. */
+  schema?: string;
+  /** Connection pool size of this process. Default 10. */
+  maxConnections?: number;
+  /**
+   * A claimed run whose lease is not renewed for this long goes back to
+   * `pending` (its worker died). The worker renews every leaseMs/3. Default 30000.
+   */
+  leaseMs?: number;
+  /** Polling fallback of the worker when no notification arrives. Default 1000. */
+  pollMs?: number;
 }
 
 export interface StartOptions {
@@ -271,7 +294,7 @@ class WorkerRuntime {
     private readonly capacity: number,
     private readonly shutdownTimeoutMs: number,
     private readonly stopNative: () => number,
-    private readonly release: (runId: string, epoch: number) => boolean,
+    private readonly release: (runId: string, epoch: number) => boolean | Promise<boolean>,
     private readonly slotsHeld: () => number,
   ) {}
 
@@ -332,7 +355,13 @@ class WorkerRuntime {
       if (timedOut) {
         // Still running after the grace period: back to pending, then abort.
         for (const [runId, epoch] of this.attempts) {
-          if (this.release(runId, epoch)) this.releasedRuns.add(runId);
+          let released = false;
+          try {
+            released = await this.release(runId, epoch);
+          } catch (e) {
+            console.error('jobforge: releasing a run at shutdown failed (the lease sweeper will)', e);
+          }
+          if (released) this.releasedRuns.add(runId);
           inFlight.get(runId)?.abort('shutdown');
         }
         await this.drained();
@@ -348,6 +377,24 @@ class WorkerRuntime {
       this.stopped = true;
     })();
     return this.stopping;
+  }
+}
+
+/** Calls both engines answer synchronously (no I/O). */
+interface LocalEngine {
+  now(): number;
+  advanceTime(ms: number): number | null;
+  takeNotices(): string | null;
+  setEvents(enabled: boolean): void;
+  watchRun(runId: string, on: boolean): void;
+}
+
+/** Awaits a Postgres engine call, turning its error into the typed one. */
+async function db<T>(p: Promise<T>): Promise<T> {
+  try {
+    return await p;
+  } catch (e) {
+    throw translateNativeError(e);
   }
 }
 
@@ -402,6 +449,27 @@ function after(ms: number, fn: () => void): () => void {
   };
 }
 
+/** Start options checked and converted for the engine (Dates to ms). */
+function startOptions(opts: StartOptions | undefined): Record<string, unknown> {
+  if (opts !== undefined && (opts === null || typeof opts !== 'object')) {
+    throw new JobInputInvalidError('start options must be an object');
+  }
+  const o: Record<string, unknown> = { ...(opts ?? {}) };
+  if (opts?.runAt !== undefined) {
+    const t = dateMs(opts.runAt);
+    if (t === null) throw new JobInputInvalidError('runAt must be a valid Date');
+    o.runAt = t;
+  }
+  if (opts?.priority !== undefined && !Number.isInteger(opts.priority)) {
+    throw new JobInputInvalidError(`priority must be an integer, got ${String(opts.priority)}`);
+  }
+  if (opts?.tags !== undefined) {
+    const j = toJsonText(opts.tags, 'tags');
+    if (!j.ok) throw new JobInputInvalidError(j.reason);
+  }
+  return o;
+}
+
 /** JSON would turn NaN/Infinity into null (the default): reject them here. */
 function checkCount(name: string, v: unknown): void {
   if (v !== undefined && (typeof v !== 'number' || !Number.isFinite(v))) {
@@ -441,7 +509,18 @@ function isClass(h: unknown): h is new () => { run(ctx: JobContext<unknown>): un
 }
 
 export class JobOrchestrator {
-  private readonly native: NativeEngine;
+  /** The in-memory engine (unset with the Postgres backend). */
+  private readonly native!: NativeEngine;
+  /** The Postgres engine (null with the memory backend). */
+  private readonly pg: PgEngine | null = null;
+  private readonly local: LocalEngine;
+  /**
+   * Postgres: definitions are validated at once by a scratch in-memory
+   * engine (so registerHandler throws synchronously, like in memory mode)
+   * and written to the database in the background; every call awaits it.
+   */
+  private registering: Promise<void> = Promise.resolve();
+  private registerError: unknown = null;
   private readonly handlers = new Map<string, HandlerRegistration>();
   /** AbortControllers of executing attempts, by run id. */
   private readonly inFlight = new Map<string, Attempt>();
@@ -454,6 +533,7 @@ export class JobOrchestrator {
   private worker: WorkerRuntime | null = null;
   readonly multiTenant: boolean;
   readonly clock: 'system' | 'manual';
+  readonly backend: 'memory' | 'postgres';
 
   constructor(options: JobOrchestratorOptions = {}) {
     if (options === null || typeof options !== 'object') {
@@ -466,6 +546,53 @@ export class JobOrchestrator {
     this.multiTenant = options.multiTenant === true;
     this.clock = clock;
     this.loggerFactory = options.loggerFactory ?? ((run) => consoleLogger(`JobRun:${run.id}`));
+    const backend = options.backend ?? 'memory';
+    if (backend !== 'memory' && backend !== 'postgres') {
+      throw new JobInputInvalidError(`backend must be 'memory' or 'postgres', got '${String(backend)}'`);
+    }
+    this.backend = backend;
+    if (backend === 'postgres') {
+      const pgo = options.postgres;
+      if (pgo === null || typeof pgo !== 'object' || typeof pgo.url !== 'string' || pgo.url.length === 0) {
+        throw new JobInputInvalidError("backend 'postgres' needs postgres.url (a connection string)");
+      }
+      if (pgo.schema !== undefined && (typeof pgo.schema !== 'string' || pgo.schema.length === 0)) {
+        throw new JobInputInvalidError('postgres.schema must be a non-empty string');
+      }
+      const positive = (v: unknown, name: string) => {
+        if (v !== undefined && (typeof v !== 'number' || !Number.isFinite(v) || v <= 0)) {
+          throw new JobInputInvalidError(`postgres.${name} must be a positive number, got ${String(v)}`);
+        }
+      };
+      positive(pgo.maxConnections, 'maxConnections');
+      positive(pgo.leaseMs, 'leaseMs');
+      positive(pgo.pollMs, 'pollMs');
+      this.pg = call(
+        () =>
+          new PgEngine(
+            {
+              url: pgo.url,
+              schema: pgo.schema,
+              maxConnections: pgo.maxConnections === undefined ? undefined : Math.floor(pgo.maxConnections),
+              multiTenant: this.multiTenant,
+              clock,
+              retainCompletedMs: options.retention?.completedMs,
+              retainFailedMs: options.retention?.failedMs,
+              leaseMs: pgo.leaseMs,
+              pollMs: pgo.pollMs,
+            },
+            () => this.flushAborts(),
+          ),
+      );
+      this.local = this.pg;
+      // Validates definitions synchronously; never holds runs.
+      this.native = new NativeEngine(
+        { multiTenant: this.multiTenant, clock },
+        async () => '{"status":"no_handler"}',
+        () => undefined,
+      );
+      return;
+    }
     this.native = call(
       () =>
         new NativeEngine(
@@ -479,6 +606,36 @@ export class JobOrchestrator {
           () => this.flushAborts(),
         ),
     );
+    this.local = this.native;
+  }
+
+  /**
+   * Postgres: creates or upgrades the schema (tables job, job_run,
+   * job_step and their indexes). Idempotent; safe from several processes
+   * at once. Memory: a no-op.
+   */
+  async migrate(): Promise<void> {
+    if (this.pg) await db(this.pg.migrate());
+  }
+
+  /**
+   * Postgres: closes idle database connections (stop the worker first).
+   * The orchestrator reconnects if used again. Memory: a no-op.
+   */
+  async close(): Promise<void> {
+    if (!this.pg) return;
+    await this.registering.catch(() => undefined);
+    this.pg.close();
+  }
+
+  /** Waits for background definition writes (Postgres); rethrows their failure. */
+  private async ready(): Promise<void> {
+    await this.registering;
+    if (this.registerError !== null) {
+      const e = this.registerError;
+      this.registerError = null;
+      throw e;
+    }
   }
 
   // ── registration ───────────────────────────────────────────────────
@@ -502,7 +659,11 @@ export class JobOrchestrator {
         handler: e?.handlerClass as JobHandler<unknown>,
       })),
     );
-    return { orphaned: [] };
+    if (!this.pg) return { orphaned: [] };
+    await this.ready();
+    const named = new Set(entries.map((e) => e.type));
+    const stored = await db(this.pg.storedJobTypes());
+    return { orphaned: stored.filter((t) => !named.has(t)) };
   }
 
   private registerAll(entries: { type: string; meta: JobHandlerMeta<unknown>; handler: JobHandler<unknown> }[]): void {
@@ -552,7 +713,19 @@ export class JobOrchestrator {
         replayFrom: m.replayFrom,
       };
     });
-    call(() => this.native.register(JSON.stringify(specs)));
+    const specsText = JSON.stringify(specs);
+    call(() => this.native.register(specsText));
+    if (this.pg) {
+      const pg = this.pg;
+      this.registering = this.registering.then(() =>
+        db(pg.register(specsText)).then(
+          () => undefined,
+          (e) => {
+            this.registerError = e;
+          },
+        ),
+      );
+    }
     for (const { type, meta, handler } of entries) {
       this.handlers.set(type, { type, meta: meta ?? {}, handlerClass: handler });
     }
@@ -563,7 +736,11 @@ export class JobOrchestrator {
   }
 
   async getDefinition(type: string): Promise<JobDefinitionRow | null> {
-    const json = this.native.definition(String(type));
+    let json: string | null;
+    if (this.pg) {
+      await this.ready();
+      json = await db(this.pg.definition(String(type)));
+    } else json = this.native.definition(String(type));
     return json === null ? null : parseDefinition(JSON.parse(json));
   }
 
@@ -572,7 +749,62 @@ export class JobOrchestrator {
   /** Starts a run (contract "start"). `tx` is accepted for signature parity and ignored. */
   async start(type: string, input?: unknown, opts?: StartOptions, tx?: unknown): Promise<JobRun> {
     void tx;
+    if (this.pg) return this.startPg(this.pg, type, input, opts);
     return this.startNow(type, input, opts);
+  }
+
+  /** Postgres `start`: the same checks, then one async engine call. */
+  private async startPg(pg: PgEngine, type: string, input: unknown, opts: StartOptions | undefined): Promise<JobRun> {
+    await this.ready();
+    const req = this.prepareStart(type, input, opts);
+    if ('thrown' in req) {
+      await db(pg.startPreflight(type, tenantGiven(opts), opts?.tenantId ?? null, typeof opts?.parentRunId === 'string'));
+      throw req.thrown;
+    }
+    const json = await db(pg.start(type, req.inputText, req.optsText));
+    this.afterMutation();
+    return parseRun(json);
+  }
+
+  /**
+   * The JS side of `start`: input and option checks and the keys only JS
+   * can evaluate. `thrown`: a key function threw (the engine's earlier
+   * checks still take precedence over it).
+   */
+  private prepareStart(
+    type: string,
+    input: unknown,
+    opts: StartOptions | undefined,
+  ): { inputText: string; optsText: string | null } | { thrown: unknown } {
+    if (typeof type !== 'string') throw new JobInputInvalidError('job type must be a string');
+    const payload = input === undefined || input === null ? {} : input;
+    const j = (() => {
+      try {
+        return toJsonText(payload, 'input');
+      } catch (e) {
+        throw new JobInputInvalidError(`input: ${(e as Error)?.message ?? e}`);
+      }
+    })();
+    if (!j.ok) throw new JobInputInvalidError(j.reason);
+    const reg = this.handlers.get(type);
+    const needsJs =
+      reg !== undefined &&
+      (typeof reg.meta.concurrency?.key === 'function' ||
+        typeof reg.meta.dedupe?.key === 'function' ||
+        (reg.meta.scope !== undefined && opts?.scope === undefined));
+    if (opts === undefined && !needsJs) return { inputText: j.text, optsText: null };
+    const o = startOptions(opts);
+    if (needsJs && reg) {
+      try {
+        const m = reg.meta;
+        if (typeof m.concurrency?.key === 'function') o.concurrencyKey = String(m.concurrency.key(payload));
+        if (typeof m.dedupe?.key === 'function') o.dedupeKey = String(m.dedupe.key(payload));
+        if (m.scope !== undefined && opts?.scope === undefined) o.scopeEntityIdFromMeta = String(m.scope.from(payload));
+      } catch (e) {
+        return { thrown: e };
+      }
+    }
+    return { inputText: j.text, optsText: JSON.stringify(o) };
   }
 
   private startNow(type: string, input: unknown, opts: StartOptions | undefined): JobRun {
@@ -599,22 +831,7 @@ export class JobOrchestrator {
       this.feedWorker();
       return parseRun(json);
     }
-    if (opts !== undefined && (opts === null || typeof opts !== 'object')) {
-      throw new JobInputInvalidError('start options must be an object');
-    }
-    const o: Record<string, unknown> = { ...(opts ?? {}) };
-    if (opts?.runAt !== undefined) {
-      const t = dateMs(opts.runAt);
-      if (t === null) throw new JobInputInvalidError('runAt must be a valid Date');
-      o.runAt = t;
-    }
-    if (opts?.priority !== undefined && !Number.isInteger(opts.priority)) {
-      throw new JobInputInvalidError(`priority must be an integer, got ${String(opts.priority)}`);
-    }
-    if (opts?.tags !== undefined) {
-      const j = toJsonText(opts.tags, 'tags');
-      if (!j.ok) throw new JobInputInvalidError(j.reason);
-    }
+    const o = startOptions(opts);
     if (needsJs && reg) {
       // JS-side keys (function keys, meta.scope.from) run before the native
       // call; if one throws, the engine's earlier checks (tenant gate, job
@@ -642,19 +859,27 @@ export class JobOrchestrator {
   /** Cancels a run and (default) its descendants; unknown or terminal runs are a no-op. */
   async cancel(runId: string, opts: CancelOptions = {}): Promise<void> {
     const o = opts ?? {};
-    call(() => this.native.cancel(String(runId), o.cascade !== false, tenantGiven(o), o.tenantId ?? null));
+    const args = [String(runId), o.cascade !== false, tenantGiven(o), o.tenantId ?? null] as const;
+    if (this.pg) {
+      await this.ready();
+      await db(this.pg.cancel(...args));
+    } else call(() => this.native.cancel(...args));
     this.afterMutation();
   }
 
   /** Resets a terminal run to pending (contract "replay"). */
   async replay(runId: string): Promise<JobRun> {
+    if (this.pg) {
+      await this.ready();
+      return parseRun(await db(this.pg.replay(String(runId))));
+    }
     return parseRun(call(() => this.native.replay(String(runId))));
   }
 
   /** Claims the next due, claimable run of `pool`, or null. */
   async claimNext(pool: string): Promise<JobRun | null> {
     if (typeof pool !== 'string') throw new JobInputInvalidError('pool must be a string');
-    const json = call(() => this.native.claimNext(pool));
+    const json = this.pg ? await db(this.pg.claimNext(pool)) : call(() => this.native.claimNext(pool));
     return json === null ? null : parseRun(json);
   }
 
@@ -666,10 +891,14 @@ export class JobOrchestrator {
    */
   async tick(runId: string): Promise<void> {
     if (typeof runId !== 'string') throw new JobInputInvalidError('runId must be a string');
-    const ticket = new Ticket(call(() => this.native.beginAttempt(runId)));
+    const pg = this.pg;
+    if (pg) await this.ready();
+    const ticket = new Ticket(pg ? await db(pg.beginAttempt(runId)) : call(() => this.native.beginAttempt(runId)));
     const outcome = await this.attempt(ticket);
     if (outcome === null) return; // canceled meanwhile: nothing to apply
-    const applied = call(() => this.native.finishAttempt(ticket.id, ticket.epoch, outcome.text));
+    const applied = pg
+      ? await db(pg.finishAttempt(ticket.id, ticket.epoch, outcome.text))
+      : call(() => this.native.finishAttempt(ticket.id, ticket.epoch, outcome.text));
     this.afterMutation();
     if (applied && outcome.status === 'timed_out') this.inFlight.get(ticket.id)?.abort('timed_out');
     this.inFlight.delete(ticket.id);
@@ -678,20 +907,21 @@ export class JobOrchestrator {
   // ── queries ────────────────────────────────────────────────────────
 
   async findById(runId: string, opts?: TenantOptions): Promise<JobRun | null> {
-    const json = call(() => this.native.findById(String(runId), tenantGiven(opts), opts?.tenantId ?? null));
+    const args = [String(runId), tenantGiven(opts), opts?.tenantId ?? null] as const;
+    const json = this.pg ? await db(this.pg.findById(...args)) : call(() => this.native.findById(...args));
     return json === null ? null : parseRun(json);
   }
 
   async listSteps(runId: string, opts?: TenantOptions): Promise<JobStep[]> {
-    const json = call(() => this.native.listSteps(String(runId), tenantGiven(opts), opts?.tenantId ?? null));
+    const args = [String(runId), tenantGiven(opts), opts?.tenantId ?? null] as const;
+    const json = this.pg ? await db(this.pg.listSteps(...args)) : call(() => this.native.listSteps(...args));
     return (JSON.parse(json) as Record<string, unknown>[]).map(parseStep);
   }
 
   /** A step row of a run, or null. */
   async findStep(runId: string, stepId: string, opts?: TenantOptions): Promise<JobStep | null> {
-    const json = call(() =>
-      this.native.findStep(tenantGiven(opts), opts?.tenantId ?? null, String(runId), String(stepId)),
-    );
+    const args = [tenantGiven(opts), opts?.tenantId ?? null, String(runId), String(stepId)] as const;
+    const json = this.pg ? await db(this.pg.findStep(...args)) : call(() => this.native.findStep(...args));
     return json === null ? null : parseStep(JSON.parse(json));
   }
 
@@ -713,7 +943,8 @@ export class JobOrchestrator {
         if (!j.ok) throw new JobInputInvalidError(j.reason);
       }
     }
-    const json = call(() => this.native.recordStep(tenantGiven(opts), opts?.tenantId ?? null, JSON.stringify(wire)));
+    const args = [tenantGiven(opts), opts?.tenantId ?? null, JSON.stringify(wire)] as const;
+    const json = this.pg ? await db(this.pg.recordStep(...args)) : call(() => this.native.recordStep(...args));
     return parseStep(JSON.parse(json));
   }
 
@@ -725,18 +956,16 @@ export class JobOrchestrator {
     checkCount('limit', o.limit);
     checkCount('offset', o.offset);
     const q = { status: o.status, jobType: o.jobType, limit: o.limit, offset: o.offset, orderBy: o.orderBy };
-    const json = call(() =>
-      this.native.listForScope(tenantGiven(o), o.tenantId ?? null, String(entityType), String(entityId), JSON.stringify(q)),
-    );
+    const args = [tenantGiven(o), o.tenantId ?? null, String(entityType), String(entityId), JSON.stringify(q)] as const;
+    const json = this.pg ? await db(this.pg.listForScope(...args)) : call(() => this.native.listForScope(...args));
     return parseRuns(json);
   }
 
   /** Cancels (with cascade) every live run of a scope; resolves with how many were canceled. */
   async cancelForScope(entityType: string, entityId: string, opts: CancelOptions = {}): Promise<number> {
     const o = opts ?? {};
-    const n = call(() =>
-      this.native.cancelForScope(tenantGiven(o), o.tenantId ?? null, String(entityType), String(entityId), o.cascade !== false),
-    );
+    const args = [tenantGiven(o), o.tenantId ?? null, String(entityType), String(entityId), o.cascade !== false] as const;
+    const n = this.pg ? await db(this.pg.cancelForScope(...args)) : call(() => this.native.cancelForScope(...args));
     this.afterMutation();
     return n;
   }
@@ -746,16 +975,19 @@ export class JobOrchestrator {
     const newRunAtMs = dateMs(newRunAt);
     if (newRunAtMs === null) throw new JobInputInvalidError('newRunAt must be a valid Date');
     const o = opts ?? {};
-    return call(() =>
-      this.native.rescheduleForScope(tenantGiven(o), o.tenantId ?? null, String(entityType), String(entityId), newRunAtMs),
-    );
+    const args = [tenantGiven(o), o.tenantId ?? null, String(entityType), String(entityId), newRunAtMs] as const;
+    if (this.pg) return db(this.pg.rescheduleForScope(...args));
+    return call(() => this.native.rescheduleForScope(...args));
   }
 
   /** Live run counts per pool and status (maintained incrementally). */
   async countByPoolAndStatus(tenantId?: string | null): Promise<PoolStatusCount[]> {
     checkTenant(tenantId);
     const given = tenantId !== undefined;
-    return JSON.parse(call(() => this.native.countByPoolAndStatus(given, tenantId ?? null))) as PoolStatusCount[];
+    const json = this.pg
+      ? await db(this.pg.countByPoolAndStatus(given, tenantId ?? null))
+      : call(() => this.native.countByPoolAndStatus(given, tenantId ?? null));
+    return JSON.parse(json) as PoolStatusCount[];
   }
 
   /** Failed runs, most recently finished first; limit default 50, max 500. */
@@ -763,7 +995,10 @@ export class JobOrchestrator {
     if (limit !== undefined && typeof limit !== 'number') throw new JobInputInvalidError('limit must be a number');
     checkTenant(tenantId);
     const given = tenantId !== undefined;
-    return parseRuns(call(() => this.native.listRecentFailed(given, tenantId ?? null, limit ?? null)));
+    const args = [given, tenantId ?? null, limit ?? null] as const;
+    return parseRuns(
+      this.pg ? await db(this.pg.listRecentFailed(...args)) : call(() => this.native.listRecentFailed(...args)),
+    );
   }
 
   /**
@@ -781,7 +1016,9 @@ export class JobOrchestrator {
       since = t;
     }
     const q = { poolId: o.poolId, rootRunId: o.rootRunId, status: o.status, since, cursor: o.cursor, limit: o.limit };
-    const page = JSON.parse(call(() => this.native.listJobRuns(tenantGiven(o), o.tenantId ?? null, JSON.stringify(q)))) as {
+    const args = [tenantGiven(o), o.tenantId ?? null, JSON.stringify(q)] as const;
+    const text = this.pg ? await db(this.pg.listJobRuns(...args)) : call(() => this.native.listJobRuns(...args));
+    const page = JSON.parse(text) as {
       rows: RunTuple[];
       nextCursor: string | null;
     };
@@ -790,7 +1027,8 @@ export class JobOrchestrator {
 
   /** The tree of runs under a root (parent → children, each with its status), or null. */
   async getRunTree(rootRunId: string, opts?: TenantOptions): Promise<RunTreeNode | null> {
-    const json = call(() => this.native.getRunTree(tenantGiven(opts), opts?.tenantId ?? null, String(rootRunId)));
+    const args = [tenantGiven(opts), opts?.tenantId ?? null, String(rootRunId)] as const;
+    const json = this.pg ? await db(this.pg.getRunTree(...args)) : call(() => this.native.getRunTree(...args));
     if (json === null) return null;
     const walk = (n: { run: RunTuple; children: unknown[] }): RunTreeNode => ({
       run: fromTuple(n.run),
@@ -803,7 +1041,7 @@ export class JobOrchestrator {
 
   /** Current engine time. */
   now(): Date {
-    return new Date(this.native.now());
+    return new Date(this.local.now());
   }
 
   /** Moves the manual clock forward by `ms`; throws on the system clock. */
@@ -811,7 +1049,7 @@ export class JobOrchestrator {
     if (typeof ms !== 'number' || !Number.isFinite(ms) || ms < 0) {
       throw new JobInputInvalidError(`advanceTime needs a non-negative number of ms, got ${String(ms)}`);
     }
-    const t = this.native.advanceTime(ms);
+    const t = this.local.advanceTime(ms);
     if (t === null) throw new JobClockError("advanceTime needs an orchestrator created with clock: 'manual'");
     for (const timer of [...this.manualTimers].sort((x, y) => x.deadline - y.deadline)) {
       if (timer.deadline <= t) {
@@ -829,12 +1067,12 @@ export class JobOrchestrator {
    */
   private sleep(ms: number): { promise: Promise<void>; cancel: () => void } {
     if (this.clock === 'manual') {
-      const deadline = this.native.now() + ms;
+      const deadline = this.local.now() + ms;
       let entry!: ManualTimer;
       const promise = new Promise<void>((resolve) => {
         entry = { deadline, resolve };
       });
-      if (deadline <= this.native.now()) entry.resolve();
+      if (deadline <= this.local.now()) entry.resolve();
       else this.manualTimers.add(entry);
       return { promise, cancel: () => this.manualTimers.delete(entry) };
     }
@@ -849,7 +1087,7 @@ export class JobOrchestrator {
 
   /** Fires `ctx.signal` of every attempt the engine aborted and emits queued run events. */
   private flushAborts(): void {
-    const json = this.native.takeNotices();
+    const json = this.local.takeNotices();
     if (json === null) return;
     const notices = JSON.parse(json) as { aborts: { runId: string; reason: string }[]; events: RunTuple[] };
     for (const { runId, reason } of notices.aborts) this.inFlight.get(runId)?.abort(reason);
@@ -893,18 +1131,24 @@ export class JobOrchestrator {
     if (!set) this.waiters.set(runId, (set = new Set()));
     set.add(resolveFn);
     // Only this run's transitions are reported for the wait.
-    this.native.watchRun(String(runId), true);
+    this.local.watchRun(String(runId), true);
     const unregister = () => {
       const s = this.waiters.get(runId);
       s?.delete(resolveFn);
       if (s && s.size === 0) this.waiters.delete(runId);
-      this.native.watchRun(String(runId), false);
+      this.local.watchRun(String(runId), false);
     };
     try {
       const row = await this.findById(runId, o);
       if (!row) throw new JobRunNotFoundError(String(runId));
       if (TERMINAL.has(row.status)) return row;
-      if (o.timeoutMs === undefined) return await done;
+      // Postgres: another process may run it; look now and then as well.
+      const stopPolling = this.pg ? this.pollUntilTerminal(runId, o, resolveFn) : () => undefined;
+      try {
+        if (o.timeoutMs === undefined) return await done;
+      } finally {
+        if (o.timeoutMs === undefined) stopPolling();
+      }
       let cancelTimer = () => undefined as void;
       const timeout = new Promise<never>((_, reject) => {
         cancelTimer = after(o.timeoutMs!, () => reject(new JobWaitTimeoutError(runId, o.timeoutMs!)));
@@ -913,10 +1157,32 @@ export class JobOrchestrator {
         return await Promise.race([done, timeout]);
       } finally {
         cancelTimer();
+        stopPolling();
       }
     } finally {
       unregister();
     }
+  }
+
+  /** Polls a run's row until it is terminal (Postgres `waitForRun`). */
+  private pollUntilTerminal(runId: string, o: TenantOptions, resolve: (run: JobRun) => void): () => void {
+    let stopped = false;
+    let cancel = () => undefined as void;
+    const look = async () => {
+      if (stopped) return;
+      try {
+        const row = await this.findById(runId, o);
+        if (row && TERMINAL.has(row.status)) return resolve(row);
+      } catch {
+        /* a failed look is retried */
+      }
+      if (!stopped) cancel = after(100, () => void look());
+    };
+    cancel = after(100, () => void look());
+    return () => {
+      stopped = true;
+      cancel();
+    };
   }
 
   private syncEvents(): void {
@@ -924,7 +1190,7 @@ export class JobOrchestrator {
     for (const set of this.listeners.values()) any ||= set.size > 0;
     if (any !== this.eventsOn) {
       this.eventsOn = any;
-      this.native.setEvents(any);
+      this.local.setEvents(any);
     }
   }
 
@@ -973,14 +1239,25 @@ export class JobOrchestrator {
     if (typeof shutdownTimeoutMs !== 'number' || !(shutdownTimeoutMs >= 0)) {
       throw new JobInputInvalidError('shutdownTimeoutMs must be a non-negative number');
     }
-    const runtime = new WorkerRuntime(
-      pools.reduce((sum, p) => sum + p.concurrency, 0),
-      shutdownTimeoutMs,
-      () => this.native.workerStop(),
-      (id, epoch) => this.native.releaseAttempt(id, epoch),
-      () => this.native.workerInFlight(),
-    );
-    call(() => this.native.startWorker(JSON.stringify(pools), (json) => this.onWorkerBatch(runtime, json)));
+    const capacity = pools.reduce((sum, p) => sum + p.concurrency, 0);
+    const pg = this.pg;
+    const runtime = pg
+      ? new WorkerRuntime(
+          capacity,
+          shutdownTimeoutMs,
+          () => pg.workerStop(),
+          (id, epoch) => db(pg.releaseAttempt(id, epoch)),
+          () => pg.workerInFlight(),
+        )
+      : new WorkerRuntime(
+          capacity,
+          shutdownTimeoutMs,
+          () => this.native.workerStop(),
+          (id, epoch) => this.native.releaseAttempt(id, epoch),
+          () => this.native.workerInFlight(),
+        );
+    const onBatch = (json: string) => this.onWorkerBatch(runtime, json);
+    call(() => (pg ? pg.startWorker(JSON.stringify(pools), onBatch) : this.native.startWorker(JSON.stringify(pools), onBatch)));
     this.worker = runtime;
     return runtime.handle(this.inFlight);
   }
@@ -1008,6 +1285,14 @@ export class JobOrchestrator {
       }
       if (!runtime.running) {
         // Claimed just before stop(): back to pending, slot freed.
+        const pg = this.pg;
+        if (pg) {
+          const { id, epoch, pool } = ticket;
+          void db(pg.releaseAttempt(id, epoch))
+            .catch(() => false)
+            .finally(() => pg.workerDone(id, epoch, null, pool));
+          continue;
+        }
         this.native.releaseAttempt(ticket.id, ticket.epoch);
         this.native.workerFinish(ticket.id, ticket.epoch, null, ticket.pool);
         continue;
@@ -1037,6 +1322,18 @@ export class JobOrchestrator {
         check = false;
         runtime.untrack(id);
         if (runtime.released(id)) outcome = null; // put back to pending by stop()
+        if (this.pg) {
+          // Queued for the worker loop's next batch transaction; its next
+          // claims arrive as a new batch.
+          try {
+            this.pg.workerDone(id, epoch, outcome === null ? null : outcome.text, ticket.pool);
+          } catch (e) {
+            console.error('jobforge: recording a worker outcome failed', translateNativeError(e));
+          }
+          if (outcome?.status === 'timed_out') this.inFlight.get(id)?.abort('timed_out');
+          this.inFlight.delete(id);
+          break;
+        }
         let reply = '0';
         try {
           reply = this.native.workerFinish(id, epoch, outcome === null ? null : outcome.text, ticket.pool);
@@ -1086,7 +1383,9 @@ export class JobOrchestrator {
     const attempt = new Attempt();
     this.inFlight.set(ticket.id, attempt);
     // Registered first, so a cancel from now on reaches this attempt.
-    if (checkLive && !this.native.attemptLive(ticket.id, ticket.epoch)) return null;
+    // (Postgres tickets come straight from a committed claim; an outcome for
+    // a run canceled since is ignored by the engine.)
+    if (checkLive && !this.pg && !this.native.attemptLive(ticket.id, ticket.epoch)) return null;
     const { timeoutMs } = ticket;
     if (timeoutMs === null) {
       // The common case: race the handler against a cancel with one promise.
@@ -1188,7 +1487,10 @@ export class JobOrchestrator {
     }
     const policyText = opts?.retry === undefined ? null : JSON.stringify(opts.retry);
     for (;;) {
-      const begin = JSON.parse(call(() => this.native.stepBegin(runId, epoch, stepId))) as
+      const pg = this.pg;
+      const begin = JSON.parse(
+        pg ? await db(pg.stepBegin(runId, epoch, stepId)) : call(() => this.native.stepBegin(runId, epoch, stepId)),
+      ) as
         | { memoized: true; output: T }
         | { memoized: false; attempt: number };
       if (begin.memoized) return begin.output;
@@ -1200,9 +1502,10 @@ export class JobOrchestrator {
         if (!j.ok) throw new JobInputInvalidError(j.reason);
         outputText = j.text;
       } catch (err) {
-        const delay = call(() =>
-          this.native.stepFail(runId, epoch, stepId, JSON.stringify(describeFailure(err)), policyText),
-        );
+        const failure = JSON.stringify(describeFailure(err));
+        const delay = pg
+          ? await db(pg.stepFail(runId, epoch, stepId, failure, policyText))
+          : call(() => this.native.stepFail(runId, epoch, stepId, failure, policyText));
         if (delay === null || attempt.aborted) throw err;
         // Back off in engine time; a cancel or timeout ends the wait early.
         const pause = this.sleep(delay);
@@ -1211,7 +1514,8 @@ export class JobOrchestrator {
         if (attempt.aborted) throw err;
         continue;
       }
-      call(() => this.native.stepComplete(runId, epoch, stepId, outputText));
+      if (pg) await db(pg.stepComplete(runId, epoch, stepId, outputText));
+      else call(() => this.native.stepComplete(runId, epoch, stepId, outputText));
       return value;
     }
   }

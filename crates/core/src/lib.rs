@@ -26,6 +26,7 @@ pub mod clock;
 pub mod engine;
 pub mod error;
 pub mod model;
+pub mod pg_worker;
 pub mod store;
 pub mod template;
 pub mod worker;

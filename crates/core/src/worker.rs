@@ -47,7 +47,7 @@ impl WorkerPool {
     }
 
     /// Reserves up to `want` free slots; returns how many were reserved.
-    fn reserve(&self, want: usize) -> usize {
+    pub fn reserve(&self, want: usize) -> usize {
         let mut cur = self.in_flight.load(Ordering::SeqCst);
         loop {
             let free = self.concurrency.saturating_sub(cur);
@@ -67,7 +67,7 @@ impl WorkerPool {
         }
     }
 
-    fn release(&self, n: usize) {
+    pub fn release(&self, n: usize) {
         if n > 0 {
             self.in_flight.fetch_sub(n, Ordering::SeqCst);
         }

@@ -1,0 +1,346 @@
+//! The worker over the PostgreSQL store.
+//!
+//! Unlike the in-memory worker, every claim and outcome is a database
+//! round trip, so the loop works in batches: finished attempts queue up in
+//! [`PgWorker::done`] (a plain push from the JS thread, no I/O there) and
+//! one transaction ([`Engine::settle`]) applies all of them and claims into
+//! every free slot. Under load a batch is as large as what finished during
+//! the previous transaction, so commits are shared by many runs.
+//!
+//! It wakes on: an outcome queued, a local start (engine activity), a
+//! `NOTIFY` from another process (listener thread), the earliest due time
+//! of a pool, and a poll interval as the fallback. A heartbeat renews the
+//! lease of held runs; a sweeper returns runs whose lease expired (their
+//! worker died) to `pending`. Delivery is at-least-once.
+
+use crate::engine::{AttemptTicket, Engine};
+use crate::model::{AttemptOutcome, Millis, RunId};
+use crate::store::postgres::PgStore;
+use crate::worker::{BatchDispatcher, WorkerPool};
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::sync::Notify;
+
+type Done = (RunId, u32, Option<AttemptOutcome>, Arc<str>);
+
+pub struct PgWorker {
+    engine: Arc<Engine<PgStore>>,
+    pools: Vec<WorkerPool>,
+    done: Mutex<Vec<Done>>,
+    /// Attempts this process holds (their leases are renewed).
+    held: Mutex<HashMap<RunId, u32>>,
+    wake: Arc<Notify>,
+    stopping: AtomicBool,
+    lease_ms: i64,
+    poll_ms: i64,
+    /// Last error of the loop, for diagnostics.
+    last_error: Mutex<Option<String>>,
+}
+
+impl PgWorker {
+    pub fn new(
+        engine: Arc<Engine<PgStore>>,
+        pools: Vec<WorkerPool>,
+        lease_ms: i64,
+        poll_ms: i64,
+    ) -> Arc<Self> {
+        Arc::new(PgWorker {
+            engine,
+            pools,
+            done: Mutex::new(Vec::new()),
+            held: Mutex::new(HashMap::new()),
+            wake: Arc::new(Notify::new()),
+            stopping: AtomicBool::new(false),
+            lease_ms: lease_ms.max(100),
+            poll_ms: poll_ms.max(10),
+            last_error: Mutex::new(None),
+        })
+    }
+
+    pub fn pools(&self) -> &[WorkerPool] {
+        &self.pools
+    }
+
+    pub fn in_flight(&self) -> usize {
+        self.pools.iter().map(|p| p.in_flight()).sum()
+    }
+
+    pub fn is_stopping(&self) -> bool {
+        self.stopping.load(Ordering::SeqCst)
+    }
+
+    pub fn last_error(&self) -> Option<String> {
+        self.last_error.lock().ok().and_then(|e| e.clone())
+    }
+
+    /// Stops claiming; outcomes of in-flight attempts are still applied.
+    pub fn stop(&self) {
+        self.stopping.store(true, Ordering::SeqCst);
+        self.wake.notify_one();
+    }
+
+    /// Queues an attempt's outcome (`None` = it ended without one, e.g.
+    /// canceled or released by the caller). No I/O: called on the JS thread.
+    pub fn done(&self, id: RunId, epoch: u32, outcome: Option<AttemptOutcome>, pool: &str) {
+        let pool = self
+            .pools
+            .iter()
+            .find(|p| &*p.name == pool)
+            .map_or_else(|| Arc::from(pool), |p| p.name.clone());
+        if let Ok(mut d) = self.done.lock() {
+            d.push((id, epoch, outcome, pool));
+        }
+        self.wake.notify_one();
+    }
+
+    fn record_error(&self, e: impl ToString) {
+        if let Ok(mut l) = self.last_error.lock() {
+            *l = Some(e.to_string());
+        }
+    }
+
+    fn slot_freed(&self, pool: &str, id: &RunId) {
+        if let Some(p) = self.pools.iter().find(|p| &*p.name == pool) {
+            p.release(1);
+        }
+        if let Ok(mut h) = self.held.lock() {
+            h.remove(id);
+        }
+    }
+
+    /// The loop. Returns once stopped and every held attempt has ended.
+    pub async fn run<D: BatchDispatcher>(self: Arc<Self>, dispatcher: D) {
+        let listening = Arc::new(AtomicBool::new(true));
+        self.spawn_listener(listening.clone());
+        let maintenance = tokio::spawn(self.clone().maintain());
+        let activity = self.engine.activity();
+        loop {
+            let stopping = self.is_stopping();
+            let batch: Vec<Done> = self
+                .done
+                .lock()
+                .map(|mut d| std::mem::take(&mut *d))
+                .unwrap_or_default();
+            if stopping && batch.is_empty() && self.in_flight() == 0 {
+                break;
+            }
+            // Slots freed by this batch are claimable in the same transaction.
+            for (id, _, _, pool) in &batch {
+                self.slot_freed(pool, id);
+            }
+            let claims: Vec<(Arc<str>, usize)> = if stopping {
+                Vec::new()
+            } else {
+                self.pools
+                    .iter()
+                    .map(|p| (p.name.clone(), p.reserve(usize::MAX)))
+                    .collect()
+            };
+            let wanted: usize = claims.iter().map(|c| c.1).sum();
+            if batch.is_empty() && wanted == 0 {
+                self.engine.set_worker_hungry(false);
+                tokio::select! {
+                    _ = self.wake.notified() => {}
+                    _ = tokio::time::sleep(Duration::from_millis(self.poll_ms as u64)) => {}
+                }
+                continue;
+            }
+            let engine = self.engine.clone();
+            let settle_batch: Vec<(RunId, u32, Option<AttemptOutcome>)> = batch
+                .iter()
+                .map(|(id, e, o, _)| (*id, *e, o.clone()))
+                .collect();
+            let claims_for_tx = claims.clone();
+            let result =
+                tokio::task::spawn_blocking(move || engine.settle(&settle_batch, &claims_for_tx))
+                    .await;
+            let tickets: Vec<AttemptTicket> = match result {
+                Ok(Ok((_, tickets))) => tickets,
+                Ok(Err(e)) => {
+                    self.record_error(&e);
+                    // Nothing changed: give the reservations back and try
+                    // the outcomes again shortly (their runs stay running
+                    // and leased meanwhile).
+                    for (pool, n) in &claims {
+                        if let Some(p) = self.pools.iter().find(|p| &p.name == pool) {
+                            p.release(*n);
+                        }
+                    }
+                    self.requeue(batch);
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    continue;
+                }
+                Err(e) => {
+                    self.record_error(&e);
+                    for (pool, n) in &claims {
+                        if let Some(p) = self.pools.iter().find(|p| &p.name == pool) {
+                            p.release(*n);
+                        }
+                    }
+                    self.requeue(batch);
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    continue;
+                }
+            };
+            // Return the reserved slots that found no run.
+            for (pool, n) in &claims {
+                let got = tickets.iter().filter(|t| &t.run.pool == pool).count();
+                if let Some(p) = self.pools.iter().find(|p| &p.name == pool) {
+                    p.release(n.saturating_sub(got));
+                }
+            }
+            let got_all = tickets.len() >= wanted && wanted > 0;
+            if !tickets.is_empty() {
+                if let Ok(mut h) = self.held.lock() {
+                    for t in &tickets {
+                        h.insert(t.run.id, t.epoch);
+                    }
+                }
+                let dispatched: Vec<(RunId, u32, Arc<str>)> = tickets
+                    .iter()
+                    .map(|t| (t.run.id, t.epoch, t.run.pool.clone()))
+                    .collect();
+                if !dispatcher.dispatch(tickets) {
+                    // JS is gone: hand the runs back.
+                    for (id, epoch, pool) in dispatched {
+                        let _ = self.engine.release_attempt(&id, epoch);
+                        self.slot_freed(&pool, &id);
+                    }
+                    break;
+                }
+            }
+            if got_all || !self.done_is_empty() {
+                continue;
+            }
+            // Free slots and nothing due: sleep until the earliest due run
+            // (a bounded poll covers runs made due by other processes).
+            let wait = self.idle_wait().await;
+            self.engine.set_worker_hungry(true);
+            tokio::select! {
+                _ = self.wake.notified() => {}
+                _ = activity.notified() => {}
+                _ = tokio::time::sleep(wait) => {}
+            }
+            self.engine.set_worker_hungry(false);
+        }
+        listening.store(false, Ordering::SeqCst);
+        maintenance.abort();
+        self.engine.set_worker_hungry(false);
+    }
+
+    fn done_is_empty(&self) -> bool {
+        self.done.lock().map(|d| d.is_empty()).unwrap_or(true)
+    }
+
+    fn requeue(&self, batch: Vec<Done>) {
+        for (id, epoch, _, pool) in &batch {
+            if let Some(p) = self.pools.iter().find(|p| &p.name == pool) {
+                // The slot is still taken until the outcome lands.
+                p.reserve(1);
+            }
+            if let Ok(mut h) = self.held.lock() {
+                h.insert(*id, *epoch);
+            }
+        }
+        if let Ok(mut d) = self.done.lock() {
+            d.extend(batch);
+        }
+    }
+
+    async fn idle_wait(&self) -> Duration {
+        let poll = Duration::from_millis(self.poll_ms as u64);
+        let engine = self.engine.clone();
+        let pools: Vec<Arc<str>> = self
+            .pools
+            .iter()
+            .filter(|p| p.in_flight() < p.concurrency)
+            .map(|p| p.name.clone())
+            .collect();
+        let due = tokio::task::spawn_blocking(move || {
+            pools.iter().filter_map(|p| engine.next_due(p)).min()
+        })
+        .await
+        .ok()
+        .flatten();
+        let now = self.engine.now();
+        match due {
+            // Due but not claimable by us (held by another process): retry soon.
+            Some(t) if t <= now => poll.min(Duration::from_millis(50)),
+            Some(t) => poll.min(Duration::from_millis((t - now) as u64)),
+            None => poll,
+        }
+    }
+
+    /// Heartbeat and sweeper, until aborted.
+    async fn maintain(self: Arc<Self>) {
+        let every = Duration::from_millis((self.lease_ms / 3).max(50) as u64);
+        let mut ticks: u64 = 0;
+        loop {
+            // Sweep first (a restarted process recovers what it lost).
+            if ticks.is_multiple_of(2) {
+                let engine = self.engine.clone();
+                let lease = self.lease_ms;
+                let r = tokio::task::spawn_blocking(move || sweep(&engine, lease)).await;
+                if let Ok(Err(e)) = r {
+                    self.record_error(&e);
+                }
+            }
+            tokio::time::sleep(every).await;
+            ticks += 1;
+            let held: Vec<(RunId, u32)> = self
+                .held
+                .lock()
+                .map(|h| h.iter().map(|(k, v)| (*k, *v)).collect())
+                .unwrap_or_default();
+            if !held.is_empty() {
+                let engine = self.engine.clone();
+                let r = tokio::task::spawn_blocking(move || {
+                    let now: Millis = engine.now();
+                    engine.store().heartbeat(&held, now)
+                })
+                .await;
+                if let Ok(Err(e)) = r {
+                    self.record_error(&e);
+                }
+            }
+        }
+    }
+
+    fn spawn_listener(&self, listening: Arc<AtomicBool>) {
+        let engine = self.engine.clone();
+        let wake = self.wake.clone();
+        let spawned = std::thread::Builder::new()
+            .name("jobforge-listen".to_owned())
+            .spawn(move || {
+                while listening.load(Ordering::SeqCst) {
+                    let keep = || listening.load(Ordering::SeqCst);
+                    let notify = || wake.notify_one();
+                    if engine.store().listen(&keep, &notify).is_err() {
+                        // Lost the connection: polling covers the gap.
+                        std::thread::sleep(Duration::from_millis(500));
+                    }
+                }
+            });
+        if let Err(e) = spawned {
+            self.record_error(e);
+        }
+    }
+}
+
+/// Returns runs whose lease expired to `pending`. Returns how many.
+pub fn sweep(engine: &Engine<PgStore>, lease_ms: i64) -> crate::error::Result<usize> {
+    let now = engine.now();
+    let expired = engine.store().expired_leases(now, lease_ms, 500)?;
+    let mut n = 0;
+    for (id, epoch) in expired {
+        if engine.release_attempt(&id, epoch)? {
+            n += 1;
+        }
+    }
+    if n > 0 {
+        engine.wake_worker();
+    }
+    Ok(n)
+}

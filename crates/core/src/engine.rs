@@ -959,6 +959,8 @@ impl<S: Store> Engine<S> {
         let now = self.now();
         let mut fx = Effects::default();
         let result = self.store.transaction(|tx| {
+            let ids: Vec<RunId> = finished.iter().map(|f| f.0).collect();
+            tx.prefetch(&ids);
             let mut applied = 0;
             for (id, epoch, outcome) in finished {
                 if let Some(o) = outcome {

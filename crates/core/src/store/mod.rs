@@ -90,6 +90,10 @@ pub trait StoreTx {
     /// so a networked store can fetch that many candidates at once.
     fn expect_claims(&mut self, _n: usize) {}
 
+    /// Says which runs this transaction is about to read and change, so a
+    /// networked store can load (and lock) them in one round trip.
+    fn prefetch(&mut self, _ids: &[RunId]) {}
+
     /// When the next claimable run of `pool` is due (`now` if one is due).
     fn next_due(&mut self, pool: &str, now: Millis) -> Option<Millis>;
 

@@ -267,6 +267,8 @@ pub struct PgStore {
     schema_sql: String,
     /// LISTEN/NOTIFY channel of this schema.
     channel: String,
+    /// The channel as an SQL string literal.
+    channel_literal: String,
     /// Definitions are process-local (each process registers its handlers)
     /// and mirrored to the `job` table; a miss reads the table.
     defs: RwLock<HashMap<Arc<str>, Arc<JobDefinition>>>,
@@ -439,6 +441,7 @@ impl PgStore {
             },
             config,
             schema_sql,
+            channel_literal: format!("'{}'", channel.replace('\'', "''")),
             channel,
             defs: RwLock::new(HashMap::new()),
         })
@@ -550,9 +553,11 @@ impl PgStore {
         let Some(conn) = lease.conn.as_mut() else {
             return Err(JobError::invalid("connection pool is closed"));
         };
-        conn.client
-            .batch_execute(if lock { "BEGIN" } else { "BEGIN READ ONLY" })
-            .map_err(db_err)?;
+        // A read runs its statements in autocommit (read committed either
+        // way): no BEGIN/COMMIT round trips.
+        if lock {
+            conn.client.batch_execute("BEGIN").map_err(db_err)?;
+        }
         let mut tx = PgTx {
             store: self,
             conn: RefCell::new(conn),
@@ -568,16 +573,25 @@ impl PgStore {
         };
         let out = f(&mut tx);
         tx.flush();
-        if tx.notify {
-            let chan = self.channel.clone();
-            tx.exec(SQL_NOTIFY, &[&chan]);
-        }
+        let notify = tx.notify;
         let failure = tx.failure.take();
         let PgTx { conn, .. } = tx;
         let conn = conn.into_inner();
+        if !lock {
+            return match failure {
+                Some(e) => Err(db_err(e)),
+                None => out,
+            };
+        }
         match (out, failure) {
             (Ok(v), None) => {
-                conn.client.batch_execute("COMMIT").map_err(db_err)?;
+                // The notification goes out with the commit, in one round trip.
+                let commit = if notify {
+                    format!("SELECT pg_notify({}, ''); COMMIT", self.channel_literal)
+                } else {
+                    "COMMIT".to_owned()
+                };
+                conn.client.batch_execute(&commit).map_err(db_err)?;
                 Ok(v)
             }
             (Err(e), None) => {
@@ -618,6 +632,18 @@ fn fallible_next(
 
 const SQL_RUN: &str = "SELECT {R} FROM {S}.job_run WHERE id = $1";
 const SQL_RUN_LOCK: &str = "SELECT {R} FROM {S}.job_run WHERE id = $1 FOR UPDATE";
+const SQL_RUNS_LOCK: &str =
+    "SELECT {R} FROM {S}.job_run WHERE id = ANY($1) ORDER BY id FOR UPDATE";
+/// Writes many changed rows in one statement.
+const SQL_UPDATE_RUNS: &str = "UPDATE {S}.job_run r SET status=u.status, output=u.output, error=u.error, \
+    run_at=u.run_at, started_at=u.started_at, finished_at=u.finished_at, claimed_at=u.claimed_at, \
+    attempts=u.attempts, updated_at=u.updated_at, lane_seq=u.lane_seq, claim_epoch=u.claim_epoch, \
+    executing=u.executing, priority=u.priority, pool=u.pool \
+    FROM unnest($1::uuid[], $2::text[], $3::jsonb[], $4::jsonb[], $5::timestamptz[], $6::timestamptz[], \
+    $7::timestamptz[], $8::timestamptz[], $9::int4[], $10::timestamptz[], $11::int8[], $12::int4[], \
+    $13::bool[], $14::int4[], $15::text[]) AS u(id, status, output, error, run_at, started_at, \
+    finished_at, claimed_at, attempts, updated_at, lane_seq, claim_epoch, executing, priority, pool) \
+    WHERE r.id = u.id";
 const SQL_INSERT_RUN: &str = "INSERT INTO {S}.job_run ({R}) VALUES \
     ($1,$2,$3,$4,$5,$6,$7,$8,$9,$10,$11,$12,$13,$14,$15,$16,$17,$18,$19,$20,$21,$22,$23,$24,$25,$26,$27,$28,$29,$30,$31)";
 const SQL_UPDATE_RUN: &str = "UPDATE {S}.job_run SET status=$2, output=$3, error=$4, run_at=$5, \
@@ -689,7 +715,6 @@ const SQL_HEARTBEAT: &str = "UPDATE {S}.job_run r SET claimed_at = $3 FROM unnes
     AS h(id, epoch) WHERE r.id = h.id AND r.claim_epoch = h.epoch AND r.status = 'running' RETURNING r.id";
 const SQL_EXPIRED: &str = "SELECT id, claim_epoch FROM {S}.job_run WHERE status = 'running' \
     AND claimed_at < $1 ORDER BY claimed_at LIMIT $2";
-const SQL_NOTIFY: &str = "SELECT pg_notify($1, '')";
 
 // ── the transaction ────────────────────────────────────────────────────
 
@@ -845,6 +870,10 @@ impl PgTx<'_> {
             return;
         }
         let dirty = std::mem::take(&mut self.dirty);
+        if dirty.len() > 1 {
+            self.flush_many(&dirty);
+            return;
+        }
         for id in dirty {
             let Some(r) = self.runs.get(&id) else {
                 continue;
@@ -876,6 +905,40 @@ impl PgTx<'_> {
                 ],
             );
         }
+    }
+
+    fn flush_many(&self, dirty: &[RunId]) {
+        let rows: Vec<&RunRow> = dirty.iter().filter_map(|id| self.runs.get(id)).collect();
+        let ids: Vec<Uuid> = rows.iter().map(|r| r.id).collect();
+        let status: Vec<&str> = rows.iter().map(|r| r.status.as_str()).collect();
+        let output: Vec<Option<Jsonb<'_>>> = rows
+            .iter()
+            .map(|r| r.output.as_deref().map(|o| Jsonb(o.get())))
+            .collect();
+        let error_text: Vec<Option<String>> = rows
+            .iter()
+            .map(|r| r.error.as_deref().map(error_json))
+            .collect();
+        let error: Vec<Option<Jsonb<'_>>> =
+            error_text.iter().map(|e| e.as_deref().map(Jsonb)).collect();
+        let run_at: Vec<Ms> = rows.iter().map(|r| Ms(r.run_at)).collect();
+        let started: Vec<Option<Ms>> = rows.iter().map(|r| r.started_at.map(Ms)).collect();
+        let finished: Vec<Option<Ms>> = rows.iter().map(|r| r.finished_at.map(Ms)).collect();
+        let claimed: Vec<Option<Ms>> = rows.iter().map(|r| r.claimed_at.map(Ms)).collect();
+        let attempts: Vec<i32> = rows.iter().map(|r| r.attempts as i32).collect();
+        let updated: Vec<Ms> = rows.iter().map(|r| Ms(r.updated_at)).collect();
+        let lane_seq: Vec<i64> = rows.iter().map(|r| r.lane_seq as i64).collect();
+        let epoch: Vec<i32> = rows.iter().map(|r| r.claim_epoch as i32).collect();
+        let executing: Vec<bool> = rows.iter().map(|r| r.executing).collect();
+        let priority: Vec<i32> = rows.iter().map(|r| r.priority).collect();
+        let pool: Vec<&str> = rows.iter().map(|r| &*r.pool).collect();
+        self.exec(
+            SQL_UPDATE_RUNS,
+            &[
+                &ids, &status, &output, &error, &run_at, &started, &finished, &claimed, &attempts,
+                &updated, &lane_seq, &epoch, &executing, &priority, &pool,
+            ],
+        );
     }
 
     fn lock_identity(&mut self, kind: u8, tenant: TenantRef<'_>, a: &str, b: &str) {
@@ -1072,6 +1135,20 @@ impl StoreTx for PgTx<'_> {
         rows.iter()
             .filter_map(|r| r.try_get::<_, Uuid>(0).ok())
             .collect()
+    }
+
+    fn prefetch(&mut self, ids: &[RunId]) {
+        let missing: Vec<Uuid> = ids
+            .iter()
+            .filter(|id| self.runs.get(id).is_none())
+            .copied()
+            .collect();
+        if missing.len() < 2 || !self.lock {
+            return;
+        }
+        self.flush();
+        let rows = self.query(SQL_RUNS_LOCK, &[&missing], None);
+        self.absorb(&rows, true);
     }
 
     fn expect_claims(&mut self, n: usize) {

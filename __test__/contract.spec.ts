@@ -2,8 +2,8 @@
  * CONTRACT.md, rule by rule: rows, registration, start (steps 1–6),
  * claimNext, tick (outcomes, retries, timeouts, steps, spawnChild),
  * cancel and the parent-close cascade, replay, queries, errors.
+ * Every test runs on both backends (memory and PostgreSQL, see backends.ts).
  */
-import test from 'ava';
 import { spawnSync } from 'node:child_process';
 import { randomUUID } from 'node:crypto';
 import * as path from 'node:path';
@@ -14,7 +14,6 @@ import {
   JobInputInvalidError,
   JobKeyFunctionUnavailableError,
   JobNotReplayableError,
-  JobOrchestrator,
   JobRunNotFoundError,
   JobRunStateError,
   JobStepTimeoutError,
@@ -36,15 +35,15 @@ import {
   codedError,
   get,
   hanging,
-  manual,
   nextTurn,
   realSleep,
   runNext,
   statusOf,
   stepsById,
-  system,
   waitFor,
 } from './helpers';
+import { forBackends } from './backends';
+import type { Make } from './backends';
 
 type Input = Record<string, unknown>;
 const ok = async (): Promise<Record<string, never>> => ({});
@@ -56,8 +55,8 @@ const ms = (d: Date | null): number => {
 
 // ─── Rows ───────────────────────────────────────────────────────────────────
 
-test('row: every JobRun field is present at every stage and none is undefined', async (t) => {
-  const o = manual();
+forBackends('row: every JobRun field is present at every stage and none is undefined', async (t, make) => {
+  const o = await make.manual();
   o.registerHandler('row.shape', {}, async () => ({ done: true }));
   const started = await o.start('row.shape', { a: 1 });
   const rows: JobRun[] = [started, await get(o, started.id)];
@@ -71,8 +70,8 @@ test('row: every JobRun field is present at every stage and none is undefined', 
   }
 });
 
-test('row: a new root run — uuid v4 id, rootRunId === id, nulls for absent values, Dates', async (t) => {
-  const o = manual();
+forBackends('row: a new root run — uuid v4 id, rootRunId === id, nulls for absent values, Dates', async (t, make) => {
+  const o = await make.manual();
   o.registerHandler('row.root', {}, ok);
   const now = o.now();
   const r = await o.start('row.root', { a: 1 });
@@ -97,8 +96,8 @@ test('row: a new root run — uuid v4 id, rootRunId === id, nulls for absent val
   t.regex(again.id, UUID_V4);
 });
 
-test('row: timestamps of a finished run are Dates (claimedAt/startedAt at claim, finishedAt at the end)', async (t) => {
-  const o = manual();
+forBackends('row: timestamps of a finished run are Dates (claimedAt/startedAt at claim, finishedAt at the end)', async (t, make) => {
+  const o = await make.manual();
   o.registerHandler('row.times', {}, async () => {
     o.advanceTime(250);
     return { ok: true };
@@ -118,8 +117,8 @@ test('row: timestamps of a finished run are Dates (claimedAt/startedAt at claim,
   t.is(done.createdAt.getTime(), r.createdAt.getTime());
 });
 
-test('row: a JobStep row has every field, kind task, null not undefined, Dates', async (t) => {
-  const o = manual();
+forBackends('row: a JobStep row has every field, kind task, null not undefined, Dates', async (t, make) => {
+  const o = await make.manual();
   o.registerHandler('row.step', {}, async (ctx) => {
     await ctx.step('one', async () => ({ x: 1 }));
     return {};
@@ -144,8 +143,8 @@ test('row: a JobStep row has every field, kind task, null not undefined, Dates',
   t.true(s.finishedAt instanceof Date);
 });
 
-test('definition: defaults for empty meta (pool batch, retry 1/fixed/0, queue, last_checkpoint, priority 0, version 1)', async (t) => {
-  const o = manual();
+forBackends('definition: defaults for empty meta (pool batch, retry 1/fixed/0, queue, last_checkpoint, priority 0, version 1)', async (t, make) => {
+  const o = await make.manual();
   o.registerHandler('def.defaults', {}, ok);
   const d = await o.getDefinition('def.defaults');
   if (d === null) return t.fail('definition missing');
@@ -169,8 +168,8 @@ test('definition: defaults for empty meta (pool batch, retry 1/fixed/0, queue, l
   t.is(await o.getDefinition('def.unknown'), null);
 });
 
-test('definition: reflects meta; function keys are stored as the template <fn>', async (t) => {
-  const o = manual();
+forBackends('definition: reflects meta; function keys are stored as the template <fn>', async (t, make) => {
+  const o = await make.manual();
   o.registerHandler<{ id: string; acct: string }>(
     'def.full',
     {
@@ -214,8 +213,8 @@ test('definition: reflects meta; function keys are stored as the template <fn>',
   t.is(r.dedupeKey, 'd:A7');
 });
 
-test('registerHandler replaces the definition and the handler of a type', async (t) => {
-  const o = manual();
+forBackends('registerHandler replaces the definition and the handler of a type', async (t, make) => {
+  const o = await make.manual();
   o.registerHandler('re.reg', { pool: 'p1' }, async () => ({ v: 1 }));
   const first = await o.getDefinition('re.reg');
   o.advanceTime(10);
@@ -229,8 +228,8 @@ test('registerHandler replaces the definition and the handler of a type', async 
   t.is(o.getHandlerRegistration('re.reg')?.meta.pool, 'p2');
 });
 
-test('handlers: a class with run(ctx), an async function and an object with run all execute', async (t) => {
-  const o = manual();
+forBackends('handlers: a class with run(ctx), an async function and an object with run all execute', async (t, make) => {
+  const o = await make.manual();
   class Doubler extends JobHandlerBase<{ n: number }, { n: number }> {
     async run(ctx: JobContext<{ n: number }>): Promise<{ n: number }> {
       return { n: ctx.input.n * 2 };
@@ -248,8 +247,8 @@ test('handlers: a class with run(ctx), an async function and an object with run 
   t.deepEqual((await get(o, c.id)).output, { n: 4 });
 });
 
-test('upsertJobRows registers every entry and returns {orphaned: []}', async (t) => {
-  const o = manual();
+forBackends('upsertJobRows registers every entry and returns {orphaned: []}', async (t, make) => {
+  const o = await make.manual();
   class A extends JobHandlerBase {
     async run(): Promise<unknown> {
       return { from: 'A' };
@@ -278,8 +277,8 @@ test('upsertJobRows registers every entry and returns {orphaned: []}', async (t)
   t.deepEqual((await runNext(o)).output, { from: 'B' });
 });
 
-test('registration: malformed meta or handlers are rejected with JobInputInvalidError and change nothing', async (t) => {
-  const o = manual();
+forBackends('registration: malformed meta or handlers are rejected with JobInputInvalidError and change nothing', async (t, make) => {
+  const o = await make.manual();
   o.registerHandler('reg.keep', { pool: 'kept' }, async () => ({ v: 'original' }));
   const bad: [string, unknown, unknown][] = [
     ['reg.keep', {}, 42],
@@ -306,8 +305,8 @@ test('registration: malformed meta or handlers are rejected with JobInputInvalid
 
 // ─── start: 1. tenant gate ─────────────────────────────────────────────────
 
-test('start 1: multi-tenant start without tenantId → MissingTenantIdError {method: start}, checked before the job type', async (t) => {
-  const o = manual({ multiTenant: true });
+forBackends('start 1: multi-tenant start without tenantId → MissingTenantIdError {method: start}, checked before the job type', async (t, make) => {
+  const o = await make.manual({ multiTenant: true });
   o.registerHandler('mt.job', {}, ok);
   const e1 = await t.throwsAsync(o.start('mt.job', {}), { instanceOf: MissingTenantIdError });
   t.is(e1.method, 'start');
@@ -323,8 +322,8 @@ test('start 1: multi-tenant start without tenantId → MissingTenantIdError {met
   t.is(acme.tenantId, 'acme');
 });
 
-test('start 1: single-tenant mode stores tenantId as null and needs none', async (t) => {
-  const o = manual();
+forBackends('start 1: single-tenant mode stores tenantId as null and needs none', async (t, make) => {
+  const o = await make.manual();
   o.registerHandler('st.job', {}, ok);
   const a = await o.start('st.job', {}, { tenantId: 'acme' });
   t.is(a.tenantId, null);
@@ -336,8 +335,8 @@ test('start 1: single-tenant mode stores tenantId as null and needs none', async
 
 // ─── start: 2. unknown type ────────────────────────────────────────────────
 
-test('start 2: unknown job type → JobTypeNotFoundError {jobType}, nothing created', async (t) => {
-  const o = manual();
+forBackends('start 2: unknown job type → JobTypeNotFoundError {jobType}, nothing created', async (t, make) => {
+  const o = await make.manual();
   o.registerHandler('known', {}, ok);
   const e = await t.throwsAsync(o.start('unknown.type', { a: 1 }), { instanceOf: JobTypeNotFoundError });
   t.is(e.jobType, 'unknown.type');
@@ -349,8 +348,8 @@ test('start 2: unknown job type → JobTypeNotFoundError {jobType}, nothing crea
 
 // ─── start: 3. dedupe ──────────────────────────────────────────────────────
 
-test('start 3: dedupe returns the existing run strictly inside the window, a new run at/after its end', async (t) => {
-  const o = manual();
+forBackends('start 3: dedupe returns the existing run strictly inside the window, a new run at/after its end', async (t, make) => {
+  const o = await make.manual();
   o.registerHandler('dd.win', { dedupe: { key: 'order:{{orderId}}', windowMs: 1000 } }, ok);
   const a = await o.start('dd.win', { orderId: 7, n: 1 });
   t.is(a.dedupeKey, 'order:7');
@@ -369,8 +368,8 @@ test('start 3: dedupe returns the existing run strictly inside the window, a new
   t.deepEqual(new Set(await claimAll(o)), new Set([a.id, other.id, c.id]));
 });
 
-test('start 3: dedupe ignores canceled and failed runs but not completed (or running) ones', async (t) => {
-  const o = manual();
+forBackends('start 3: dedupe ignores canceled and failed runs but not completed (or running) ones', async (t, make) => {
+  const o = await make.manual();
   o.registerHandler<{ k: string; fail?: boolean }>('dd.excl', { dedupe: { key: '{{k}}', windowMs: 60_000 } }, async (ctx) => {
     if (ctx.input.fail) throw new Error('failing on purpose');
     return { ok: true };
@@ -393,8 +392,8 @@ test('start 3: dedupe ignores canceled and failed runs but not completed (or run
   t.is(d.id, c.id, 'completed run inside the window is a dedupe hit');
 });
 
-test('start 3: dedupe returns the newest matching run', async (t) => {
-  const o = manual();
+forBackends('start 3: dedupe returns the newest matching run', async (t, make) => {
+  const o = await make.manual();
   o.registerHandler('dd.newest', { dedupe: { key: '{{k}}', windowMs: 100 } }, ok);
   const a = await o.start('dd.newest', { k: 1 });
   o.advanceTime(100);
@@ -407,8 +406,8 @@ test('start 3: dedupe returns the newest matching run', async (t) => {
   t.is(c.id, b.id);
 });
 
-test('start 3: dedupe is per job type and key', async (t) => {
-  const o = manual();
+forBackends('start 3: dedupe is per job type and key', async (t, make) => {
+  const o = await make.manual();
   o.registerHandler('dd.t1', { dedupe: { key: '{{k}}', windowMs: 10_000 } }, ok);
   o.registerHandler('dd.t2', { dedupe: { key: '{{k}}', windowMs: 10_000 } }, ok);
   const a = await o.start('dd.t1', { k: 1 });
@@ -419,8 +418,8 @@ test('start 3: dedupe is per job type and key', async (t) => {
   t.is((await o.start('dd.t2', { k: 1 })).id, b.id);
 });
 
-test('start 3: dedupe with a function key', async (t) => {
-  const o = manual();
+forBackends('start 3: dedupe with a function key', async (t, make) => {
+  const o = await make.manual();
   o.registerHandler<{ user: string }>('dd.fn', { dedupe: { key: (i) => `u-${i.user.toLowerCase()}`, windowMs: 500 } }, ok);
   const a = await o.start('dd.fn', { user: 'Bob' });
   t.is(a.dedupeKey, 'u-bob');
@@ -429,8 +428,8 @@ test('start 3: dedupe with a function key', async (t) => {
   t.not((await o.start('dd.fn', { user: 'bob' })).id, a.id);
 });
 
-test('start 3 before 4: a dedupe hit returns the run instead of a reject collision', async (t) => {
-  const o = manual();
+forBackends('start 3 before 4: a dedupe hit returns the run instead of a reject collision', async (t, make) => {
+  const o = await make.manual();
   o.registerHandler('dd.rej', { dedupe: { key: '{{k}}', windowMs: 1000 }, concurrency: { key: '{{k}}', collisionMode: 'reject' } }, ok);
   const a = await o.start('dd.rej', { k: 1 });
   const b = await o.start('dd.rej', { k: 1 });
@@ -442,8 +441,8 @@ test('start 3 before 4: a dedupe hit returns the run instead of a reject collisi
 
 // ─── start: 4. concurrency ─────────────────────────────────────────────────
 
-test('start 4: reject (template key) → JobCollisionError {jobType, concurrencyKey, incumbent}, nothing created', async (t) => {
-  const o = manual();
+forBackends('start 4: reject (template key) → JobCollisionError {jobType, concurrencyKey, incumbent}, nothing created', async (t, make) => {
+  const o = await make.manual();
   o.registerHandler('cc.rej', { concurrency: { key: 'acct:{{acct}}', collisionMode: 'reject' } }, ok);
   const a = await o.start('cc.rej', { acct: 1 });
   t.is(a.concurrencyKey, 'acct:1');
@@ -466,8 +465,8 @@ test('start 4: reject (template key) → JobCollisionError {jobType, concurrency
   t.is(c.status, 'pending');
 });
 
-test('start 4: reject with a function key', async (t) => {
-  const o = manual();
+forBackends('start 4: reject with a function key', async (t, make) => {
+  const o = await make.manual();
   o.registerHandler<{ acct: number }>('cc.rejfn', { concurrency: { key: (i) => `fn:${i.acct}`, collisionMode: 'reject' } }, ok);
   const a = await o.start('cc.rejfn', { acct: 3 });
   t.is(a.concurrencyKey, 'fn:3');
@@ -478,8 +477,8 @@ test('start 4: reject with a function key', async (t) => {
   t.is((await o.start('cc.rejfn', { acct: 3 })).status, 'pending');
 });
 
-test('start 4: replace (template key) cancels the lane with cascade and the new run is claimable', async (t) => {
-  const o = manual();
+forBackends('start 4: replace (template key) cancels the lane with cascade and the new run is claimable', async (t, make) => {
+  const o = await make.manual();
   const h = hanging();
   o.registerHandler('cc.rep', { concurrency: { key: 'acct:{{acct}}', collisionMode: 'replace' } }, h.handler);
   o.registerHandler('leaf', {}, ok);
@@ -499,8 +498,8 @@ test('start 4: replace (template key) cancels the lane with cascade and the new 
   t.deepEqual(await claimAll(o), [b.id]);
 });
 
-test('start 4: replace with a function key', async (t) => {
-  const o = manual();
+forBackends('start 4: replace with a function key', async (t, make) => {
+  const o = await make.manual();
   o.registerHandler<{ acct: number }>('cc.repfn', { concurrency: { key: (i) => `r${i.acct}`, collisionMode: 'replace' } }, ok);
   const a = await o.start('cc.repfn', { acct: 1 });
   const other = await o.start('cc.repfn', { acct: 2 });
@@ -511,8 +510,8 @@ test('start 4: replace with a function key', async (t) => {
   t.deepEqual(new Set(await claimAll(o)), new Set([other.id, b.id]));
 });
 
-test('start 4: queue (template key) — the new run waits at the lane tail and runs after the incumbent', async (t) => {
-  const o = manual();
+forBackends('start 4: queue (template key) — the new run waits at the lane tail and runs after the incumbent', async (t, make) => {
+  const o = await make.manual();
   o.registerHandler('cc.q', { concurrency: { key: 'lane:{{k}}' } }, ok);
   const a = await o.start('cc.q', { k: 1 });
   const b = await o.start('cc.q', { k: 1 });
@@ -524,8 +523,8 @@ test('start 4: queue (template key) — the new run waits at the lane tail and r
   t.deepEqual(await claimAll(o), [b.id]);
 });
 
-test('start 4: queue with a function key', async (t) => {
-  const o = manual();
+forBackends('start 4: queue with a function key', async (t, make) => {
+  const o = await make.manual();
   o.registerHandler<{ k: number }>('cc.qfn', { concurrency: { key: (i) => `q${i.k % 2}`, collisionMode: 'queue' } }, ok);
   const a = await o.start('cc.qfn', { k: 1 });
   const b = await o.start('cc.qfn', { k: 3 }); // same key q1
@@ -536,8 +535,8 @@ test('start 4: queue with a function key', async (t) => {
   t.deepEqual(await claimAll(o), [b.id]);
 });
 
-test('start 4: a lane holds every non-terminal run with the key string, whatever its job type', async (t) => {
-  const o = manual();
+forBackends('start 4: a lane holds every non-terminal run with the key string, whatever its job type', async (t, make) => {
+  const o = await make.manual();
   o.registerHandler('lane.qa', { concurrency: { key: 'acct:{{acct}}' } }, ok);
   o.registerHandler<{ acct: number }>('lane.qb', { concurrency: { key: (i) => `acct:${i.acct}` } }, ok);
   o.registerHandler('lane.rb', { concurrency: { key: 'acct:{{acct}}', collisionMode: 'reject' } }, ok);
@@ -558,8 +557,8 @@ test('start 4: a lane holds every non-terminal run with the key string, whatever
 
 // ─── start: 5. lineage ─────────────────────────────────────────────────────
 
-test('start 5: a child gets its parent id and the parent\'s rootRunId, down the tree', async (t) => {
-  const o = manual();
+forBackends('start 5: a child gets its parent id and the parent\'s rootRunId, down the tree', async (t, make) => {
+  const o = await make.manual();
   o.registerHandler('lin', {}, ok);
   const root = await o.start('lin', {});
   const child = await o.start('lin', {}, { parentRunId: root.id });
@@ -571,8 +570,8 @@ test('start 5: a child gets its parent id and the parent\'s rootRunId, down the 
   t.is(grand.rootRunId, root.id);
 });
 
-test('start 5: multi-tenant — a child without tenantId gets its parent\'s tenant', async (t) => {
-  const o = manual({ multiTenant: true });
+forBackends('start 5: multi-tenant — a child without tenantId gets its parent\'s tenant', async (t, make) => {
+  const o = await make.manual({ multiTenant: true });
   o.registerHandler('lin.mt', {}, ok);
   const root = await o.start('lin.mt', {}, { tenantId: 'acme' });
   const child = await o.start('lin.mt', {}, { parentRunId: root.id });
@@ -583,8 +582,8 @@ test('start 5: multi-tenant — a child without tenantId gets its parent\'s tena
   t.is(explicit.rootRunId, root.id);
 });
 
-test('start 5: unknown parentRunId → ParentRunNotFoundError {parentRunId}, nothing created', async (t) => {
-  const o = manual();
+forBackends('start 5: unknown parentRunId → ParentRunNotFoundError {parentRunId}, nothing created', async (t, make) => {
+  const o = await make.manual();
   o.registerHandler('lin.bad', {}, ok);
   const missing = randomUUID();
   const e = await t.throwsAsync(o.start('lin.bad', {}, { parentRunId: missing }), { instanceOf: ParentRunNotFoundError });
@@ -596,8 +595,8 @@ test('start 5: unknown parentRunId → ParentRunNotFoundError {parentRunId}, not
   t.is(await o.claimNext('batch'), null);
 });
 
-test('start: checks are atomic — a replace start that fails lineage cancels nothing', async (t) => {
-  const o = manual();
+forBackends('start: checks are atomic — a replace start that fails lineage cancels nothing', async (t, make) => {
+  const o = await make.manual();
   o.registerHandler('atom.rep', { concurrency: { key: '{{k}}', collisionMode: 'replace' } }, ok);
   const a = await o.start('atom.rep', { k: 1 });
   await t.throwsAsync(o.start('atom.rep', { k: 1 }, { parentRunId: randomUUID() }), { instanceOf: ParentRunNotFoundError });
@@ -607,8 +606,8 @@ test('start: checks are atomic — a replace start that fails lineage cancels no
 
 // ─── start: 6. create ──────────────────────────────────────────────────────
 
-test('start 6: defaults — pool from the definition, priority 0, runAt now, manual trigger, terminate, no scope', async (t) => {
-  const o = manual();
+forBackends('start 6: defaults — pool from the definition, priority 0, runAt now, manual trigger, terminate, no scope', async (t, make) => {
+  const o = await make.manual();
   o.registerHandler('cr.def', { pool: 'emails' }, ok);
   const now = o.now().getTime();
   const r = await o.start('cr.def', { x: 1 });
@@ -623,8 +622,8 @@ test('start 6: defaults — pool from the definition, priority 0, runAt now, man
   t.deepEqual(r.tags, {});
 });
 
-test('start 6: options override pool, priority, runAt, tags, trigger, close policy and scope', async (t) => {
-  const o = manual();
+forBackends('start 6: options override pool, priority, runAt, tags, trigger, close policy and scope', async (t, make) => {
+  const o = await make.manual();
   o.registerHandler('cr.opts', { pool: 'emails', scope: { entity: 'meta-entity', from: () => 'meta-id' } }, ok);
   const runAt = new Date(o.now().getTime() + 60_000);
   const r = await o.start(
@@ -654,8 +653,8 @@ test('start 6: options override pool, priority, runAt, tags, trigger, close poli
   t.deepEqual(stored, r);
 });
 
-test('start 6: scope comes from meta.scope (entity + from(input)) when opts.scope is absent', async (t) => {
-  const o = manual();
+forBackends('start 6: scope comes from meta.scope (entity + from(input)) when opts.scope is absent', async (t, make) => {
+  const o = await make.manual();
   const seen: unknown[] = [];
   o.registerHandler<{ invoiceId: string }>(
     'cr.scope',
@@ -677,8 +676,8 @@ test('start 6: scope comes from meta.scope (entity + from(input)) when opts.scop
   t.is((await o.getDefinition('cr.scope'))?.scopeEntityType, 'invoice');
 });
 
-test('start: a template field that is missing, undefined or null → JobTemplateFieldMissingError {template, field}, nothing created', async (t) => {
-  const o = manual();
+forBackends('start: a template field that is missing, undefined or null → JobTemplateFieldMissingError {template, field}, nothing created', async (t, make) => {
+  const o = await make.manual();
   o.registerHandler('tpl.cc', { concurrency: { key: 'lane:{{k}}', collisionMode: 'reject' } }, ok);
   o.registerHandler('tpl.dd', { dedupe: { key: 'dd-{{ d }}-x', windowMs: 1000 } }, ok);
   for (const input of [{}, { k: undefined }, { k: null }, { other: 1 }] as Input[]) {
@@ -703,8 +702,8 @@ test('start: a template field that is missing, undefined or null → JobTemplate
   t.is(empty.dedupeKey, 'dd--x');
 });
 
-test('start: input that is not a JSON value → JobInputInvalidError {reason}, nothing created', async (t) => {
-  const o = manual();
+forBackends('start: input that is not a JSON value → JobInputInvalidError {reason}, nothing created', async (t, make) => {
+  const o = await make.manual();
   o.registerHandler('inp.bad', { dedupe: { key: 'k', windowMs: 60_000 } }, ok);
   const cyclic: Input = { a: 1 };
   cyclic.self = cyclic;
@@ -725,8 +724,8 @@ test('start: input that is not a JSON value → JobInputInvalidError {reason}, n
   t.deepEqual(await claimAll(o), [good.id]);
 });
 
-test('start: a missing input is stored as {}', async (t) => {
-  const o = manual();
+forBackends('start: a missing input is stored as {}', async (t, make) => {
+  const o = await make.manual();
   const seen: unknown[] = [];
   o.registerHandler('inp.none', {}, async (ctx) => {
     seen.push(ctx.input);
@@ -741,8 +740,8 @@ test('start: a missing input is stored as {}', async (t) => {
   t.deepEqual(seen, [{}]);
 });
 
-test('start: an exception thrown by a key function reaches the caller unchanged and nothing is created', async (t) => {
-  const o = manual();
+forBackends('start: an exception thrown by a key function reaches the caller unchanged and nothing is created', async (t, make) => {
+  const o = await make.manual();
   const boom = new Error('key function exploded');
   o.registerHandler<{ acct?: number }>(
     'fk.cc',
@@ -777,16 +776,16 @@ test('start: an exception thrown by a key function reaches the caller unchanged 
   t.is(ok1.concurrencyKey, 'a1');
 });
 
-test('start: the tenant gate precedes a throwing key function', async (t) => {
-  const o = manual({ multiTenant: true });
+forBackends('start: the tenant gate precedes a throwing key function', async (t, make) => {
+  const o = await make.manual({ multiTenant: true });
   const boom = new Error('key fn');
   o.registerHandler('fk.mt', { concurrency: { key: () => { throw boom; } } }, ok);
   await t.throwsAsync(o.start('fk.mt', {}), { instanceOf: MissingTenantIdError });
   await t.throwsAsync(o.start('fk.mt', {}, { tenantId: 't1' }), { is: boom });
 });
 
-test('start: malformed options are JobInputInvalidError and leave the store working', async (t) => {
-  const o = manual();
+forBackends('start: malformed options are JobInputInvalidError and leave the store working', async (t, make) => {
+  const o = await make.manual();
   o.registerHandler('opt.bad', {}, ok);
   const bad = [
     { priority: 1.5 },
@@ -806,8 +805,8 @@ test('start: malformed options are JobInputInvalidError and leave the store work
 
 // ─── claimNext ─────────────────────────────────────────────────────────────
 
-test('claimNext: highest priority, then earliest runAt, then earliest created', async (t) => {
-  const o = manual();
+forBackends('claimNext: highest priority, then earliest runAt, then earliest created', async (t, make) => {
+  const o = await make.manual();
   o.registerHandler('cl.order', {}, ok);
   const now = o.now().getTime();
   const at = (d: number): Date => new Date(now + d);
@@ -820,8 +819,8 @@ test('claimNext: highest priority, then earliest runAt, then earliest created', 
   t.deepEqual(await claimAll(o), [highLate.id, high.id, early.id, low1.id, low2.id, neg.id]);
 });
 
-test('claimNext: a future runAt is not claimable until the clock reaches it', async (t) => {
-  const o = manual();
+forBackends('claimNext: a future runAt is not claimable until the clock reaches it', async (t, make) => {
+  const o = await make.manual();
   o.registerHandler('cl.future', {}, ok);
   const due = new Date(o.now().getTime() + 1000);
   const f = await o.start('cl.future', {}, { runAt: due });
@@ -834,8 +833,8 @@ test('claimNext: a future runAt is not claimable until the clock reaches it', as
   t.is(c.runAt.getTime(), due.getTime());
 });
 
-test('claimNext: runs of other pools are invisible', async (t) => {
-  const o = manual();
+forBackends('claimNext: runs of other pools are invisible', async (t, make) => {
+  const o = await make.manual();
   o.registerHandler('cl.pool', { pool: 'emails' }, ok);
   o.registerHandler('cl.batch', {}, ok);
   const e = await o.start('cl.pool', {});
@@ -847,8 +846,8 @@ test('claimNext: runs of other pools are invisible', async (t) => {
   t.deepEqual(await claimAll(o, 'reports'), [r.id]);
 });
 
-test('claimNext: the claimed run becomes running with claimedAt = startedAt = now', async (t) => {
-  const o = manual();
+forBackends('claimNext: the claimed run becomes running with claimedAt = startedAt = now', async (t, make) => {
+  const o = await make.manual();
   o.registerHandler('cl.state', {}, ok);
   const r = await o.start('cl.state', {});
   o.advanceTime(500);
@@ -865,8 +864,8 @@ test('claimNext: the claimed run becomes running with claimedAt = startedAt = no
 
 // ─── tick ──────────────────────────────────────────────────────────────────
 
-test('tick: a run that is not running → JobRunStateError {runId, status}', async (t) => {
-  const o = manual();
+forBackends('tick: a run that is not running → JobRunStateError {runId, status}', async (t, make) => {
+  const o = await make.manual();
   o.registerHandler('tk.state', {}, ok);
   const r = await o.start('tk.state', {});
   const e = await t.throwsAsync(o.tick(r.id), { instanceOf: JobRunStateError });
@@ -883,8 +882,8 @@ test('tick: a run that is not running → JobRunStateError {runId, status}', asy
   t.is(await statusOf(o, r.id), 'completed', 'the failed tick changed nothing');
 });
 
-test('tick: resolve → completed with the output (undefined/null become {}), attempts + 1, finishedAt = now', async (t) => {
-  const o = manual();
+forBackends('tick: resolve → completed with the output (undefined/null become {}), attempts + 1, finishedAt = now', async (t, make) => {
+  const o = await make.manual();
   o.registerHandler<{ ret: string }>('tk.out', {}, async (ctx) => {
     if (ctx.input.ret === 'undefined') return undefined;
     if (ctx.input.ret === 'null') return null;
@@ -905,10 +904,10 @@ test('tick: resolve → completed with the output (undefined/null become {}), at
   t.deepEqual((await get(o, c.id)).output, {});
 });
 
-test('tick: the handler gets ctx.input, ctx.run (the running row), ctx.logger and an unfired ctx.signal', async (t) => {
+forBackends('tick: the handler gets ctx.input, ctx.run (the running row), ctx.logger and an unfired ctx.signal', async (t, make) => {
   const logs: string[] = [];
   const loggerRuns: string[] = [];
-  const o = new JobOrchestrator({
+  const o = await make({
     clock: 'manual',
     loggerFactory: (run) => {
       loggerRuns.push(run.id);
@@ -941,8 +940,8 @@ test('tick: the handler gets ctx.input, ctx.run (the running row), ctx.logger an
   for (const m of ['log', 'warn', 'error', 'debug'] as const) t.is(typeof seen.logger[m], 'function');
 });
 
-test('tick: output = value ?? {} — falsy and non-object JSON values are kept', async (t) => {
-  const o = manual();
+forBackends('tick: output = value ?? {} — falsy and non-object JSON values are kept', async (t, make) => {
+  const o = await make.manual();
   o.registerHandler<{ v: unknown }>('tk.vals', {}, async (ctx) => ctx.input.v);
   const values: unknown[] = [0, false, '', 'text', 5, [1, 2], { a: null }];
   const ids: string[] = [];
@@ -955,8 +954,8 @@ test('tick: output = value ?? {} — falsy and non-object JSON values are kept',
   }
 });
 
-test('tick: a handler output that is not JSON fails the run without harming the store', async (t) => {
-  const o = manual();
+forBackends('tick: a handler output that is not JSON fails the run without harming the store', async (t, make) => {
+  const o = await make.manual();
   o.registerHandler('tk.badout', {}, async () => {
     const c: Input = {};
     c.c = c;
@@ -972,8 +971,8 @@ test('tick: a handler output that is not JSON fails the run without harming the 
   t.deepEqual((await runNext(o)).output, { fine: true });
 });
 
-test('tick: a thrown Error is serialised as {message, stack, retryable, attempt} and the run fails', async (t) => {
-  const o = manual();
+forBackends('tick: a thrown Error is serialised as {message, stack, retryable, attempt} and the run fails', async (t, make) => {
+  const o = await make.manual();
   o.registerHandler('tk.fail', {}, async () => {
     throw new TypeError('kaboom');
   });
@@ -992,8 +991,8 @@ test('tick: a thrown Error is serialised as {message, stack, retryable, attempt}
   t.is(done.error.attempt, 1);
 });
 
-test('tick: a non-Error throw becomes its string form', async (t) => {
-  const o = manual();
+forBackends('tick: a non-Error throw becomes its string form', async (t, make) => {
+  const o = await make.manual();
   o.registerHandler<{ v: string }>('tk.nonerr', {}, async (ctx) => {
     const values: Record<string, unknown> = {
       str: 'plain string',
@@ -1020,8 +1019,8 @@ test('tick: a non-Error throw becomes its string form', async (t) => {
   }
 });
 
-test('tick: fixed-backoff retries — pending, runAt = now + baseMs, claim times cleared, error.retryable, then failed', async (t) => {
-  const o = manual();
+forBackends('tick: fixed-backoff retries — pending, runAt = now + baseMs, claim times cleared, error.retryable, then failed', async (t, make) => {
+  const o = await make.manual();
   let calls = 0;
   o.registerHandler('rt.fixed', { retry: { attempts: 3, backoff: 'fixed', baseMs: 1000 } }, async () => {
     calls++;
@@ -1053,8 +1052,8 @@ test('tick: fixed-backoff retries — pending, runAt = now + baseMs, claim times
   t.is(calls, 3);
 });
 
-test('tick: exponential backoff is baseMs * 2^(attempts-1)', async (t) => {
-  const o = manual();
+forBackends('tick: exponential backoff is baseMs * 2^(attempts-1)', async (t, make) => {
+  const o = await make.manual();
   o.registerHandler('rt.exp', { retry: { attempts: 4, backoff: 'exponential', baseMs: 100 } }, async () => {
     throw new Error('again');
   });
@@ -1074,8 +1073,8 @@ test('tick: exponential backoff is baseMs * 2^(attempts-1)', async (t) => {
   t.is(last.attempts, 4);
 });
 
-test('tick: a retry that succeeds ends completed with the attempts counted', async (t) => {
-  const o = manual();
+forBackends('tick: a retry that succeeds ends completed with the attempts counted', async (t, make) => {
+  const o = await make.manual();
   let calls = 0;
   o.registerHandler('rt.ok', { retry: { attempts: 3, backoff: 'fixed', baseMs: 0 } }, async () => {
     calls++;
@@ -1091,8 +1090,8 @@ test('tick: a retry that succeeds ends completed with the attempts counted', asy
   t.deepEqual(done.output, { calls: 2 });
 });
 
-test('tick: a huge exponential backoff is capped and still a valid Date', async (t) => {
-  const o = manual();
+forBackends('tick: a huge exponential backoff is capped and still a valid Date', async (t, make) => {
+  const o = await make.manual();
   o.registerHandler('rt.cap', { retry: { attempts: 3, backoff: 'exponential', baseMs: Number.MAX_SAFE_INTEGER } }, async () => {
     throw new Error('x');
   });
@@ -1106,8 +1105,8 @@ test('tick: a huge exponential backoff is capped and still a valid Date', async 
   t.is(await o.claimNext('batch'), null);
 });
 
-test('tick: nonRetryableErrors matches the error name or code; other errors retry', async (t) => {
-  const o = manual();
+forBackends('tick: nonRetryableErrors matches the error name or code; other errors retry', async (t, make) => {
+  const o = await make.manual();
   class FatalError extends Error {
     override name = 'FatalError';
   }
@@ -1135,8 +1134,8 @@ test('tick: nonRetryableErrors matches the error name or code; other errors retr
   t.is(o3.error?.retryable, true);
 });
 
-test('tick: timeoutMs elapsing with a never-resolving handler → timed_out, signal fired', async (t) => {
-  const o = manual();
+forBackends('tick: timeoutMs elapsing with a never-resolving handler → timed_out, signal fired', async (t, make) => {
+  const o = await make.manual();
   const h = hanging();
   o.registerHandler('to.run', { timeoutMs: 1000 }, h.handler);
   const r = await o.start('to.run', {});
@@ -1165,8 +1164,8 @@ test('tick: timeoutMs elapsing with a never-resolving handler → timed_out, sig
   t.is(after.output, null);
 });
 
-test('tick: timeoutMs on the system clock (real timer, 60 ms)', async (t) => {
-  const o = system();
+forBackends('tick: timeoutMs on the system clock (real timer, 60 ms)', async (t, make) => {
+  const o = await make.system();
   const h = hanging();
   o.registerHandler('to.sys', { timeoutMs: 60 }, h.handler);
   const r = await o.start('to.sys', {});
@@ -1181,8 +1180,8 @@ test('tick: timeoutMs on the system clock (real timer, 60 ms)', async (t) => {
   await waitFor(() => h.attempts[0]?.signal.aborted === true, 'signal');
 });
 
-test('tick: a timeout is retried like any error and ends timed_out when no attempt remains', async (t) => {
-  const o = manual();
+forBackends('tick: a timeout is retried like any error and ends timed_out when no attempt remains', async (t, make) => {
+  const o = await make.manual();
   const h = hanging();
   o.registerHandler('to.retry', { timeoutMs: 500, retry: { attempts: 2, backoff: 'fixed', baseMs: 0 } }, h.handler);
   const r = await o.start('to.retry', {});
@@ -1206,8 +1205,8 @@ test('tick: a timeout is retried like any error and ends timed_out when no attem
   t.is(end.error?.retryable, false);
 });
 
-test('tick: no handler for the type → failed with a clear message (reached by dropping the JS handler)', async (t) => {
-  const o = manual();
+forBackends('tick: no handler for the type → failed with a clear message (reached by dropping the JS handler)', async (t, make) => {
+  const o = await make.manual();
   o.registerHandler('nh.type', { retry: { attempts: 3, backoff: 'fixed', baseMs: 0 } }, ok);
   // No public API removes a handler; drop it from the orchestrator's private
   // registry so the engine dispatches a run whose handler is gone.
@@ -1223,8 +1222,8 @@ test('tick: no handler for the type → failed with a clear message (reached by 
 
 // ─── ctx.step ──────────────────────────────────────────────────────────────
 
-test('ctx.step: a completed step is memoized across ticks — fn is not called again', async (t) => {
-  const o = manual();
+forBackends('ctx.step: a completed step is memoized across ticks — fn is not called again', async (t, make) => {
+  const o = await make.manual();
   let aCalls = 0;
   let bCalls = 0;
   o.registerHandler('st.memo', { retry: { attempts: 2, backoff: 'fixed', baseMs: 0 } }, async (ctx) => {
@@ -1265,8 +1264,8 @@ test('ctx.step: a completed step is memoized across ticks — fn is not called a
   t.is((await o.listSteps(r.id)).length, 2, 'one row per (run, stepId)');
 });
 
-test('ctx.step: the memoized output is the stored one, and a repeated step id in one attempt is memoized too', async (t) => {
-  const o = manual();
+forBackends('ctx.step: the memoized output is the stored one, and a repeated step id in one attempt is memoized too', async (t, make) => {
+  const o = await make.manual();
   let counter = 0;
   const results: unknown[] = [];
   o.registerHandler('st.same', { retry: { attempts: 2, backoff: 'fixed', baseMs: 0 } }, async (ctx) => {
@@ -1283,8 +1282,8 @@ test('ctx.step: the memoized output is the stored one, and a repeated step id in
   t.deepEqual(results, [{ n: 1 }, { n: 1 }, { n: 1 }, { n: 1 }]);
 });
 
-test('ctx.step: rows get seq in call order; a step is recorded running while fn runs', async (t) => {
-  const o = manual();
+forBackends('ctx.step: rows get seq in call order; a step is recorded running while fn runs', async (t, make) => {
+  const o = await make.manual();
   const during: unknown[] = [];
   o.registerHandler('st.seq', {}, async (ctx) => {
     await ctx.step('x', () => 1);
@@ -1310,8 +1309,8 @@ test('ctx.step: rows get seq in call order; a step is recorded running while fn 
   t.deepEqual(during, [{ status: 'running', attempts: 1, seq: 2 }]);
 });
 
-test('ctx.step: a failing fn records the step failed with its error and rethrows to the handler', async (t) => {
-  const o = manual();
+forBackends('ctx.step: a failing fn records the step failed with its error and rethrows to the handler', async (t, make) => {
+  const o = await make.manual();
   let caught: unknown;
   o.registerHandler('st.fail', {}, async (ctx) => {
     try {
@@ -1337,8 +1336,8 @@ test('ctx.step: a failing fn records the step failed with its error and rethrows
   t.true(s?.finishedAt instanceof Date);
 });
 
-test('ctx.step: opts.retry retries the step in place and records its attempts', async (t) => {
-  const o = manual();
+forBackends('ctx.step: opts.retry retries the step in place and records its attempts', async (t, make) => {
+  const o = await make.manual();
   let calls = 0;
   o.registerHandler('st.retry', {}, async (ctx) => {
     const v = await ctx.step(
@@ -1363,8 +1362,8 @@ test('ctx.step: opts.retry retries the step in place and records its attempts', 
   t.is(s?.seq, 1);
 });
 
-test('ctx.step: opts.retry exhausted → step failed, error reaches the run', async (t) => {
-  const o = manual();
+forBackends('ctx.step: opts.retry exhausted → step failed, error reaches the run', async (t, make) => {
+  const o = await make.manual();
   let calls = 0;
   o.registerHandler('st.exhaust', {}, async (ctx) =>
     ctx.step(
@@ -1387,8 +1386,8 @@ test('ctx.step: opts.retry exhausted → step failed, error reaches the run', as
   t.is(s?.error?.message, 'nope 2');
 });
 
-test('ctx.step: opts.retry honours nonRetryableErrors', async (t) => {
-  const o = manual();
+forBackends('ctx.step: opts.retry honours nonRetryableErrors', async (t, make) => {
+  const o = await make.manual();
   let calls = 0;
   o.registerHandler('st.nonretry', {}, async (ctx) =>
     ctx.step(
@@ -1406,8 +1405,8 @@ test('ctx.step: opts.retry honours nonRetryableErrors', async (t) => {
   t.is((await o.listSteps(r.id))[0]?.attempts, 1);
 });
 
-test('ctx.step: opts.retry waits its backoff in engine time (exponential)', async (t) => {
-  const o = manual();
+forBackends('ctx.step: opts.retry waits its backoff in engine time (exponential)', async (t, make) => {
+  const o = await make.manual();
   const times: number[] = [];
   let finished = false;
   o.registerHandler('st.backoff', {}, async (ctx) =>
@@ -1436,8 +1435,8 @@ test('ctx.step: opts.retry waits its backoff in engine time (exponential)', asyn
   t.true(gap2 >= 2000 && gap2 < 4000, `second backoff ${gap2} (baseMs * 2)`);
 });
 
-test('ctx.step: opts.retry backoff and opts.timeoutMs on the system clock (real timers)', async (t) => {
-  const o = system();
+forBackends('ctx.step: opts.retry backoff and opts.timeoutMs on the system clock (real timers)', async (t, make) => {
+  const o = await make.system();
   const times: number[] = [];
   let timeoutErr: unknown;
   let timeoutAfter = 0;
@@ -1469,8 +1468,8 @@ test('ctx.step: opts.retry backoff and opts.timeoutMs on the system clock (real 
   t.true(timeoutAfter >= 45, `step timed out after ${timeoutAfter} ms`);
 });
 
-test('ctx.step: opts.timeoutMs fails the step with JobStepTimeoutError {stepId, timeoutMs}', async (t) => {
-  const o = manual();
+forBackends('ctx.step: opts.timeoutMs fails the step with JobStepTimeoutError {stepId, timeoutMs}', async (t, make) => {
+  const o = await make.manual();
   let caught: unknown;
   let startedAt = 0;
   let failedAt = 0;
@@ -1508,8 +1507,8 @@ test('ctx.step: opts.timeoutMs fails the step with JobStepTimeoutError {stepId, 
 
 // ─── ctx.spawnChild ────────────────────────────────────────────────────────
 
-test('ctx.spawnChild: parent trigger, triggerRef, lineage, close policy and start options', async (t) => {
-  const o = manual();
+forBackends('ctx.spawnChild: parent trigger, triggerRef, lineage, close policy and start options', async (t, make) => {
+  const o = await make.manual();
   const childAt = new Date(o.now().getTime() + 5000);
   o.registerHandler('sp.parent', {}, async (ctx) => {
     const c1 = await ctx.spawnChild('sp.child', { n: 1 });
@@ -1553,8 +1552,8 @@ test('ctx.spawnChild: parent trigger, triggerRef, lineage, close policy and star
 
 // ─── cancel ────────────────────────────────────────────────────────────────
 
-test('cancel: unknown or terminal runs are a no-op', async (t) => {
-  const o = manual();
+forBackends('cancel: unknown or terminal runs are a no-op', async (t, make) => {
+  const o = await make.manual();
   o.registerHandler('cn.noop', {}, ok);
   await t.notThrowsAsync(o.cancel(randomUUID()));
   await t.notThrowsAsync(o.cancel('not-a-uuid'));
@@ -1572,8 +1571,8 @@ test('cancel: unknown or terminal runs are a no-op', async (t) => {
   t.deepEqual(await get(o, c.id), canceled, 'a canceled run is untouched');
 });
 
-test('cancel: a pending run becomes canceled with finishedAt = now and is not claimable', async (t) => {
-  const o = manual();
+forBackends('cancel: a pending run becomes canceled with finishedAt = now and is not claimable', async (t, make) => {
+  const o = await make.manual();
   o.registerHandler('cn.pending', {}, ok);
   const r = await o.start('cn.pending', {});
   o.advanceTime(77);
@@ -1584,8 +1583,8 @@ test('cancel: a pending run becomes canceled with finishedAt = now and is not cl
   t.is(await o.claimNext('batch'), null);
 });
 
-test('cancel: cascade (default) cancels descendants via terminate/cancel, skips abandon subtrees, children first', async (t) => {
-  const o = system();
+forBackends('cancel: cascade (default) cancels descendants via terminate/cancel, skips abandon subtrees, children first', async (t, make) => {
+  const o = await make.system();
   o.registerHandler('cn.tree', {}, ok);
   const root = await o.start('cn.tree', {});
   const term = await o.start('cn.tree', {}, { parentRunId: root.id, parentClosePolicy: 'terminate' });
@@ -1608,8 +1607,8 @@ test('cancel: cascade (default) cancels descendants via terminate/cancel, skips 
   t.is(await statusOf(o, other.id), 'pending');
 });
 
-test('cancel: cascade false cancels only the run', async (t) => {
-  const o = manual();
+forBackends('cancel: cascade false cancels only the run', async (t, make) => {
+  const o = await make.manual();
   o.registerHandler('cn.nocascade', {}, ok);
   const root = await o.start('cn.nocascade', {});
   const kid = await o.start('cn.nocascade', {}, { parentRunId: root.id });
@@ -1620,8 +1619,8 @@ test('cancel: cascade false cancels only the run', async (t) => {
   t.is(await statusOf(o, kid.id), 'pending', 'a second cancel of a terminal run is a no-op');
 });
 
-test('cancel: a running handler\'s ctx.signal fires, tick returns, its late outcome is ignored', async (t) => {
-  const o = manual();
+forBackends('cancel: a running handler\'s ctx.signal fires, tick returns, its late outcome is ignored', async (t, make) => {
+  const o = await make.manual();
   const h = hanging();
   o.registerHandler('cn.running', {}, h.handler);
   const r = await o.start('cn.running', {});
@@ -1642,8 +1641,8 @@ test('cancel: a running handler\'s ctx.signal fires, tick returns, its late outc
   t.is(row.attempts, 0);
 });
 
-test('cancel: after cancel + replay + re-claim, the stale attempt can neither finish the run nor write steps', async (t) => {
-  const o = manual();
+forBackends('cancel: after cancel + replay + re-claim, the stale attempt can neither finish the run nor write steps', async (t, make) => {
+  const o = await make.manual();
   type Entry = { ctx: JobContext<unknown>; release: (v: unknown) => void };
   const entries: Entry[] = [];
   o.registerHandler('cn.stale', {}, (ctx) => new Promise((resolve) => entries.push({ ctx, release: resolve })));
@@ -1677,14 +1676,18 @@ test('cancel: after cancel + replay + re-claim, the stale attempt can neither fi
 // through a weak threadsafe function, so when nothing else kept the event
 // loop alive the process exited before ctx.signal fired and the pending
 // tick() never settled. Checked in a child process, ten cancel-then-await-
-// tick rounds in a row.
-test('cancel: awaiting the tick of a canceled running run settles even when nothing else keeps Node alive', async (t) => {
+// tick rounds in a row. (Postgres: the child builds its orchestrators on
+// the test's schema, migrates and closes them.)
+forBackends('cancel: awaiting the tick of a canceled running run settles even when nothing else keeps Node alive', async (t, make) => {
   const dist = path.resolve(__dirname, '..', 'dist');
+  const opts = make.options({ clock: 'manual' });
   const script = `
     const { JobOrchestrator } = require(${JSON.stringify(dist)});
+    const opts = JSON.parse(process.argv[1]);
     (async () => {
       for (let i = 0; i < 10; i++) {
-        const o = new JobOrchestrator({ clock: 'manual' });
+        const o = new JobOrchestrator(opts);
+        await o.migrate();
         let signal;
         o.registerHandler('hang', {}, (ctx) => { signal = ctx.signal; return new Promise(() => {}); });
         const r = await o.start('hang', {});
@@ -1694,17 +1697,18 @@ test('cancel: awaiting the tick of a canceled running run settles even when noth
         await o.cancel(r.id);
         await tick;
         if (!signal.aborted) { console.log('signal not fired'); process.exit(2); }
+        await o.close();
       }
       console.log('all ticks settled');
     })();
   `;
-  const res = spawnSync(process.execPath, ['-e', script], { encoding: 'utf8', timeout: 30_000 });
+  const res = spawnSync(process.execPath, ['-e', script, JSON.stringify(opts)], { encoding: 'utf8', timeout: 30_000 });
   t.is(res.status, 0, res.stderr);
   t.is(res.stdout.trim(), 'all ticks settled');
 });
 
-test('cancel: a running child\'s signal fires when its parent is canceled', async (t) => {
-  const o = manual();
+forBackends('cancel: a running child\'s signal fires when its parent is canceled', async (t, make) => {
+  const o = await make.manual();
   const h = hanging();
   o.registerHandler('cn.parent', {}, ok);
   o.registerHandler('cn.kid', {}, h.handler);
@@ -1719,8 +1723,8 @@ test('cancel: a running child\'s signal fires when its parent is canceled', asyn
   t.is(await statusOf(o, k.id), 'canceled');
 });
 
-test('cancel: multi-tenant gate — undefined throws, another tenant is a silent no-op', async (t) => {
-  const o = manual({ multiTenant: true });
+forBackends('cancel: multi-tenant gate — undefined throws, another tenant is a silent no-op', async (t, make) => {
+  const o = await make.manual({ multiTenant: true });
   o.registerHandler('cn.mt', {}, ok);
   const a = await o.start('cn.mt', {}, { tenantId: 'a' });
   const e = await t.throwsAsync(o.cancel(a.id), { instanceOf: MissingTenantIdError });
@@ -1736,8 +1740,8 @@ test('cancel: multi-tenant gate — undefined throws, another tenant is a silent
 
 // ─── parent-close cascade ──────────────────────────────────────────────────
 
-test('cascade: a failed run cancels its terminate/cancel descendants, not abandon ones', async (t) => {
-  const o = manual();
+forBackends('cascade: a failed run cancels its terminate/cancel descendants, not abandon ones', async (t, make) => {
+  const o = await make.manual();
   o.registerHandler('pc.fail', {}, async (ctx) => {
     await ctx.spawnChild('pc.leaf', { p: 'terminate' });
     await ctx.spawnChild('pc.leaf', { p: 'cancel' }, { closePolicy: 'cancel' });
@@ -1756,8 +1760,8 @@ test('cascade: a failed run cancels its terminate/cancel descendants, not abando
   t.is(survivor.status, 'running');
 });
 
-test('cascade: failure reaches grandchildren through the tree', async (t) => {
-  const o = manual();
+forBackends('cascade: failure reaches grandchildren through the tree', async (t, make) => {
+  const o = await make.manual();
   o.registerHandler('pc.leaf2', {}, ok);
   o.registerHandler('pc.mid', {}, ok);
   let ids: string[] = [];
@@ -1778,8 +1782,8 @@ test('cascade: failure reaches grandchildren through the tree', async (t) => {
   t.is(await statusOf(o, abGrand), 'pending');
 });
 
-test('cascade: a timed-out run cancels its children', async (t) => {
-  const o = manual();
+forBackends('cascade: a timed-out run cancels its children', async (t, make) => {
+  const o = await make.manual();
   let kid = '';
   const entered: boolean[] = [];
   o.registerHandler('pc.slow', { timeoutMs: 100 }, async (ctx) => {
@@ -1798,8 +1802,8 @@ test('cascade: a timed-out run cancels its children', async (t) => {
   t.is(await statusOf(o, kid), 'canceled');
 });
 
-test('cascade: a failing parent fires the signal of a running child', async (t) => {
-  const o = manual();
+forBackends('cascade: a failing parent fires the signal of a running child', async (t, make) => {
+  const o = await make.manual();
   const h = hanging();
   o.registerHandler('pc.failing', {}, async () => {
     throw new Error('parent down');
@@ -1819,8 +1823,8 @@ test('cascade: a failing parent fires the signal of a running child', async (t) 
   t.is(await statusOf(o, k.id), 'canceled');
 });
 
-test('cascade: a lane run canceled by a cascade frees its lane', async (t) => {
-  const o = manual();
+forBackends('cascade: a lane run canceled by a cascade frees its lane', async (t, make) => {
+  const o = await make.manual();
   o.registerHandler('pc.owner', {}, ok);
   o.registerHandler('pc.laned', { concurrency: { key: 'shared' } }, ok);
   const owner = await o.start('pc.owner', {}, { runAt: new Date(o.now().getTime() + 1e6) });
@@ -1832,8 +1836,8 @@ test('cascade: a lane run canceled by a cascade frees its lane', async (t) => {
   t.deepEqual(await claimAll(o), [next.id]);
 });
 
-test('cascade: a completed parent leaves its children running/pending', async (t) => {
-  const o = manual();
+forBackends('cascade: a completed parent leaves its children running/pending', async (t, make) => {
+  const o = await make.manual();
   let kid = '';
   o.registerHandler('pc.done', {}, async (ctx) => {
     kid = (await ctx.spawnChild('pc.leaf4', { x: 1 })).id;
@@ -1849,8 +1853,8 @@ test('cascade: a completed parent leaves its children running/pending', async (t
   t.deepEqual(c.output, { child: 'ran' });
 });
 
-test('cascade: a failure that is retried (not terminal) leaves the children alone', async (t) => {
-  const o = manual();
+forBackends('cascade: a failure that is retried (not terminal) leaves the children alone', async (t, make) => {
+  const o = await make.manual();
   const kids: string[] = [];
   o.registerHandler('pc.retry', { retry: { attempts: 2, backoff: 'fixed', baseMs: 1000 } }, async (ctx) => {
     kids.push((await ctx.spawnChild('pc.leaf5', {})).id);
@@ -1871,8 +1875,8 @@ test('cascade: a failure that is retried (not terminal) leaves the children alon
 
 // ─── replay ────────────────────────────────────────────────────────────────
 
-async function replayScenario(mode: 'scratch' | 'last_step' | 'last_checkpoint' | undefined) {
-  const o = manual();
+async function replayScenario(make: Make, mode: 'scratch' | 'last_step' | 'last_checkpoint' | undefined) {
+  const o = await make.manual();
   const calls = { a: 0, b: 0 };
   let failB = true;
   o.registerHandler(`rp.${mode ?? 'default'}`, mode === undefined ? {} : { replayFrom: mode }, async (ctx) => {
@@ -1895,8 +1899,8 @@ async function replayScenario(mode: 'scratch' | 'last_step' | 'last_checkpoint' 
   return { o, r, failed, stepsBefore, replayed, stepsAfter, done, calls };
 }
 
-test('replay: scratch deletes every step and re-executes them all', async (t) => {
-  const s = await replayScenario('scratch');
+forBackends('replay: scratch deletes every step and re-executes them all', async (t, make) => {
+  const s = await replayScenario(make, 'scratch');
   t.is(s.failed.status, 'failed');
   t.deepEqual(s.stepsBefore.map((x) => [x.stepId, x.status]), [['a', 'completed'], ['b', 'failed']]);
   t.deepEqual(s.stepsAfter, []);
@@ -1906,8 +1910,8 @@ test('replay: scratch deletes every step and re-executes them all', async (t) =>
 });
 
 for (const mode of ['last_step', 'last_checkpoint', undefined] as const) {
-  test(`replay: ${mode ?? 'default (last_checkpoint)'} keeps completed steps memoized and deletes the others`, async (t) => {
-    const s = await replayScenario(mode);
+  forBackends(`replay: ${mode ?? 'default (last_checkpoint)'} keeps completed steps memoized and deletes the others`, async (t, make) => {
+    const s = await replayScenario(make, mode);
     t.is(s.failed.status, 'failed');
     t.deepEqual(s.stepsAfter.map((x) => [x.stepId, x.status, x.output]), [['a', 'completed', { a: 1 }]]);
     t.is(s.done.status, 'completed');
@@ -1916,8 +1920,8 @@ for (const mode of ['last_step', 'last_checkpoint', undefined] as const) {
   });
 }
 
-test('replay: the same row is reset (pending, attempts 0, runAt now, timestamps/error/output null), lineage kept', async (t) => {
-  const o = manual();
+forBackends('replay: the same row is reset (pending, attempts 0, runAt now, timestamps/error/output null), lineage kept', async (t, make) => {
+  const o = await make.manual();
   o.registerHandler('rp.parent', {}, ok);
   o.registerHandler('rp.row', {}, async () => {
     throw new Error('first time');
@@ -1946,8 +1950,8 @@ test('replay: the same row is reset (pending, attempts 0, runAt now, timestamps/
   t.is((await claim(o)).id, r.id, 'the replayed run is claimable');
 });
 
-test('replay: a completed or canceled run can be replayed; output is cleared', async (t) => {
-  const o = manual();
+forBackends('replay: a completed or canceled run can be replayed; output is cleared', async (t, make) => {
+  const o = await make.manual();
   o.registerHandler('rp.done', {}, async () => ({ out: 1 }));
   const a = await o.start('rp.done', {});
   await runNext(o);
@@ -1964,8 +1968,8 @@ test('replay: a completed or canceled run can be replayed; output is cleared', a
   t.is((await runNext(o)).id, b.id);
 });
 
-test('replay: a non-terminal run → JobNotReplayableError {runId, currentStatus}', async (t) => {
-  const o = manual();
+forBackends('replay: a non-terminal run → JobNotReplayableError {runId, currentStatus}', async (t, make) => {
+  const o = await make.manual();
   o.registerHandler('rp.live', {}, ok);
   const r = await o.start('rp.live', {});
   const e = await t.throwsAsync(o.replay(r.id), { instanceOf: JobNotReplayableError });
@@ -1979,8 +1983,8 @@ test('replay: a non-terminal run → JobNotReplayableError {runId, currentStatus
   t.is(await statusOf(o, r.id), 'running');
 });
 
-test('replay: an unknown run → JobRunNotFoundError {runId}', async (t) => {
-  const o = manual();
+forBackends('replay: an unknown run → JobRunNotFoundError {runId}', async (t, make) => {
+  const o = await make.manual();
   const id = randomUUID();
   const e = await t.throwsAsync(o.replay(id), { instanceOf: JobRunNotFoundError });
   t.is(e.runId, id);
@@ -1990,8 +1994,8 @@ test('replay: an unknown run → JobRunNotFoundError {runId}', async (t) => {
   t.is(e2.runId, 'garbage');
 });
 
-test('replay: a run with a concurrency key rejoins its lane at the tail', async (t) => {
-  const o = manual();
+forBackends('replay: a run with a concurrency key rejoins its lane at the tail', async (t, make) => {
+  const o = await make.manual();
   o.registerHandler('rp.lane', { concurrency: { key: 'L' } }, ok);
   const a = await o.start('rp.lane', { n: 'a' }, { priority: 10 });
   const b = await o.start('rp.lane', { n: 'b' });
@@ -2007,8 +2011,8 @@ test('replay: a run with a concurrency key rejoins its lane at the tail', async 
 
 // ─── lanes (queue) ─────────────────────────────────────────────────────────
 
-test('lane: strictly one at a time in lane order, the next becomes claimable on any terminal transition', async (t) => {
-  const o = manual();
+forBackends('lane: strictly one at a time in lane order, the next becomes claimable on any terminal transition', async (t, make) => {
+  const o = await make.manual();
   o.registerHandler<{ n: number; fail?: boolean }>('ln.seq', { concurrency: { key: 'L' } }, async (ctx) => {
     if (ctx.input.fail) throw new Error('x');
     return {};
@@ -2040,8 +2044,8 @@ test('lane: strictly one at a time in lane order, the next becomes claimable on 
   t.is(await o.claimNext('batch'), null);
 });
 
-test('lane: a not-yet-due head holds the lane; a waiter keeps its own runAt', async (t) => {
-  const o = manual();
+forBackends('lane: a not-yet-due head holds the lane; a waiter keeps its own runAt', async (t, make) => {
+  const o = await make.manual();
   o.registerHandler('ln.due', { concurrency: { key: 'K' } }, ok);
   const t0 = o.now().getTime();
   const head = await o.start('ln.due', {}, { runAt: new Date(t0 + 1000) });
@@ -2056,8 +2060,8 @@ test('lane: a not-yet-due head holds the lane; a waiter keeps its own runAt', as
   t.is((await claim(o)).id, waiter.id);
 });
 
-test('lane: a run waiting for a retry keeps its place', async (t) => {
-  const o = manual();
+forBackends('lane: a run waiting for a retry keeps its place', async (t, make) => {
+  const o = await make.manual();
   let calls = 0;
   o.registerHandler('ln.retry', { concurrency: { key: 'R' }, retry: { attempts: 2, backoff: 'fixed', baseMs: 1000 } }, async () => {
     calls++;
@@ -2074,8 +2078,8 @@ test('lane: a run waiting for a retry keeps its place', async (t) => {
   t.is((await claim(o)).id, b.id);
 });
 
-test('lane: a reject incumbent waiting for its retry still holds the key', async (t) => {
-  const o = manual();
+forBackends('lane: a reject incumbent waiting for its retry still holds the key', async (t, make) => {
+  const o = await make.manual();
   o.registerHandler('ln.rejretry', { concurrency: { key: 'X' , collisionMode: 'reject' }, retry: { attempts: 2, backoff: 'fixed', baseMs: 500 } }, async () => {
     throw new Error('nope');
   });
@@ -2089,8 +2093,8 @@ test('lane: a reject incumbent waiting for its retry still holds the key', async
 
 // ─── queries, time ─────────────────────────────────────────────────────────
 
-test('queries: multi-tenant findById/listSteps take the tenant gate', async (t) => {
-  const o = manual({ multiTenant: true });
+forBackends('queries: multi-tenant findById/listSteps take the tenant gate', async (t, make) => {
+  const o = await make.manual({ multiTenant: true });
   o.registerHandler('q.mt', {}, async (ctx) => ctx.step('s', () => ({ ok: 1 })));
   const a = await o.start('q.mt', {}, { tenantId: 'a' });
   const n = await o.start('q.mt', {}, { tenantId: null });
@@ -2108,8 +2112,8 @@ test('queries: multi-tenant findById/listSteps take the tenant gate', async (t) 
   t.is((await o.listSteps(a.id, { tenantId: 'a' })).length, 1);
 });
 
-test('queries: findById of an unknown id is null; listSteps of a run without steps is []', async (t) => {
-  const o = manual();
+forBackends('queries: findById of an unknown id is null; listSteps of a run without steps is []', async (t, make) => {
+  const o = await make.manual();
   o.registerHandler('q.none', {}, ok);
   t.is(await o.findById(randomUUID()), null);
   t.is(await o.findById('garbage'), null);
@@ -2117,15 +2121,15 @@ test('queries: findById of an unknown id is null; listSteps of a run without ste
   t.deepEqual(await o.listSteps(r.id), []);
 });
 
-test('clock: advanceTime moves a manual clock; on the system clock it throws JobClockError', (t) => {
-  const o = manual();
+forBackends('clock: advanceTime moves a manual clock; on the system clock it throws JobClockError', async (t, make) => {
+  const o = await make.manual();
   const before = o.now().getTime();
   const after = o.advanceTime(1234);
   t.true(after instanceof Date);
   t.is(after.getTime(), before + 1234);
   t.is(o.now().getTime(), before + 1234);
   t.throws(() => o.advanceTime(-1), { instanceOf: JobInputInvalidError });
-  const s = system();
+  const s = await make.system();
   const e = t.throws(() => s.advanceTime(10), { instanceOf: JobClockError });
   t.is(e.code, 'JOB_CLOCK');
   t.true(Math.abs(s.now().getTime() - Date.now()) < 5000);
@@ -2133,8 +2137,8 @@ test('clock: advanceTime moves a manual clock; on the system clock it throws Job
 
 // ─── errors ────────────────────────────────────────────────────────────────
 
-test('errors: every contract error is an Error subclass with a stable name, code and its fields', (t) => {
-  const o = manual();
+forBackends('errors: every contract error is an Error subclass with a stable name, code and its fields', async (t, make) => {
+  const o = await make.manual();
   void o;
   const incumbent = {} as JobRun;
   const cases: [Error & { code: string }, string, Record<string, unknown>][] = [
@@ -2163,11 +2167,11 @@ test('errors: every contract error is an Error subclass with a stable name, code
   t.is(codes.size, cases.length, 'codes are distinct');
 });
 
-test('errors: JobKeyFunctionUnavailableError {jobType, kind} when a <fn> key has no function in this process', async (t) => {
+forBackends('errors: JobKeyFunctionUnavailableError {jobType, kind} when a <fn> key has no function in this process', async (t, make) => {
   // In memory mode the only definition whose key function is unavailable is
   // one registered with the stored form '<fn>' itself (what another process
   // reading a database definition would see).
-  const o = manual();
+  const o = await make.manual();
   o.registerHandler('kfu.cc', { concurrency: { key: '<fn>' } }, ok);
   o.registerHandler('kfu.dd', { dedupe: { key: '<fn>', windowMs: 100 } }, ok);
   const e = await t.throwsAsync(o.start('kfu.cc', {}), { instanceOf: JobKeyFunctionUnavailableError });

@@ -1,8 +1,8 @@
 /**
  * CONTRACT.md "Deliberate differences from the seed": one or more tests per
  * item, each showing the FIXED behaviour (the seed's defect would fail it).
+ * Every test runs on both backends (memory and PostgreSQL, see backends.ts).
  */
-import test from 'ava';
 import { randomUUID } from 'node:crypto';
 import {
   JobCollisionError,
@@ -19,18 +19,18 @@ import {
   claimAll,
   get,
   hanging,
-  manual,
   runNext,
   statusOf,
   waitFor,
 } from './helpers';
+import { forBackends } from './backends';
 
 const ok = async (): Promise<Record<string, never>> => ({});
 
 // ─── 1. cascade walks the descendant subtree ───────────────────────────────
 
-test('DD1: cancelling a child cancels its own subtree but leaves its parent and siblings', async (t) => {
-  const o = manual();
+forBackends('DD1: cancelling a child cancels its own subtree but leaves its parent and siblings', async (t, make) => {
+  const o = await make.manual();
   o.registerHandler('dd1.node', {}, ok);
   const root = await o.start('dd1.node', { n: 'root' });
   const child = await o.start('dd1.node', { n: 'child' }, { parentRunId: root.id });
@@ -46,8 +46,8 @@ test('DD1: cancelling a child cancels its own subtree but leaves its parent and 
   t.deepEqual(new Set(await claimAll(o)), new Set([root.id, sibling.id, nephew.id]));
 });
 
-test('DD1: an abandoned child and its whole subtree survive the cascade', async (t) => {
-  const o = manual();
+forBackends('DD1: an abandoned child and its whole subtree survive the cascade', async (t, make) => {
+  const o = await make.manual();
   o.registerHandler('dd1.tree', {}, ok);
   const root = await o.start('dd1.tree', {});
   const abandoned = await o.start('dd1.tree', {}, { parentRunId: root.id, parentClosePolicy: 'abandon' });
@@ -64,8 +64,8 @@ test('DD1: an abandoned child and its whole subtree survive the cascade', async 
 
 // ─── 2. a failed run cascades to its children ──────────────────────────────
 
-test('DD2: a run that fails cancels its children and their descendants', async (t) => {
-  const o = manual();
+forBackends('DD2: a run that fails cancels its children and their descendants', async (t, make) => {
+  const o = await make.manual();
   const spawned: string[] = [];
   o.registerHandler('dd2.parent', {}, async (ctx) => {
     const c = await ctx.spawnChild('dd2.child', {});
@@ -86,11 +86,11 @@ test('DD2: a run that fails cancels its children and their descendants', async (
   t.is(await o.claimNext('batch'), null);
 });
 
-test('DD2: the failure cascade follows the children\'s policies, not the failed run\'s own', async (t) => {
+forBackends('DD2: the failure cascade follows the children\'s policies, not the failed run\'s own', async (t, make) => {
   // The seed only cascades when the failed run itself has policy
   // 'terminate'; a root started with 'abandon' must still take its
   // terminate-children down.
-  const o = manual();
+  const o = await make.manual();
   let kid = '';
   o.registerHandler('dd2.root', {}, async (ctx) => {
     kid = (await ctx.spawnChild('dd2.leaf', {})).id;
@@ -104,8 +104,8 @@ test('DD2: the failure cascade follows the children\'s policies, not the failed 
 
 // ─── 3. a queue lane runs one at a time, in order ──────────────────────────
 
-test('DD3: when the incumbent ends, only the next waiter becomes claimable, in lane order', async (t) => {
-  const o = manual();
+forBackends('DD3: when the incumbent ends, only the next waiter becomes claimable, in lane order', async (t, make) => {
+  const o = await make.manual();
   o.registerHandler('dd3.q', { concurrency: { key: 'acct:{{acct}}' } }, ok);
   const runs: JobRun[] = [];
   for (let i = 0; i < 4; i++) runs.push(await o.start('dd3.q', { acct: 1, i }));
@@ -120,8 +120,8 @@ test('DD3: when the incumbent ends, only the next waiter becomes claimable, in l
   t.deepEqual(order, runs.map((r) => r.id));
 });
 
-test("DD3: a waiter's own runAt is kept", async (t) => {
-  const o = manual();
+forBackends("DD3: a waiter's own runAt is kept", async (t, make) => {
+  const o = await make.manual();
   o.registerHandler('dd3.runat', { concurrency: { key: 'K' } }, ok);
   const t0 = o.now().getTime();
   const a = await o.start('dd3.runat', {});
@@ -142,8 +142,8 @@ test("DD3: a waiter's own runAt is kept", async (t) => {
 
 // ─── 4. replace cancels the whole lane ─────────────────────────────────────
 
-test('DD4: replace cancels every run of the lane, not only the first one found', async (t) => {
-  const o = manual();
+forBackends('DD4: replace cancels every run of the lane, not only the first one found', async (t, make) => {
+  const o = await make.manual();
   const h = hanging();
   o.registerHandler('dd4.q', { concurrency: { key: 'acct:{{acct}}' } }, h.handler);
   o.registerHandler('dd4.rep', { concurrency: { key: 'acct:{{acct}}', collisionMode: 'replace' } }, ok);
@@ -164,8 +164,8 @@ test('DD4: replace cancels every run of the lane, not only the first one found',
 
 // ─── 5. children inherit the parent's tenant ───────────────────────────────
 
-test("DD5: in multi-tenant mode spawnChild works and the child inherits the parent's tenant", async (t) => {
-  const o = manual({ multiTenant: true });
+forBackends("DD5: in multi-tenant mode spawnChild works and the child inherits the parent's tenant", async (t, make) => {
+  const o = await make.manual({ multiTenant: true });
   const kids: JobRun[] = [];
   o.registerHandler('dd5.parent', {}, async (ctx) => {
     kids.push(await ctx.spawnChild('dd5.child', { from: ctx.run.tenantId }));
@@ -193,8 +193,8 @@ test("DD5: in multi-tenant mode spawnChild works and the child inherits the pare
 
 // ─── 6. timeoutMs and StepOptions are enforced ─────────────────────────────
 
-test('DD6: meta.timeoutMs ends a never-resolving attempt as timed_out', async (t) => {
-  const o = manual();
+forBackends('DD6: meta.timeoutMs ends a never-resolving attempt as timed_out', async (t, make) => {
+  const o = await make.manual();
   const h = hanging();
   o.registerHandler('dd6.run', { timeoutMs: 300 }, h.handler);
   const r = await o.start('dd6.run', {});
@@ -207,8 +207,8 @@ test('DD6: meta.timeoutMs ends a never-resolving attempt as timed_out', async (t
   await waitFor(() => att.signal.aborted, 'signal after timeout');
 });
 
-test('DD6: StepOptions.retry retries a failing step and StepOptions.timeoutMs fails a stuck one', async (t) => {
-  const o = manual();
+forBackends('DD6: StepOptions.retry retries a failing step and StepOptions.timeoutMs fails a stuck one', async (t, make) => {
+  const o = await make.manual();
   let flakyCalls = 0;
   let stuckError: unknown;
   let finished = false;
@@ -250,8 +250,8 @@ test('DD6: StepOptions.retry retries a failing step and StepOptions.timeoutMs fa
 
 // ─── 7. claim order is fully defined ───────────────────────────────────────
 
-test('DD7: equal priority and runAt are claimed in created order', async (t) => {
-  const o = manual();
+forBackends('DD7: equal priority and runAt are claimed in created order', async (t, make) => {
+  const o = await make.manual();
   o.registerHandler('dd7.tie', {}, ok);
   const at = new Date(o.now().getTime() - 1000);
   const ids: string[] = [];
@@ -262,8 +262,8 @@ test('DD7: equal priority and runAt are claimed in created order', async (t) => 
   t.deepEqual(await claimAll(o), [high.id, ...ids, later.id]);
 });
 
-test('DD7: created order (not re-queue order) breaks ties for retried and replayed runs', async (t) => {
-  const o = manual();
+forBackends('DD7: created order (not re-queue order) breaks ties for retried and replayed runs', async (t, make) => {
+  const o = await make.manual();
   let failOnce = true;
   o.registerHandler<{ n: string }>('dd7.requeue', { retry: { attempts: 2, backoff: 'fixed', baseMs: 0 } }, async (ctx) => {
     if (ctx.input.n === 'a' && failOnce) {
@@ -290,8 +290,8 @@ test('DD7: created order (not re-queue order) breaks ties for retried and replay
 
 // ─── 8. typed errors ───────────────────────────────────────────────────────
 
-test('DD8: a missing parent, an unknown run and an invalid input get typed errors', async (t) => {
-  const o = manual();
+forBackends('DD8: a missing parent, an unknown run and an invalid input get typed errors', async (t, make) => {
+  const o = await make.manual();
   o.registerHandler('dd8.job', {}, ok);
   const parentId = randomUUID();
   const pe = await t.throwsAsync(o.start('dd8.job', {}, { parentRunId: parentId }), { instanceOf: ParentRunNotFoundError });
@@ -311,8 +311,8 @@ test('DD8: a missing parent, an unknown run and an invalid input get typed error
 
 // ─── 9. tenants are isolated in dedupe and lanes ───────────────────────────
 
-test("DD9: tenant B's start with tenant A's dedupe key creates B's own run and never returns A's", async (t) => {
-  const o = manual({ multiTenant: true });
+forBackends("DD9: tenant B's start with tenant A's dedupe key creates B's own run and never returns A's", async (t, make) => {
+  const o = await make.manual({ multiTenant: true });
   o.registerHandler('dd9.dedupe', { dedupe: { key: 'order:{{order}}', windowMs: 60_000 } }, ok);
   const a = await o.start('dd9.dedupe', { order: 1, secret: 'A-only' }, { tenantId: 'A' });
   const b = await o.start('dd9.dedupe', { order: 1, secret: 'B' }, { tenantId: 'B' });
@@ -326,8 +326,8 @@ test("DD9: tenant B's start with tenant A's dedupe key creates B's own run and n
   t.not(n.id, b.id);
 });
 
-test("DD9: a reject collision never hands tenant B tenant A's incumbent; lanes are per tenant", async (t) => {
-  const o = manual({ multiTenant: true });
+forBackends("DD9: a reject collision never hands tenant B tenant A's incumbent; lanes are per tenant", async (t, make) => {
+  const o = await make.manual({ multiTenant: true });
   o.registerHandler('dd9.rej', { concurrency: { key: 'acct:{{acct}}', collisionMode: 'reject' } }, ok);
   o.registerHandler('dd9.q', { concurrency: { key: 'acct:{{acct}}' } }, ok);
   o.registerHandler('dd9.rep', { concurrency: { key: 'acct:{{acct}}', collisionMode: 'replace' } }, ok);
@@ -353,8 +353,8 @@ test("DD9: a reject collision never hands tenant B tenant A's incumbent; lanes a
   t.is((await get(o, b.id, 'B')).status, 'running');
 });
 
-test("DD9: a start never sees another tenant's run as its parent", async (t) => {
-  const o = manual({ multiTenant: true });
+forBackends("DD9: a start never sees another tenant's run as its parent", async (t, make) => {
+  const o = await make.manual({ multiTenant: true });
   o.registerHandler('dd9.node', {}, ok);
   const a = await o.start('dd9.node', {}, { tenantId: 'A' });
   await t.throwsAsync(o.start('dd9.node', {}, { tenantId: 'B', parentRunId: a.id }), { instanceOf: ParentRunNotFoundError });

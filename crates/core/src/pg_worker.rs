@@ -13,12 +13,12 @@
 //! lease of held runs; a sweeper returns runs whose lease expired (their
 //! worker died) to `pending`. Delivery is at-least-once.
 
-use crate::engine::{AttemptTicket, Engine};
+use crate::engine::Engine;
 use crate::model::{AttemptOutcome, Millis, RunId};
 use crate::store::postgres::PgStore;
 use crate::worker::{BatchDispatcher, WorkerPool};
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::sync::Notify;
@@ -31,7 +31,15 @@ pub struct PgWorker {
     done: Mutex<Vec<Done>>,
     /// Attempts this process holds (their leases are renewed).
     held: Mutex<HashMap<RunId, u32>>,
+    /// Internal wake-ups: an outcome queued, a settle finished.
     wake: Arc<Notify>,
+    /// Something may have become claimable: a NOTIFY from any process.
+    external: Arc<Notify>,
+    /// The last claim found fewer runs than slots: claim again only after
+    /// a wake-up from outside, a due time or the poll interval.
+    starved: AtomicBool,
+    settling: AtomicUsize,
+    max_settles: usize,
     stopping: AtomicBool,
     lease_ms: i64,
     poll_ms: i64,
@@ -46,12 +54,17 @@ impl PgWorker {
         lease_ms: i64,
         poll_ms: i64,
     ) -> Arc<Self> {
+        let engine_connections = engine.store().config().max_connections;
         Arc::new(PgWorker {
             engine,
             pools,
             done: Mutex::new(Vec::new()),
             held: Mutex::new(HashMap::new()),
             wake: Arc::new(Notify::new()),
+            external: Arc::new(Notify::new()),
+            starved: AtomicBool::new(false),
+            settling: AtomicUsize::new(0),
+            max_settles: (engine_connections / 2).clamp(1, 4),
             stopping: AtomicBool::new(false),
             lease_ms: lease_ms.max(100),
             poll_ms: poll_ms.max(10),
@@ -111,123 +124,150 @@ impl PgWorker {
     }
 
     /// The loop. Returns once stopped and every held attempt has ended.
+    ///
+    /// Settles run as tasks, up to `max_settles` at once, so
+    /// one commit's latency overlaps the next batch (and the server's group
+    /// commit can share a flush between them).
     pub async fn run<D: BatchDispatcher>(self: Arc<Self>, dispatcher: D) {
+        let dispatcher = Arc::new(dispatcher);
         let listening = Arc::new(AtomicBool::new(true));
         self.spawn_listener(listening.clone());
         let maintenance = tokio::spawn(self.clone().maintain());
         let activity = self.engine.activity();
         loop {
             let stopping = self.is_stopping();
-            let batch: Vec<Done> = self
-                .done
-                .lock()
-                .map(|mut d| std::mem::take(&mut *d))
-                .unwrap_or_default();
-            if stopping && batch.is_empty() && self.in_flight() == 0 {
+            let active = self.settling.load(Ordering::SeqCst);
+            if stopping && active == 0 && self.done_is_empty() && self.in_flight() == 0 {
                 break;
             }
+            let room = active < self.max_settles;
+            let batch: Vec<Done> = if room {
+                self.done
+                    .lock()
+                    .map(|mut d| std::mem::take(&mut *d))
+                    .unwrap_or_default()
+            } else {
+                Vec::new()
+            };
             // Slots freed by this batch are claimable in the same transaction.
             for (id, _, _, pool) in &batch {
                 self.slot_freed(pool, id);
             }
-            let claims: Vec<(Arc<str>, usize)> = if stopping {
+            let starved = self.starved.load(Ordering::SeqCst);
+            let claims: Vec<(Arc<str>, usize)> = if stopping || starved || !room {
                 Vec::new()
             } else {
                 self.pools
                     .iter()
                     .map(|p| (p.name.clone(), p.reserve(usize::MAX)))
+                    .filter(|c| c.1 > 0)
                     .collect()
             };
-            let wanted: usize = claims.iter().map(|c| c.1).sum();
-            if batch.is_empty() && wanted == 0 {
+            if batch.is_empty() && claims.is_empty() {
+                // Nothing to do until an outcome, a start (here or in another
+                // process), a due time, or the poll interval.
+                let wait = if starved && !stopping {
+                    self.idle_wait().await
+                } else {
+                    Duration::from_millis(self.poll_ms as u64)
+                };
+                self.engine.set_worker_hungry(starved);
+                let external = tokio::select! {
+                    _ = self.wake.notified() => false,
+                    _ = self.external.notified() => true,
+                    _ = activity.notified() => true,
+                    _ = tokio::time::sleep(wait) => true,
+                };
                 self.engine.set_worker_hungry(false);
-                tokio::select! {
-                    _ = self.wake.notified() => {}
-                    _ = tokio::time::sleep(Duration::from_millis(self.poll_ms as u64)) => {}
+                if external {
+                    self.starved.store(false, Ordering::SeqCst);
                 }
                 continue;
             }
-            let engine = self.engine.clone();
-            let settle_batch: Vec<(RunId, u32, Option<AttemptOutcome>)> = batch
-                .iter()
-                .map(|(id, e, o, _)| (*id, *e, o.clone()))
-                .collect();
-            let claims_for_tx = claims.clone();
-            let result =
-                tokio::task::spawn_blocking(move || engine.settle(&settle_batch, &claims_for_tx))
-                    .await;
-            let tickets: Vec<AttemptTicket> = match result {
-                Ok(Ok((_, tickets))) => tickets,
-                Ok(Err(e)) => {
-                    self.record_error(&e);
-                    // Nothing changed: give the reservations back and try
-                    // the outcomes again shortly (their runs stay running
-                    // and leased meanwhile).
-                    for (pool, n) in &claims {
-                        if let Some(p) = self.pools.iter().find(|p| &p.name == pool) {
-                            p.release(*n);
-                        }
-                    }
-                    self.requeue(batch);
-                    tokio::time::sleep(Duration::from_millis(100)).await;
-                    continue;
-                }
-                Err(e) => {
-                    self.record_error(&e);
-                    for (pool, n) in &claims {
-                        if let Some(p) = self.pools.iter().find(|p| &p.name == pool) {
-                            p.release(*n);
-                        }
-                    }
-                    self.requeue(batch);
-                    tokio::time::sleep(Duration::from_millis(100)).await;
-                    continue;
-                }
-            };
-            // Return the reserved slots that found no run.
-            for (pool, n) in &claims {
-                let got = tickets.iter().filter(|t| &t.run.pool == pool).count();
-                if let Some(p) = self.pools.iter().find(|p| &p.name == pool) {
-                    p.release(n.saturating_sub(got));
-                }
-            }
-            let got_all = tickets.len() >= wanted && wanted > 0;
-            if !tickets.is_empty() {
-                if let Ok(mut h) = self.held.lock() {
-                    for t in &tickets {
-                        h.insert(t.run.id, t.epoch);
-                    }
-                }
-                let dispatched: Vec<(RunId, u32, Arc<str>)> = tickets
-                    .iter()
-                    .map(|t| (t.run.id, t.epoch, t.run.pool.clone()))
-                    .collect();
-                if !dispatcher.dispatch(tickets) {
-                    // JS is gone: hand the runs back.
-                    for (id, epoch, pool) in dispatched {
-                        let _ = self.engine.release_attempt(&id, epoch);
-                        self.slot_freed(&pool, &id);
-                    }
-                    break;
-                }
-            }
-            if got_all || !self.done_is_empty() {
-                continue;
-            }
-            // Free slots and nothing due: sleep until the earliest due run
-            // (a bounded poll covers runs made due by other processes).
-            let wait = self.idle_wait().await;
-            self.engine.set_worker_hungry(true);
-            tokio::select! {
-                _ = self.wake.notified() => {}
-                _ = activity.notified() => {}
-                _ = tokio::time::sleep(wait) => {}
-            }
-            self.engine.set_worker_hungry(false);
+            self.settling.fetch_add(1, Ordering::SeqCst);
+            tokio::spawn(self.clone().settle(dispatcher.clone(), batch, claims));
         }
         listening.store(false, Ordering::SeqCst);
         maintenance.abort();
         self.engine.set_worker_hungry(false);
+    }
+
+    /// One batch transaction: outcomes in, claims out, tickets to JS.
+    async fn settle<D: BatchDispatcher>(
+        self: Arc<Self>,
+        dispatcher: Arc<D>,
+        batch: Vec<Done>,
+        claims: Vec<(Arc<str>, usize)>,
+    ) {
+        let engine = self.engine.clone();
+        let settle_batch: Vec<(RunId, u32, Option<AttemptOutcome>)> = batch
+            .iter()
+            .map(|(id, e, o, _)| (*id, *e, o.clone()))
+            .collect();
+        let claims_for_tx = claims.clone();
+        let result =
+            tokio::task::spawn_blocking(move || engine.settle(&settle_batch, &claims_for_tx))
+                .await;
+        let tickets = match result {
+            Ok(Ok((_, tickets))) => Some(tickets),
+            Ok(Err(e)) => {
+                self.record_error(&e);
+                None
+            }
+            Err(e) => {
+                self.record_error(&e);
+                None
+            }
+        };
+        let Some(tickets) = tickets else {
+            // Nothing changed: give the reservations back and try the
+            // outcomes again shortly (their runs stay running and leased).
+            for (pool, n) in &claims {
+                if let Some(p) = self.pools.iter().find(|p| &p.name == pool) {
+                    p.release(*n);
+                }
+            }
+            self.requeue(batch);
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            self.settling.fetch_sub(1, Ordering::SeqCst);
+            self.wake.notify_one();
+            return;
+        };
+        // Return the reserved slots that found no run; a pool that found
+        // fewer than it wanted has nothing more due.
+        for (pool, n) in &claims {
+            let got = tickets.iter().filter(|t| &t.run.pool == pool).count();
+            if got < *n {
+                self.starved.store(true, Ordering::SeqCst);
+            }
+            if let Some(p) = self.pools.iter().find(|p| &p.name == pool) {
+                p.release(n.saturating_sub(got));
+            }
+        }
+        if !tickets.is_empty() {
+            if let Ok(mut h) = self.held.lock() {
+                for t in &tickets {
+                    h.insert(t.run.id, t.epoch);
+                }
+            }
+            let dispatched: Vec<(RunId, u32, Arc<str>)> = tickets
+                .iter()
+                .map(|t| (t.run.id, t.epoch, t.run.pool.clone()))
+                .collect();
+            if !dispatcher.dispatch(tickets) {
+                // JS is gone: hand the runs back.
+                self.stop();
+                for (id, epoch, pool) in dispatched {
+                    let engine = self.engine.clone();
+                    let _ =
+                        tokio::task::spawn_blocking(move || engine.release_attempt(&id, epoch))
+                            .await;
+                    self.slot_freed(&pool, &id);
+                }
+            }
+        }
+        self.settling.fetch_sub(1, Ordering::SeqCst);
+        self.wake.notify_one();
     }
 
     fn done_is_empty(&self) -> bool {
@@ -310,7 +350,7 @@ impl PgWorker {
 
     fn spawn_listener(&self, listening: Arc<AtomicBool>) {
         let engine = self.engine.clone();
-        let wake = self.wake.clone();
+        let wake = self.external.clone();
         let spawned = std::thread::Builder::new()
             .name("jobforge-listen".to_owned())
             .spawn(move || {

@@ -17,6 +17,7 @@ export type {
   JobPoolDef,
   JobUpsertEntry,
   ListForScopeOptions,
+  PostgresOptions,
   ListJobRunsOptions,
   PoolStatusCount,
   RecordStepInput,

@@ -58,6 +58,19 @@ export interface JobsModuleOptions {
   loggerFactory?: (run: JobRun) => JobLogger;
   /** How long terminal runs are kept (see the core's `retention`). Default: forever. */
   retention?: JobOrchestratorOptions['retention'];
+  /**
+   * `'memory'` (default) or `'postgres'`: runs live in PostgreSQL and any
+   * number of processes (each importing this module) share them.
+   */
+  backend?: JobOrchestratorOptions['backend'];
+  /** Connection settings of the `'postgres'` backend (`url` required). */
+  postgres?: JobOrchestratorOptions['postgres'];
+  /**
+   * Postgres: create or upgrade the schema on module init (idempotent,
+   * safe from several processes). Default true; set false where
+   * migrations are run separately (`npx jobforge migrate --url ...`).
+   */
+  migrate?: boolean;
 }
 
 export interface JobsModuleRegistration {
@@ -152,6 +165,7 @@ export class JobsWorker implements OnModuleInit, OnApplicationBootstrap, OnModul
         { queue: p.queue ?? name, concurrency: p.concurrency, reserved: p.reserved ?? false, description: p.description },
       ]),
     );
+    if (this.options.backend === 'postgres' && this.options.migrate !== false) await this.orchestrator.migrate();
     await this.orchestrator.upsertJobRows(
       defs.map((d) => ({ type: d.type, meta: d.meta, handlerClass: d.handlerClass })),
       poolConfig,
@@ -165,6 +179,7 @@ export class JobsWorker implements OnModuleInit, OnApplicationBootstrap, OnModul
   /** Drains the worker: in-flight runs finish (or go back to pending after `shutdownTimeoutMs`). */
   async onModuleDestroy(): Promise<void> {
     await this.stop();
+    await this.orchestrator.close();
   }
 
   /** Starts the worker (also when the module was configured with `worker: false`). */
@@ -213,6 +228,8 @@ function orchestratorFactory(options: JobsModuleOptions, moduleRef: ModuleRef): 
       multiTenant: options.multiTenant === true,
       loggerFactory: options.loggerFactory ?? nestRunLogger,
       retention: options.retention,
+      backend: options.backend,
+      postgres: options.postgres,
     },
     moduleRefResolver(moduleRef),
   );
@@ -247,7 +264,7 @@ function providers(optionsProvider: Provider): Provider[] {
 
 @Module({})
 export class JobsModule {
-  /** `JobsModule.forRoot({ multiTenant?, pools?, worker?, global? })`. */
+  /** `JobsModule.forRoot({ multiTenant?, pools?, worker?, backend?, postgres?, global? })`. */
   static forRoot(options: JobsModuleOptions & JobsModuleRegistration = {}): DynamicModule {
     return {
       module: JobsModule,

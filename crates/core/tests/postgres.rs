@@ -208,3 +208,65 @@ fn batch_settle_claims_and_finishes_in_one_transaction() {
     assert_eq!(get(RunStatus::Completed), 20);
     assert_eq!(get(RunStatus::Running), 30);
 }
+
+/// A database made by the TypeScript system (seed columns only, a run
+/// already in it) is upgraded in place by `migrate` and its runs work.
+#[test]
+fn migrate_upgrades_a_seed_shaped_database() {
+    let Some((_, cfg)) = engine("seed") else {
+        return;
+    };
+    let s = format!("\"{}\"", cfg.schema);
+    let mut c = postgres::Client::connect(&cfg.url, postgres::NoTls).unwrap();
+    c.batch_execute(&format!(
+        "DROP SCHEMA {s} CASCADE; CREATE SCHEMA {s};
+         CREATE TABLE {s}.job (type text PRIMARY KEY, version integer NOT NULL DEFAULT 1,
+           pool text NOT NULL DEFAULT 'batch', scope_entity_type text, retry_policy jsonb NOT NULL,
+           timeout_ms integer, concurrency_key_template text, collision_mode text NOT NULL DEFAULT 'queue',
+           dedupe_key_template text, dedupe_window_ms integer, priority_default integer NOT NULL DEFAULT 0,
+           replay_from text NOT NULL DEFAULT 'last_checkpoint', created_at timestamptz NOT NULL DEFAULT now(),
+           updated_at timestamptz NOT NULL DEFAULT now());
+         CREATE TABLE {s}.job_run (id uuid PRIMARY KEY, job_type text NOT NULL, job_version integer NOT NULL,
+           parent_run_id uuid, root_run_id uuid NOT NULL, parent_close_policy text NOT NULL,
+           scope_entity_type text, scope_entity_id text, tenant_id text, tags jsonb NOT NULL DEFAULT '{{}}',
+           pool text NOT NULL, priority integer NOT NULL DEFAULT 0, concurrency_key text, dedupe_key text,
+           status text NOT NULL, input jsonb NOT NULL, output jsonb, error jsonb,
+           trigger_source text NOT NULL, trigger_ref text, run_at timestamptz NOT NULL,
+           started_at timestamptz, finished_at timestamptz, claimed_at timestamptz,
+           attempts integer NOT NULL DEFAULT 0, wait_kind text, resume_token text,
+           wait_deadline timestamptz, created_at timestamptz NOT NULL, updated_at timestamptz NOT NULL);
+         CREATE TABLE {s}.job_step (id uuid PRIMARY KEY, job_run_id uuid NOT NULL, step_id text NOT NULL,
+           kind text NOT NULL, seq integer NOT NULL, status text NOT NULL, input jsonb, output jsonb,
+           error jsonb, attempts integer NOT NULL DEFAULT 0, started_at timestamptz, finished_at timestamptz);
+         INSERT INTO {s}.job (type, retry_policy) VALUES ('legacy', '{{\"attempts\":1,\"backoff\":\"fixed\",\"baseMs\":0}}');
+         INSERT INTO {s}.job_run (id, job_type, job_version, root_run_id, parent_close_policy, pool, status,
+           input, trigger_source, run_at, created_at, updated_at)
+         VALUES ('11111111-1111-4111-8111-111111111111', 'legacy', 1, '11111111-1111-4111-8111-111111111111',
+           'terminate', 'batch', 'pending', '{{\"from\":\"ts\"}}', 'manual', now() - interval '1 minute',
+           now() - interval '1 minute', now() - interval '1 minute');"
+    ))
+    .unwrap();
+    let e = engine_on(&cfg); // migrates
+    e.store().migrate().unwrap();
+    // The old definition is read from the table; its run is claimable.
+    assert!(e.definition("legacy").is_some());
+    let claimed = e.claim_next("batch").unwrap().unwrap();
+    assert_eq!(
+        claimed.id.to_string(),
+        "11111111-1111-4111-8111-111111111111"
+    );
+    assert_eq!(claimed.input.get(), r#"{"from": "ts"}"#);
+    let done = e
+        .finish_attempt(
+            &claimed.id,
+            claimed.claim_epoch,
+            AttemptOutcome::Completed(None),
+        )
+        .unwrap()
+        .unwrap();
+    assert_eq!(done.status, RunStatus::Completed);
+    // New runs after the old one still order after it.
+    e.register(spec("legacy")).unwrap();
+    let fresh = e.start(req("legacy", "{}")).unwrap();
+    assert!(fresh.seq > claimed.seq);
+}

@@ -69,10 +69,13 @@ fn db_err(e: postgres::Error) -> JobError {
         // serialization_failure, deadlock_detected
         c == "40001" || c == "40P01"
     }) || e.is_closed();
-    JobError::Store {
-        message: e.to_string(),
-        retryable,
+    // The outer message is terse ("db error"); the cause says what happened.
+    let mut message = e.to_string();
+    if let Some(cause) = std::error::Error::source(&e) {
+        message.push_str(": ");
+        message.push_str(&cause.to_string());
     }
+    JobError::Store { message, retryable }
 }
 
 // ── wire types ─────────────────────────────────────────────────────────
@@ -632,8 +635,7 @@ fn fallible_next(
 
 const SQL_RUN: &str = "SELECT {R} FROM {S}.job_run WHERE id = $1";
 const SQL_RUN_LOCK: &str = "SELECT {R} FROM {S}.job_run WHERE id = $1 FOR UPDATE";
-const SQL_RUNS_LOCK: &str =
-    "SELECT {R} FROM {S}.job_run WHERE id = ANY($1) ORDER BY id FOR UPDATE";
+const SQL_RUNS_LOCK: &str = "SELECT {R} FROM {S}.job_run WHERE id = ANY($1) ORDER BY id FOR UPDATE";
 /// Writes many changed rows in one statement.
 const SQL_UPDATE_RUNS: &str = "UPDATE {S}.job_run r SET status=u.status, output=u.output, error=u.error, \
     run_at=u.run_at, started_at=u.started_at, finished_at=u.finished_at, claimed_at=u.claimed_at, \
@@ -678,12 +680,13 @@ const SQL_PUT_STEP: &str = "INSERT INTO {S}.job_step ({P}, kind) VALUES ($1,$2,$
 const SQL_DELETE_STEPS: &str = "DELETE FROM {S}.job_step WHERE job_run_id = $1";
 const SQL_DELETE_OPEN_STEPS: &str =
     "DELETE FROM {S}.job_step WHERE job_run_id = $1 AND status <> 'completed'";
-const SQL_DEF: &str = "SELECT type, version, pool, scope_entity_type, retry_policy, timeout_ms, \
-    concurrency_key_template, collision_mode, dedupe_key_template, dedupe_window_ms, priority_default, \
+/// (Casts: a database made by another system may use `integer` columns.)
+const SQL_DEF: &str = "SELECT type, version::int4, pool, scope_entity_type, retry_policy, timeout_ms::int8, \
+    concurrency_key_template, collision_mode, dedupe_key_template, dedupe_window_ms::int8, priority_default::int4, \
     replay_from, created_at, updated_at FROM {S}.job WHERE type = $1";
 const SQL_PUT_DEF: &str = "INSERT INTO {S}.job (type, version, pool, scope_entity_type, retry_policy, \
     timeout_ms, concurrency_key_template, collision_mode, dedupe_key_template, dedupe_window_ms, \
-    priority_default, replay_from, created_at, updated_at) VALUES ($1,$2,$3,$4,$5,$6,$7,$8,$9,$10,$11,$12,$13,$14) \
+    priority_default, replay_from, created_at, updated_at) VALUES ($1,$2,$3,$4,$5,$6::int8,$7,$8,$9,$10::int8,$11,$12,$13,$14) \
     ON CONFLICT (type) DO UPDATE SET version=EXCLUDED.version, pool=EXCLUDED.pool, \
     scope_entity_type=EXCLUDED.scope_entity_type, retry_policy=EXCLUDED.retry_policy, \
     timeout_ms=EXCLUDED.timeout_ms, concurrency_key_template=EXCLUDED.concurrency_key_template, \

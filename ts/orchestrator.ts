@@ -521,6 +521,8 @@ export class JobOrchestrator {
    */
   private registering: Promise<void> = Promise.resolve();
   private registerError: unknown = null;
+  /** Postgres: the latest spec of every registered type (re-sent after `migrate()`). */
+  private readonly pgSpecs = new Map<string, unknown>();
   private readonly handlers = new Map<string, HandlerRegistration>();
   /** AbortControllers of executing attempts, by run id. */
   private readonly inFlight = new Map<string, Attempt>();
@@ -615,7 +617,30 @@ export class JobOrchestrator {
    * at once. Memory: a no-op.
    */
   async migrate(): Promise<void> {
-    if (this.pg) await db(this.pg.migrate());
+    if (!this.pg) return;
+    const pg = this.pg;
+    await this.registering;
+    await db(pg.migrate());
+    // Handlers registered before the tables existed could not be stored:
+    // store them now.
+    this.registerError = null;
+    if (this.pgSpecs.size > 0) {
+      const specs = JSON.stringify([...this.pgSpecs.values()]);
+      this.persistDefinitions(pg, specs);
+      await this.ready();
+    }
+  }
+
+  /** Writes definitions to the database in the background (see `ready`). */
+  private persistDefinitions(pg: PgEngine, specsText: string): void {
+    this.registering = this.registering.then(() =>
+      db(pg.register(specsText)).then(
+        () => undefined,
+        (e) => {
+          this.registerError = e;
+        },
+      ),
+    );
   }
 
   /**
@@ -716,15 +741,8 @@ export class JobOrchestrator {
     const specsText = JSON.stringify(specs);
     call(() => this.native.register(specsText));
     if (this.pg) {
-      const pg = this.pg;
-      this.registering = this.registering.then(() =>
-        db(pg.register(specsText)).then(
-          () => undefined,
-          (e) => {
-            this.registerError = e;
-          },
-        ),
-      );
+      for (const spec of specs) this.pgSpecs.set(spec.type, spec);
+      this.persistDefinitions(this.pg, specsText);
     }
     for (const { type, meta, handler } of entries) {
       this.handlers.set(type, { type, meta: meta ?? {}, handlerClass: handler });

@@ -282,6 +282,16 @@ impl<S: Store> Engine<S> {
         }
     }
 
+    /// Reports that a run executing in this process was stopped by another
+    /// process (its attempt's outcome will be ignored): the observer fires
+    /// the handler's signal. A no-op for runs this process is not running.
+    pub fn abort_local(&self, id: RunId, reason: AbortReason) {
+        self.deliver(Effects {
+            aborted: vec![(id, reason)],
+            transitions: Vec::new(),
+        });
+    }
+
     /// Deletes terminal runs past their retention (no-op when unset).
     fn purge(&self, tx: &mut S::Tx<'_>, now: Millis) {
         let r = self.retention;

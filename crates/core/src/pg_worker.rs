@@ -14,7 +14,7 @@
 //! worker died) to `pending`. Delivery is at-least-once.
 
 use crate::engine::Engine;
-use crate::model::{AttemptOutcome, Millis, RunId};
+use crate::model::{AbortReason, AttemptOutcome, Millis, RunId};
 use crate::store::postgres::PgStore;
 use crate::worker::{BatchDispatcher, WorkerPool};
 use std::collections::HashMap;
@@ -206,8 +206,7 @@ impl PgWorker {
             .collect();
         let claims_for_tx = claims.clone();
         let result =
-            tokio::task::spawn_blocking(move || engine.settle(&settle_batch, &claims_for_tx))
-                .await;
+            tokio::task::spawn_blocking(move || engine.settle(&settle_batch, &claims_for_tx)).await;
         let tickets = match result {
             Ok(Ok((_, tickets))) => Some(tickets),
             Ok(Err(e)) => {
@@ -259,9 +258,8 @@ impl PgWorker {
                 self.stop();
                 for (id, epoch, pool) in dispatched {
                     let engine = self.engine.clone();
-                    let _ =
-                        tokio::task::spawn_blocking(move || engine.release_attempt(&id, epoch))
-                            .await;
+                    let _ = tokio::task::spawn_blocking(move || engine.release_attempt(&id, epoch))
+                        .await;
                     self.slot_freed(&pool, &id);
                 }
             }
@@ -356,7 +354,12 @@ impl PgWorker {
             .spawn(move || {
                 while listening.load(Ordering::SeqCst) {
                     let keep = || listening.load(Ordering::SeqCst);
-                    let notify = || wake.notify_one();
+                    let notify = |stopped: Option<RunId>| match stopped {
+                        // A run this process may be executing was canceled
+                        // elsewhere: fire its signal here.
+                        Some(id) => engine.abort_local(id, AbortReason::Canceled),
+                        None => wake.notify_one(),
+                    };
                     if engine.store().listen(&keep, &notify).is_err() {
                         // Lost the connection: polling covers the gap.
                         std::thread::sleep(Duration::from_millis(500));

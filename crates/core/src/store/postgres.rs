@@ -532,7 +532,15 @@ impl PgStore {
 
     /// Blocks the calling thread listening for start notifications until
     /// `keep_going` returns false; calls `on_notify` for each.
-    pub fn listen(&self, keep_going: &dyn Fn() -> bool, on_notify: &dyn Fn()) -> Result<()> {
+    ///
+    /// `on_notify` gets `None` for "something may be claimable" and the run
+    /// id when a running run was canceled (so the process executing it can
+    /// fire its `ctx.signal`).
+    pub fn listen(
+        &self,
+        keep_going: &dyn Fn() -> bool,
+        on_notify: &dyn Fn(Option<RunId>),
+    ) -> Result<()> {
         let mut client = self.pool.config.connect(NoTls).map_err(db_err)?;
         client
             .batch_execute(&format!("LISTEN {}", quote_ident(&self.channel)))
@@ -542,7 +550,9 @@ impl PgStore {
             let mut it = n.timeout_iter(Duration::from_millis(200));
             loop {
                 match fallible_next(&mut it) {
-                    Ok(Some(())) => on_notify(),
+                    Ok(Some(payload)) => {
+                        on_notify(payload.strip_prefix("c:").and_then(|id| id.parse().ok()))
+                    }
                     Ok(None) => break,
                     Err(e) => return Err(db_err(e)),
                 }
@@ -572,11 +582,13 @@ impl PgStore {
             claim_queue: VecDeque::new(),
             claim_hint: 1,
             notify: false,
+            stopped_running: Vec::new(),
             failure: RefCell::new(None),
         };
         let out = f(&mut tx);
         tx.flush();
         let notify = tx.notify;
+        let stopped = std::mem::take(&mut tx.stopped_running);
         let failure = tx.failure.take();
         let PgTx { conn, .. } = tx;
         let conn = conn.into_inner();
@@ -589,11 +601,17 @@ impl PgStore {
         match (out, failure) {
             (Ok(v), None) => {
                 // The notification goes out with the commit, in one round trip.
-                let commit = if notify {
-                    format!("SELECT pg_notify({}, ''); COMMIT", self.channel_literal)
-                } else {
-                    "COMMIT".to_owned()
-                };
+                let mut commit = String::new();
+                if notify {
+                    commit.push_str(&format!("SELECT pg_notify({}, '');", self.channel_literal));
+                }
+                for id in &stopped {
+                    commit.push_str(&format!(
+                        "SELECT pg_notify({}, 'c:{id}');",
+                        self.channel_literal
+                    ));
+                }
+                commit.push_str("COMMIT");
                 conn.client.batch_execute(&commit).map_err(db_err)?;
                 Ok(v)
             }
@@ -622,11 +640,12 @@ impl Store for PgStore {
     }
 }
 
+/// The next notification's payload, if one arrives before the timeout.
 fn fallible_next(
     it: &mut postgres::notifications::TimeoutIter<'_>,
-) -> std::result::Result<Option<()>, postgres::Error> {
+) -> std::result::Result<Option<String>, postgres::Error> {
     use postgres::fallible_iterator::FallibleIterator;
-    Ok(it.next()?.map(|_| ()))
+    Ok(it.next()?.map(|n| n.payload().to_owned()))
 }
 
 // ── SQL ────────────────────────────────────────────────────────────────
@@ -739,6 +758,9 @@ pub struct PgTx<'a> {
     claim_hint: usize,
     /// Something became claimable: notify listeners on commit.
     notify: bool,
+    /// Running runs this transaction canceled: the process executing them
+    /// is told on commit (it fires their `ctx.signal`).
+    stopped_running: Vec<RunId>,
     failure: RefCell<Option<postgres::Error>>,
 }
 
@@ -1077,6 +1099,9 @@ impl StoreTx for PgTx<'_> {
         let lane_moved = row.lane_seq != before_lane;
         let key = row.concurrency_key.clone();
         let tenant = row.tenant_id.clone();
+        if before_status == RunStatus::Running && row.status == RunStatus::Canceled {
+            self.stopped_running.push(*id);
+        }
         let wakes = (row.status == RunStatus::Pending && before_status != RunStatus::Pending)
             || (row.concurrency_key.is_some()
                 && row.status.is_terminal()

@@ -1,0 +1,182 @@
+// What only the PostgreSQL backend has: several orchestrators (as separate
+// processes would) sharing one database — a cancel in one fires ctx.signal
+// in the one running the handler, waitForRun sees runs finished elsewhere,
+// leases expire and are swept — plus migrations (CLI, registration order),
+// orphaned job types, database failures as typed errors, and option checks.
+import test from 'ava';
+import type { ExecutionContext } from 'ava';
+import { spawnSync } from 'node:child_process';
+import * as path from 'node:path';
+import { JobInputInvalidError, JobOrchestrator, JobStoreError } from '../dist';
+import type { JobOrchestratorOptions } from '../dist';
+import { PG_URL, postgresOnly } from './backends';
+import type { Make } from './backends';
+import { silentLogger } from './helpers';
+
+const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
+
+/** Two orchestrators on one fresh schema, closed at teardown. */
+async function pair(
+  t: ExecutionContext,
+  make: Make,
+  opts: JobOrchestratorOptions = {},
+): Promise<[JobOrchestrator, JobOrchestrator]> {
+  const full = make.options({ loggerFactory: () => silentLogger, ...opts });
+  const a = new JobOrchestrator(full);
+  const b = new JobOrchestrator(full);
+  t.teardown(async () => {
+    await a.close();
+    await b.close();
+  });
+  await a.migrate();
+  return [a, b];
+}
+
+async function until<T>(what: string, f: () => Promise<T | null | undefined | false>, ms = 10_000): Promise<T> {
+  const deadline = Date.now() + ms;
+  for (;;) {
+    const v = await f();
+    if (v) return v;
+    if (Date.now() > deadline) throw new Error(`timed out waiting for ${what}`);
+    await sleep(20);
+  }
+}
+
+// Cross-process behaviour: needs two orchestrators on one database.
+postgresOnly('a cancel from another orchestrator fires ctx.signal where the handler runs', async (t, make) => {
+  const [a, b] = await pair(t, make);
+  let aborted: unknown = null;
+  let started = false;
+  a.registerHandler('long', {}, async (ctx) => {
+    started = true;
+    await new Promise<void>((resolve) => ctx.signal.addEventListener('abort', () => resolve()));
+    aborted = ctx.signal.reason;
+    return { late: true };
+  });
+  b.registerHandler('long', {}, async () => undefined);
+  const worker = a.startWorker({ pools: { batch: { concurrency: 2 } } });
+  const run = await b.start('long', {});
+  await until('the handler to start', async () => started);
+  await b.cancel(run.id);
+  await until('the signal', async () => aborted !== null);
+  t.is(aborted, 'canceled');
+  await worker.stop();
+  const row = await b.findById(run.id);
+  t.is(row?.status, 'canceled');
+  t.is(row?.output, null, 'the late return is ignored');
+});
+
+postgresOnly('waitForRun resolves for a run another orchestrator executes', async (t, make) => {
+  const [a, b] = await pair(t, make);
+  a.registerHandler('work', {}, async (ctx) => ({ doubled: (ctx.input as { n: number }).n * 2 }));
+  b.registerHandler('work', {}, async () => undefined);
+  const run = await b.start('work', { n: 21 });
+  const waiting = b.waitForRun(run.id, { timeoutMs: 10_000 });
+  const worker = a.startWorker({ pools: { batch: { concurrency: 1 } } });
+  const done = await waiting;
+  t.is(done.status, 'completed');
+  t.deepEqual(done.output, { doubled: 42 });
+  await worker.stop();
+});
+
+postgresOnly('an expired lease is swept back to pending and run by another worker', async (t, make) => {
+  const [a, b] = await pair(t, make, { postgres: { url: PG_URL, leaseMs: 300, pollMs: 50 } });
+  let ran = 0;
+  a.registerHandler('leased', {}, async () => undefined);
+  b.registerHandler('leased', {}, async () => {
+    ran++;
+  });
+  const run = await a.start('leased', {});
+  // `a` claims and never executes it (as if its process died mid-run).
+  const claimed = await a.claimNext('batch');
+  t.is(claimed?.id, run.id);
+  const worker = b.startWorker({ pools: { batch: { concurrency: 1 } } });
+  const done = await b.waitForRun(run.id, { timeoutMs: 10_000 });
+  t.is(done.status, 'completed');
+  t.is(ran, 1);
+  t.is(done.attempts, 1, 'the lost attempt is not counted as a failure');
+  await worker.stop();
+});
+
+postgresOnly('handlers registered before migrate() on a fresh schema are stored by migrate()', async (t, make) => {
+  const o = new JobOrchestrator(make.options({ loggerFactory: () => silentLogger }));
+  t.teardown(() => o.close());
+  o.registerHandler('early', { retry: { attempts: 3, backoff: 'fixed', baseMs: 5 } }, async () => undefined);
+  await o.migrate();
+  const run = await o.start('early', {});
+  t.is(run.status, 'pending');
+  t.is((await o.getDefinition('early'))?.retryPolicy.attempts, 3);
+});
+
+postgresOnly('upsertJobRows reports the stored job types no entry names', async (t, make) => {
+  const [a, b] = await pair(t, make);
+  await a.upsertJobRows([
+    { type: 'kept', meta: {}, handlerClass: async () => undefined },
+    { type: 'gone', meta: {}, handlerClass: async () => undefined },
+  ]);
+  const { orphaned } = await b.upsertJobRows([{ type: 'kept', meta: {}, handlerClass: async () => undefined }]);
+  t.deepEqual(orphaned, ['gone']);
+});
+
+postgresOnly('a string the database cannot store is a typed error and stores nothing', async (t, make) => {
+  const o = await make.manual();
+  o.registerHandler('t', {}, async () => undefined);
+  const err = await t.throwsAsync(o.start('t', { s: 'a\u0000b' }));
+  t.true(err instanceof JobStoreError, String(err));
+  t.deepEqual(await o.countByPoolAndStatus(), []);
+  // The orchestrator is still usable.
+  t.is((await o.start('t', { s: 'fine' })).status, 'pending');
+});
+
+test('an unreachable database is a typed error, not a crash', async (t) => {
+  const o = new JobOrchestrator({
+    backend: 'postgres',
+    postgres: { url: 'postgres://nobody@127.0.0.1:1/none', maxConnections: 1 },
+  });
+  o.registerHandler('t', {}, async () => undefined);
+  const err = await t.throwsAsync(o.migrate());
+  t.true(err instanceof JobStoreError, String(err));
+  t.is((err as JobStoreError).code, 'JOB_STORE_ERROR');
+  const err2 = await t.throwsAsync(o.findById('00000000-0000-4000-8000-000000000000'));
+  t.true(err2 instanceof JobStoreError);
+  await o.close();
+});
+
+test('postgres options are checked at construction', (t) => {
+  const bad: [unknown, RegExp][] = [
+    [{ backend: 'postgres' }, /postgres\.url/],
+    [{ backend: 'postgres', postgres: { url: '' } }, /postgres\.url/],
+    [{ backend: 'postgres', postgres: { url: 'not a url' } }, /connection string/],
+    [{ backend: 'postgres', postgres: { url: PG_URL, schema: '' } }, /schema/],
+    [{ backend: 'postgres', postgres: { url: PG_URL, maxConnections: 0 } }, /maxConnections/],
+    [{ backend: 'postgres', postgres: { url: PG_URL, leaseMs: -1 } }, /leaseMs/],
+    [{ backend: 'mysql' }, /backend/],
+  ];
+  for (const [opts, msg] of bad) {
+    const err = t.throws(() => new JobOrchestrator(opts as JobOrchestratorOptions));
+    t.true(err instanceof JobInputInvalidError, `${JSON.stringify(opts)}: ${String(err)}`);
+    t.regex(err!.message, msg);
+  }
+});
+
+postgresOnly('npx jobforge migrate creates the schema, idempotently', async (t, make) => {
+  const opts = make.options();
+  const schema = opts.postgres!.schema!;
+  const cli = path.join(__dirname, '..', 'bin', 'jobforge.js');
+  for (let i = 0; i < 2; i++) {
+    const r = spawnSync(process.execPath, [cli, 'migrate', '--url', PG_URL, '--schema', schema], { encoding: 'utf8' });
+    t.is(r.status, 0, r.stderr);
+    t.regex(r.stdout, new RegExp(`schema "${schema}" is up to date`));
+  }
+  const bad = spawnSync(process.execPath, [cli, 'migrate'], {
+    encoding: 'utf8',
+    env: { ...process.env, JOBFORGE_PG_URL: '', DATABASE_URL: '' },
+  });
+  t.is(bad.status, 2);
+  t.regex(bad.stderr, /--url/);
+  // The tables it made are usable without another migrate().
+  const o = new JobOrchestrator(opts);
+  t.teardown(() => o.close());
+  o.registerHandler('x', {}, async () => undefined);
+  t.is((await o.start('x', {})).status, 'pending');
+});

@@ -200,3 +200,12 @@ export function forBackends(title: string, impl: BackendTest): void {
 export function memoryOnly(title: string, impl: BackendTest): void {
   register('memory', title, impl);
 }
+
+/**
+ * Registers `[postgres] title` only. For a test that cannot apply to the
+ * memory backend (e.g. several processes sharing one database); the call
+ * site must say why in a comment.
+ */
+export function postgresOnly(title: string, impl: BackendTest): void {
+  register('postgres', title, impl);
+}

@@ -1,0 +1,539 @@
+// The Postgres backend across processes: several worker processes on one
+// schema (exactly-once execution, lanes serial and in start order across
+// processes), recovery of a SIGKILLed worker's runs through lease expiry
+// (at-least-once), and `start` racing from several processes on a dedupe
+// key and on a reject lane.
+//
+// Postgres only (`postgresOnly`): the memory backend lives in one process,
+// so nothing here applies to it. Each test has its own schema (dropped at
+// teardown) and forks `fixtures/pg-worker.js` children that it drives over
+// IPC. Children are SIGKILLed at teardown if still alive, exit by
+// themselves when the IPC channel closes, and one that exits unexpectedly
+// fails the test with its stderr.
+import type { ExecutionContext } from 'ava';
+import { fork } from 'node:child_process';
+import type { ChildProcess } from 'node:child_process';
+import * as path from 'node:path';
+import { performance } from 'node:perf_hooks';
+import { JobOrchestrator } from '../dist';
+import type { JobOrchestratorOptions, PoolStatusCount } from '../dist';
+import { PG_URL, postgresOnly } from './backends';
+import { silentLogger } from './helpers';
+
+const FIXTURE = path.join(__dirname, 'fixtures', 'pg-worker.js');
+const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
+
+// ── child processes ────────────────────────────────────────────────────
+
+type Msg = { t: string; [k: string]: unknown };
+
+/** One forked `pg-worker.js`, its output and messages. */
+class Child {
+  readonly proc: ChildProcess;
+  stderr = '';
+  stdout = '';
+  /** Set once we asked it to exit or killed it: its exit is then no failure. */
+  expectExit = false;
+  exit: { code: number | null; signal: NodeJS.Signals | null } | null = null;
+  readonly closed: Promise<void>;
+  private waiters: { t: string; resolve: (m: Msg) => void }[] = [];
+
+  constructor(
+    readonly name: string,
+    config: object,
+    onMessage: (c: Child, m: Msg) => void,
+    onUnexpectedExit: (c: Child) => void,
+  ) {
+    this.proc = fork(FIXTURE, [JSON.stringify(config)], {
+      execArgv: [], // plain JS: no tsx loader
+      stdio: ['ignore', 'pipe', 'pipe', 'ipc'],
+    });
+    this.proc.stdout!.on('data', (d: Buffer) => (this.stdout += d.toString()));
+    this.proc.stderr!.on('data', (d: Buffer) => (this.stderr += d.toString()));
+    this.proc.on('message', (m: Msg) => {
+      onMessage(this, m);
+      const i = this.waiters.findIndex((w) => w.t === m.t);
+      if (i >= 0) this.waiters.splice(i, 1)[0]!.resolve(m);
+    });
+    // 'close': after exit and after stdout/stderr are drained.
+    this.closed = new Promise((resolve) => {
+      this.proc.on('close', (code, signal) => {
+        this.exit = { code, signal };
+        if (!this.expectExit) onUnexpectedExit(this);
+        resolve();
+      });
+    });
+    this.proc.on('error', () => undefined); // surfaces as 'close'
+  }
+
+  get pid(): number {
+    return this.proc.pid ?? -1;
+  }
+
+  get alive(): boolean {
+    return this.exit === null;
+  }
+
+  send(m: Msg): void {
+    this.proc.send(m);
+  }
+
+  /** The next message of type `t`. */
+  next(t: string): Promise<Msg> {
+    return new Promise((resolve) => this.waiters.push({ t, resolve }));
+  }
+
+  describe(): string {
+    const how = this.exit ? `exited (code ${this.exit.code}, signal ${this.exit.signal})` : 'running';
+    return `child ${this.name} (pid ${this.pid}) ${how}\n--- stderr ---\n${this.stderr || '(empty)'}\n--- stdout ---\n${this.stdout || '(empty)'}`;
+  }
+}
+
+/**
+ * The children of one test. Any child exiting unexpectedly becomes
+ * `failure`, which every wait of this file checks; teardown SIGKILLs what
+ * is still running.
+ */
+class Fleet {
+  readonly children: Child[] = [];
+  failure: Error | null = null;
+  private onFailure: ((e: Error) => void)[] = [];
+
+  constructor(
+    private readonly t: ExecutionContext,
+    private readonly onMessage: (c: Child, m: Msg) => void = () => undefined,
+  ) {
+    t.teardown(async () => {
+      // Loops of the test still running (it failed) stop at their next check.
+      this.failure ??= new Error('the test ended');
+      for (const c of this.children) {
+        if (c.alive) {
+          c.expectExit = true;
+          c.proc.kill('SIGKILL');
+        }
+      }
+      await Promise.all(this.children.map((c) => c.closed));
+      for (const c of this.children) {
+        if (c.stderr.trim()) t.log(`stderr of child ${c.name} (pid ${c.pid}):\n${c.stderr.trim()}`);
+      }
+    });
+  }
+
+  spawn(name: string, config: object): Child {
+    const c = new Child(name, config, this.onMessage, (dead) => {
+      const e = new Error(`unexpected exit of ${dead.describe()}`);
+      if (this.failure === null) this.failure = e;
+      for (const f of this.onFailure.splice(0)) f(e);
+    });
+    this.children.push(c);
+    return c;
+  }
+
+  check(): void {
+    if (this.failure) throw this.failure;
+  }
+
+  /** `p`, or the first child failure, or a timeout naming `what`. */
+  async race<T>(p: Promise<T>, what: string, timeoutMs: number): Promise<T> {
+    this.check();
+    let timer: NodeJS.Timeout | undefined;
+    const failed = new Promise<never>((_, reject) => {
+      this.onFailure.push(reject);
+      timer = setTimeout(() => reject(new Error(`timed out after ${timeoutMs} ms waiting for ${what}`)), timeoutMs);
+    });
+    try {
+      return await Promise.race([p, failed]);
+    } finally {
+      clearTimeout(timer);
+    }
+  }
+
+  /** Polls `cond` every `everyMs` until true; fails on a child failure or after `timeoutMs`. */
+  async until(cond: () => boolean | Promise<boolean>, what: () => string, timeoutMs: number, everyMs = 100): Promise<void> {
+    const deadline = Date.now() + timeoutMs;
+    for (;;) {
+      this.check();
+      if (await cond()) return;
+      if (Date.now() > deadline) throw new Error(`timed out after ${timeoutMs} ms waiting for ${what()}`);
+      await sleep(everyMs);
+    }
+  }
+
+  /** Asks every live child to stop and waits for a clean exit (code 0) of each. */
+  async stopAll(timeoutMs = 20_000): Promise<void> {
+    const live = this.children.filter((c) => c.alive);
+    for (const c of live) {
+      c.expectExit = true;
+      c.send({ t: 'stop' });
+    }
+    await this.race(Promise.all(live.map((c) => c.closed)), 'the children to stop', timeoutMs);
+    for (const c of live) {
+      if (c.exit?.code !== 0) throw new Error(`stop: ${c.describe()}`);
+    }
+  }
+}
+
+// ── the database side ──────────────────────────────────────────────────
+
+/**
+ * The test's options (fresh schema, dropped at teardown) and the parent's
+ * orchestrator on it: migrated, closed at teardown (before the drop).
+ */
+async function parentOrchestrator(
+  t: ExecutionContext,
+  make: { options(o?: JobOrchestratorOptions): JobOrchestratorOptions },
+  maxConnections: number,
+): Promise<{ o: JobOrchestrator; postgres: NonNullable<JobOrchestratorOptions['postgres']> }> {
+  const opts = make.options({ loggerFactory: () => silentLogger });
+  const o = new JobOrchestrator({ ...opts, postgres: { ...opts.postgres!, maxConnections } });
+  t.teardown(() => o.close());
+  await o.migrate();
+  return { o, postgres: opts.postgres! };
+}
+
+/** A `pg` client on the test database, ended at teardown. */
+async function pgClient(t: ExecutionContext): Promise<{ query(sql: string, params?: unknown[]): Promise<{ rows: any[] }> }> {
+  // eslint-disable-next-line @typescript-eslint/no-require-imports
+  const pg = require('pg');
+  const c = new pg.Client({ connectionString: PG_URL });
+  await c.connect();
+  t.teardown(() => c.end());
+  return c;
+}
+
+const countsText = (counts: PoolStatusCount[]) =>
+  counts.map((c) => `${c.pool}/${c.status}=${c.count}`).join(', ') || '(none)';
+const completedOf = (counts: PoolStatusCount[]) =>
+  counts.filter((c) => c.status === 'completed').reduce((s, c) => s + c.count, 0);
+
+/** At most `n` items, for messages. */
+const some = <T>(xs: T[], n = 10): string => JSON.stringify(xs.slice(0, n)) + (xs.length > n ? ` … (${xs.length} in all)` : '');
+
+/** A side effect row reported by a child: [runId, pid, startMs, endMs, lane, n]. */
+type Fx = [string, number, number, number, number | null, number | null];
+
+// ── 1. exactly once across 4 worker processes ─────────────────────────
+
+postgresOnly('multiprocess: 4 worker processes execute 20,000 runs exactly once; lanes run one at a time in start order across processes', async (t, make) => {
+  t.timeout(150_000);
+  const T0 = performance.now();
+  const PROCS = 4;
+  const LANES = 10;
+  const PER_LANE = 100;
+  const PLAIN = 20_000 - LANES * PER_LANE;
+  const BATCH = 250;
+
+  const { o, postgres } = await parentOrchestrator(t, make, 8);
+  o.registerHandler('mp.plain', {}, () => null);
+  o.registerHandler('mp.lane', { concurrency: { key: 'lane:{{lane}}' } }, () => null);
+
+  const fx: Fx[] = [];
+  const fleet = new Fleet(t, (_c, m) => {
+    if (m.t === 'fx') for (const r of m.rows as Fx[]) fx.push(r);
+  });
+  const children = Array.from({ length: PROCS }, (_, i) =>
+    fleet.spawn(`w${i}`, {
+      mode: 'worker',
+      postgres: { ...postgres, maxConnections: 4 },
+      concurrency: 20,
+      laneMs: 2,
+      flushMs: 50,
+      waitForWork: true,
+    }),
+  );
+  await fleet.race(Promise.all(children.map((c) => c.next('ready'))), 'the children to be ready', 30_000);
+  const tReady = performance.now();
+
+  // Enqueue: plain runs in parallel batches; each lane's runs one after
+  // another (so start order is n order), spread over the whole enqueue.
+  // The workers start once half is queued: they drain a backlog (lanes
+  // with queued members included) while starts keep racing their claims.
+  const started = new Map<string, { lane: number; n: number } | null>();
+  let plainDone = 0;
+  let tWork = 0;
+  const startWorkers = async () => {
+    tWork = performance.now();
+    const working = children.map((c) => c.next('working'));
+    for (const c of children) c.send({ t: 'work' });
+    await Promise.all(working);
+  };
+  let workers: Promise<void> | null = null;
+  // A failed loop (or child, or the test's end) stops the other loops.
+  let enqueueError: unknown = null;
+  const guarded = (f: () => Promise<void>) =>
+    f().catch((e) => {
+      enqueueError ??= e;
+      throw e;
+    });
+  const check = () => {
+    fleet.check();
+    if (enqueueError !== null) throw enqueueError;
+  };
+  const plain = async () => {
+    for (let i = 0; i < PLAIN; i += BATCH) {
+      check();
+      const batch = [];
+      for (let j = i; j < Math.min(PLAIN, i + BATCH); j++) batch.push(o.start('mp.plain', { i: j }));
+      for (const r of await Promise.all(batch)) started.set(r.id, null);
+      plainDone = Math.min(PLAIN, i + BATCH);
+      if (workers === null && started.size >= 10_000) workers = startWorkers();
+    }
+  };
+  const lane = async (l: number) => {
+    for (let n = 0; n < PER_LANE; n++) {
+      while (plainDone < (n * PLAIN) / PER_LANE) {
+        check();
+        await sleep(5);
+      }
+      check();
+      const r = await o.start('mp.lane', { lane: l, n });
+      t.is(r.concurrencyKey, `lane:${l}`);
+      started.set(r.id, { lane: l, n });
+    }
+  };
+  await fleet.race(
+    Promise.all([guarded(plain), ...Array.from({ length: LANES }, (_, l) => guarded(() => lane(l)))]),
+    'the enqueue',
+    120_000,
+  );
+  await fleet.race(workers ?? startWorkers(), 'the workers to start', 10_000);
+  const tEnqueued = performance.now();
+  const backlogAtEnd = completedOf(await o.countByPoolAndStatus());
+  t.is(started.size, 20_000, 'every start returned a distinct run id');
+
+  let counts: PoolStatusCount[] = [];
+  await fleet.until(
+    async () => {
+      counts = await o.countByPoolAndStatus();
+      return completedOf(counts) >= 20_000 && fx.length >= 20_000;
+    },
+    () => `all 20,000 runs to complete: ${countsText(counts)}; side effects reported: ${fx.length}`,
+    120_000,
+    250,
+  );
+  const tDone = performance.now();
+  await fleet.stopAll();
+  const tStopped = performance.now();
+
+  // Exactly once: one side effect per run id, none unknown, none missing.
+  const seen = new Map<string, Fx[]>();
+  for (const r of fx) {
+    const list = seen.get(r[0]);
+    if (list) list.push(r);
+    else seen.set(r[0], [r]);
+  }
+  const dupes = [...seen.entries()].filter(([, l]) => l.length > 1);
+  const unknown = [...seen.keys()].filter((id) => !started.has(id));
+  const missing = [...started.keys()].filter((id) => !seen.has(id));
+  if (dupes.length > 0) {
+    const rows = await Promise.all(dupes.slice(0, 5).map(([id]) => o.findById(id)));
+    t.log('duplicated runs (first 5, DB rows):', JSON.stringify(rows.map((r) => r && { id: r.id, status: r.status, attempts: r.attempts, concurrencyKey: r.concurrencyKey })));
+  }
+  t.deepEqual(
+    dupes.map(([id, l]) => ({ id, executions: l.map((r) => ({ pid: r[1], start: r[2], end: r[3] })) })).slice(0, 10),
+    [],
+    `runs executed more than once: ${dupes.length}`,
+  );
+  t.deepEqual(unknown, [], 'side effects of runs that were never started');
+  t.deepEqual(missing.slice(0, 10), [], `runs never executed: ${missing.length}`);
+  t.is(fx.length, 20_000, 'one side effect per run');
+
+  // Every run completed, as the database sees it.
+  counts = await o.countByPoolAndStatus();
+  t.deepEqual(counts, [{ pool: 'batch', status: 'completed', count: 20_000 }], countsText(counts));
+
+  // Lanes: per lane, executions in start order and never overlapping, even
+  // when consecutive runs ran in different processes.
+  let crossProcessHandoffs = 0;
+  let minGap = Infinity;
+  for (let l = 0; l < LANES; l++) {
+    const runs = fx.filter((r) => r[4] === l).sort((a, b) => a[2] - b[2]);
+    t.deepEqual(
+      runs.map((r) => r[5]),
+      Array.from({ length: PER_LANE }, (_, n) => n),
+      `lane ${l}: executions in start (n) order`,
+    );
+    const overlaps: string[] = [];
+    for (let i = 1; i < runs.length; i++) {
+      const [prev, cur] = [runs[i - 1]!, runs[i]!];
+      if (prev[1] !== cur[1]) crossProcessHandoffs++;
+      minGap = Math.min(minGap, cur[2] - prev[3]);
+      if (cur[2] < prev[3]) {
+        overlaps.push(`n=${cur[5]} (pid ${cur[1]}) started ${(prev[3] - cur[2]).toFixed(3)} ms before n=${prev[5]} (pid ${prev[1]}) ended`);
+      }
+    }
+    t.deepEqual(overlaps, [], `lane ${l}: no two executions overlap`);
+    // The input's lane and the started run agree.
+    for (const r of runs) t.deepEqual(started.get(r[0]), { lane: l, n: r[5] });
+  }
+
+  // The work was shared.
+  const perPid = new Map<number, number>();
+  for (const r of fx) perPid.set(r[1], (perPid.get(r[1]) ?? 0) + 1);
+  t.true(perPid.size > 1, `runs executed by ${perPid.size} process(es)`);
+  const lanePids = new Set(fx.filter((r) => r[4] !== null).map((r) => r[1]));
+
+  t.log(
+    `children ready in ${(tReady - T0).toFixed(0)} ms; enqueue of 20,000 in ${(tEnqueued - tReady).toFixed(0)} ms ` +
+      `(workers started ${(tWork - tReady).toFixed(0)} ms in, ${backlogAtEnd} completed when the enqueue ended); ` +
+      `all completed ${(tDone - tWork).toFixed(0)} ms after the workers started; stop ${(tStopped - tDone).toFixed(0)} ms; ` +
+      `test ${(performance.now() - T0).toFixed(0)} ms`,
+  );
+  t.log(
+    `runs per process: ${[...perPid.entries()].map(([p, n]) => `${p}=${n}`).join(', ')}; lane runs in ${lanePids.size} process(es), ` +
+      `${crossProcessHandoffs} cross-process hand-offs, smallest gap between consecutive lane runs ${minGap.toFixed(3)} ms`,
+  );
+});
+
+// ── 2. SIGKILL of a worker: its runs come back ────────────────────────
+
+postgresOnly('multiprocess: runs held by a SIGKILLed worker are recovered after their lease expires and completed by the others (at-least-once)', async (t, make) => {
+  t.timeout(90_000);
+  const T0 = performance.now();
+  const RUNS = 300;
+  const LEASE_MS = 1000;
+
+  const { o, postgres } = await parentOrchestrator(t, make, 4);
+  o.registerHandler('mp.slow', {}, () => null);
+
+  // [runId, pid, startMs, endMs]: a handler that returned.
+  const ends: Fx[] = [];
+  const fleet = new Fleet(t, (_c, m) => {
+    if (m.t === 'fx') for (const r of m.rows as Fx[]) ends.push(r);
+  });
+  const cfg = { mode: 'worker', postgres: { ...postgres, maxConnections: 4, leaseMs: LEASE_MS }, concurrency: 5, workMs: 30, flushMs: 20 };
+  const children = [fleet.spawn('victim', cfg), fleet.spawn('s1', cfg), fleet.spawn('s2', cfg)];
+  const [victim, ...survivors] = children as [Child, Child, Child];
+  await fleet.race(Promise.all(children.map((c) => c.next('ready'))), 'the workers to be ready', 30_000);
+
+  const ids: string[] = [];
+  for (let i = 0; i < RUNS; i += 50) {
+    fleet.check();
+    const batch = [];
+    for (let j = i; j < Math.min(RUNS, i + 50); j++) batch.push(o.start('mp.slow', { i: j }));
+    for (const r of await Promise.all(batch)) ids.push(r.id);
+  }
+
+  // A few dozen completed, and the victim has done its share.
+  const victimEnds = () => ends.filter((r) => r[1] === victim.pid).length;
+  await fleet.until(() => ends.length >= 36 && victimEnds() >= 3, () => `36 completions (${ends.length}), 3 by the victim (${victimEnds()})`, 30_000, 5);
+  // Freeze the victim's in-flight handlers (they never return), learn
+  // which runs it holds, then kill it while it holds them.
+  const holding = victim.next('holding');
+  victim.send({ t: 'hold' });
+  const held = new Set((await fleet.race(holding, 'the victim to hold its runs', 10_000)).ids as string[]);
+  victim.expectExit = true;
+  victim.proc.kill('SIGKILL');
+  const tKill = performance.now();
+  await fleet.race(victim.closed, 'the victim to die', 10_000);
+  t.is(victim.exit?.signal, 'SIGKILL');
+  t.true(held.size > 0, 'the victim was killed while executing runs');
+  const completedBeforeKill = ends.length;
+
+  // The survivors finish everything, the victim's runs included.
+  let counts: PoolStatusCount[] = [];
+  await fleet.until(
+    async () => {
+      counts = await o.countByPoolAndStatus();
+      return completedOf(counts) >= RUNS;
+    },
+    () => `all ${RUNS} runs to complete: ${countsText(counts)}`,
+    45_000,
+    100,
+  );
+  const tDone = performance.now();
+  await fleet.stopAll();
+  t.deepEqual(counts, [{ pool: 'batch', status: 'completed', count: RUNS }], countsText(counts));
+
+  const endsOf = new Map<string, Fx[]>();
+  for (const r of ends) endsOf.set(r[0], [...(endsOf.get(r[0]) ?? []), r]);
+  const missing = ids.filter((id) => !endsOf.has(id));
+  t.deepEqual(missing, [], 'every run has a completed side effect');
+  t.deepEqual([...endsOf.keys()].filter((id) => !ids.includes(id)), [], 'no side effect of an unknown run');
+
+  // Every run the victim held was executed again, to the end, by a survivor.
+  const survivorPids = new Set(survivors.map((c) => c.pid));
+  const notRecovered = [...held].filter((id) => !(endsOf.get(id) ?? []).some((r) => survivorPids.has(r[1])));
+  t.deepEqual(notRecovered, [], 'runs held by the killed worker were re-executed by a survivor');
+  // (Their `attempts` stays 1: a lease sweep leaves attempts unchanged, and
+  // the lost attempt never reported an outcome; README "Leases".)
+  for (const id of held) t.is((await o.findById(id))?.status, 'completed', `held run ${id}`);
+  // A run the victim finished may run again (its outcome died with the
+  // victim before the commit: allowed, reported), but no survivor ran a run
+  // twice: their leases were renewed throughout.
+  const twice = [...endsOf.entries()].filter(([, l]) => l.length > 1);
+  const survivorTwice = twice.filter(([, l]) => l.filter((r) => survivorPids.has(r[1])).length > 1);
+  t.deepEqual(survivorTwice.map(([id]) => id), [], 'no run executed twice by the surviving workers');
+
+  const recoveredAfter = Math.min(
+    ...[...held].flatMap((id) => (endsOf.get(id) ?? []).filter((r) => survivorPids.has(r[1])).map((r) => r[2])),
+  ) - (performance.timeOrigin + tKill);
+  t.log(
+    `killed the victim (pid ${victim.pid}) after ${completedBeforeKill} completions, holding ${held.size} run(s) ` +
+      `(all ${held.size} re-executed by survivors), the first ${recoveredAfter.toFixed(0)} ms after the kill (lease ${LEASE_MS} ms); ` +
+      `${twice.length} run(s) with two completed side effects (victim finished, outcome lost); ` +
+      `all completed ${(tDone - tKill).toFixed(0)} ms after the kill; test ${(performance.now() - T0).toFixed(0)} ms`,
+  );
+});
+
+// ── 3. start racing from several processes ────────────────────────────
+
+postgresOnly('multiprocess: starts racing from 3 processes — one run per dedupe key, exactly one success per reject lane', async (t, make) => {
+  t.timeout(90_000);
+  const T0 = performance.now();
+  const PROCS = 3;
+  const CALLS = 2; // concurrent calls of each type per process per round
+  const ROUNDS = 20;
+
+  const { o, postgres } = await parentOrchestrator(t, make, 2);
+  o.registerHandler('mp.dedupe', { dedupe: { key: 'd:{{k}}', windowMs: 60_000 } }, () => null);
+  o.registerHandler('mp.reject', { concurrency: { key: 'r:{{k}}', collisionMode: 'reject' } }, () => null);
+  await o.countByPoolAndStatus(); // definitions written before the children register theirs
+  const db = await pgClient(t);
+  const schema = `"${postgres.schema}"`;
+
+  const fleet = new Fleet(t);
+  const children = Array.from({ length: PROCS }, (_, i) =>
+    fleet.spawn(`r${i}`, { mode: 'racer', postgres: { ...postgres, maxConnections: CALLS * 2 } }),
+  );
+  await fleet.race(Promise.all(children.map((c) => c.next('ready'))), 'the racers to be ready', 30_000);
+
+  type Res = { ok: true; id: string } | { ok: false; name: string; code: string; message: string; collision: boolean };
+  for (let round = 0; round < ROUNDS; round++) {
+    const k = `k${round}`;
+    const answers = children.map((c) => c.next('raced'));
+    const at = performance.timeOrigin + performance.now() + 30;
+    for (const c of children) c.send({ t: 'go', round, k, at, calls: CALLS });
+    const raced = await fleet.race(Promise.all(answers), `round ${round}`, 20_000);
+    const dedupe = raced.flatMap((m) => m.dedupe as Res[]);
+    const reject = raced.flatMap((m) => m.reject as Res[]);
+    const ctx = `round ${round} (key ${k}): dedupe ${JSON.stringify(dedupe)}; reject ${JSON.stringify(reject)}`;
+
+    // Dedupe: every start returns the one run.
+    t.true(dedupe.every((r) => r.ok), `every dedupe start succeeds — ${ctx}`);
+    const dIds = new Set(dedupe.filter((r): r is Extract<Res, { ok: true }> => r.ok).map((r) => r.id));
+    t.is(dIds.size, 1, `all dedupe starts return the same run — ${ctx}`);
+    const dRows = (await db.query(`SELECT id FROM ${schema}.job_run WHERE job_type = 'mp.dedupe' AND dedupe_key = $1`, [`d:${k}`])).rows;
+    t.deepEqual(dRows.map((r) => r.id), [...dIds], `one row for dedupe key d:${k} — ${ctx}`);
+
+    // Reject lane: exactly one start wins, every other one is a collision.
+    const won = reject.filter((r): r is Extract<Res, { ok: true }> => r.ok);
+    const lost = reject.filter((r): r is Extract<Res, { ok: false }> => !r.ok);
+    t.is(won.length, 1, `exactly one reject-lane start succeeds — ${ctx}`);
+    t.deepEqual(
+      lost.map((r) => [r.name, r.code, r.collision]),
+      lost.map(() => ['JobCollisionError', 'JOB_COLLISION', true]),
+      `the others fail with JobCollisionError — ${ctx}`,
+    );
+    const rRows = (await db.query(`SELECT id FROM ${schema}.job_run WHERE job_type = 'mp.reject' AND concurrency_key = $1`, [`r:${k}`])).rows;
+    t.deepEqual(rRows.map((r) => r.id), won.map((r) => r.id), `one row in reject lane r:${k} — ${ctx}`);
+  }
+  const total = (await db.query(`SELECT job_type, count(*)::int AS n FROM ${schema}.job_run GROUP BY job_type ORDER BY job_type`)).rows;
+  t.deepEqual(total, [
+    { job_type: 'mp.dedupe', n: ROUNDS },
+    { job_type: 'mp.reject', n: ROUNDS },
+  ]);
+  await fleet.stopAll();
+  t.log(`${ROUNDS} rounds of ${PROCS} processes × ${CALLS} concurrent calls per type; test ${(performance.now() - T0).toFixed(0)} ms`);
+});
+

@@ -25,8 +25,8 @@ import { consoleLogger } from './handler';
 import { toJsonText } from './json';
 import { NativeEngine, PgEngine } from './native';
 import type { JobDefinitionRow, JobRun, JobRunError, JobRunStatus, JobStep } from './rows';
-import { fromTuple, parseDefinition, parseRun, parseRuns, parseStep } from './rows';
-import type { RunTuple } from './rows';
+import { fromTuple, newRun, parseDefinition, parseRun, parseRuns, parseStep } from './rows';
+import type { RunDefaults, RunTuple } from './rows';
 
 export interface JobOrchestratorOptions {
   /** Every start/cancel/query needs `tenantId` (null = cross-tenant work). */
@@ -524,6 +524,11 @@ export class JobOrchestrator {
   /** Postgres: the latest spec of every registered type (re-sent after `migrate()`). */
   private readonly pgSpecs = new Map<string, unknown>();
   private readonly handlers = new Map<string, HandlerRegistration>();
+  /**
+   * Memory: types whose runs, started with no options, have a row fully
+   * determined by the definition (no keys): `start` builds that row here.
+   */
+  private readonly plainTypes = new Map<string, RunDefaults>();
   /** AbortControllers of executing attempts, by run id. */
   private readonly inFlight = new Map<string, Attempt>();
   /** Pending engine-time sleeps of a manual clock, fired by `advanceTime`. */
@@ -739,7 +744,12 @@ export class JobOrchestrator {
       };
     });
     const specsText = JSON.stringify(specs);
-    call(() => this.native.register(specsText));
+    const defs = JSON.parse(call(() => this.native.register(specsText))) as JobDefinitionRow[];
+    for (const d of defs) {
+      if (d.concurrencyKeyTemplate === null && d.dedupeKeyTemplate === null && !this.multiTenant) {
+        this.plainTypes.set(d.type, { version: d.version, pool: d.pool, priority: d.priorityDefault });
+      } else this.plainTypes.delete(d.type);
+    }
     if (this.pg) {
       for (const spec of specs) this.pgSpecs.set(spec.type, spec);
       this.persistDefinitions(this.pg, specsText);
@@ -843,6 +853,14 @@ export class JobOrchestrator {
         typeof reg.meta.dedupe?.key === 'function' ||
         (reg.meta.scope !== undefined && opts?.scope === undefined));
     if (opts === undefined && !needsJs) {
+      const plain = this.plainTypes.get(type);
+      if (plain !== undefined) {
+        // The engine answers `<id>,<ms>`; the row follows from the definition.
+        const ans = call(() => this.native.startQuick(type, inputText));
+        this.feedWorker();
+        if (ans.charCodeAt(0) === 91) return parseRun(ans); // '[': a whole row
+        return newRun(type, plain, ans.slice(0, 36), +ans.slice(37), JSON.parse(inputText));
+      }
       const json = call(() => this.native.start(type, inputText, null));
       // Only a 'replace' collision can cancel (and so abort or report) runs.
       if (reg?.meta.concurrency?.collisionMode === 'replace') this.afterMutation();

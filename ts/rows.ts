@@ -178,3 +178,50 @@ export function parseDefinition(r: Raw): JobDefinitionRow {
   r.updatedAt = new Date(r.updatedAt as number);
   return r as unknown as JobDefinitionRow;
 }
+
+/** What the JS side keeps of a definition to build a new run's row. */
+export interface RunDefaults {
+  version: number;
+  pool: string;
+  priority: number;
+}
+
+/**
+ * The row of a run `start` just created with no options and no keys: the
+ * engine answered only its id and creation time, everything else follows
+ * from the definition (the same values the engine stored).
+ */
+export function newRun(jobType: string, d: RunDefaults, id: string, at: number, input: Record<string, unknown>): JobRun {
+  return {
+    id,
+    jobType,
+    jobVersion: d.version,
+    parentRunId: null,
+    rootRunId: id,
+    parentClosePolicy: 'terminate',
+    scopeEntityType: null,
+    scopeEntityId: null,
+    tenantId: null,
+    tags: {},
+    pool: d.pool,
+    priority: d.priority,
+    concurrencyKey: null,
+    dedupeKey: null,
+    status: 'pending',
+    input,
+    output: null,
+    error: null,
+    triggerSource: 'manual',
+    triggerRef: null,
+    runAt: new Date(at),
+    startedAt: null,
+    finishedAt: null,
+    claimedAt: null,
+    attempts: 0,
+    waitKind: null,
+    resumeToken: null,
+    waitDeadline: null,
+    createdAt: new Date(at),
+    updatedAt: new Date(at),
+  };
+}

@@ -138,6 +138,15 @@ pub struct Engine<S: Store> {
     watched_any: AtomicBool,
 }
 
+/// What `start` did.
+#[derive(Debug)]
+pub enum Started {
+    /// The new run, or the dedupe hit (an existing run).
+    Row(RunRow),
+    /// A new run, when the caller did not ask for its row.
+    Created { id: RunId, at: Millis },
+}
+
 /// Side effects collected inside a transaction and delivered after it.
 #[derive(Default)]
 struct Effects {
@@ -436,16 +445,32 @@ impl<S: Store> Engine<S> {
     /// the definition, dedupe list and lane, one insert into each index;
     /// `replace` adds O(runs canceled + their descendants).
     pub fn start(&self, req: StartRequest) -> Result<RunRow> {
+        match self.start_with(req, true)? {
+            Started::Row(row) => Ok(row),
+            // want_row = true never answers without the row.
+            Started::Created { id, .. } => self
+                .find_by_id(&id.to_string(), &TenantArg::Missing)?
+                .ok_or(JobError::JobRunNotFound {
+                    run_id: id.to_string(),
+                }),
+        }
+    }
+
+    /// `start` for a caller that can build the new row itself (it knows
+    /// the definition and the request): a created run is answered with its
+    /// id and creation time only, which saves copying and serialising the
+    /// row. A dedupe hit still comes back as the existing row.
+    pub fn start_with(&self, req: StartRequest, want_row: bool) -> Result<Started> {
         let now = self.now();
         let mut fx = Effects::default();
-        let row = self.store.transaction(|tx| {
-            let row = self.start_in(tx, req, now, &mut fx)?;
+        let started = self.store.transaction(|tx| {
+            let started = self.start_in(tx, req, now, want_row, &mut fx)?;
             self.purge(tx, now);
-            Ok(row)
+            Ok(started)
         })?;
         self.deliver(fx);
         self.wake_worker();
-        Ok(row)
+        Ok(started)
     }
 
     fn start_in(
@@ -453,8 +478,9 @@ impl<S: Store> Engine<S> {
         tx: &mut S::Tx<'_>,
         req: StartRequest,
         now: Millis,
+        want_row: bool,
         fx: &mut Effects,
-    ) -> Result<RunRow> {
+    ) -> Result<Started> {
         // 1. Tenant gate (a child with no tenant inherits its parent's).
         let explicit_tenant: Option<Option<String>> = if !self.multi_tenant {
             Some(None)
@@ -530,7 +556,7 @@ impl<S: Store> Engine<S> {
                     key,
                     now.saturating_sub(window),
                 ) {
-                    return Ok(hit.clone());
+                    return Ok(Started::Row(hit.clone()));
                 }
             }
         }
@@ -630,7 +656,11 @@ impl<S: Store> Engine<S> {
             claim_epoch: 0,
             executing: false,
         };
-        let out = row.clone();
+        let out = if want_row {
+            Started::Row(row.clone())
+        } else {
+            Started::Created { id, at: now }
+        };
         tx.insert_run(row);
         Ok(out)
     }

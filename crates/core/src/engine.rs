@@ -142,7 +142,7 @@ pub struct Engine<S: Store> {
 #[derive(Debug)]
 pub enum Started {
     /// The new run, or the dedupe hit (an existing run).
-    Row(RunRow),
+    Row(Box<RunRow>),
     /// A new run, when the caller did not ask for its row.
     Created { id: RunId, at: Millis },
 }
@@ -446,7 +446,7 @@ impl<S: Store> Engine<S> {
     /// `replace` adds O(runs canceled + their descendants).
     pub fn start(&self, req: StartRequest) -> Result<RunRow> {
         match self.start_with(req, true)? {
-            Started::Row(row) => Ok(row),
+            Started::Row(row) => Ok(*row),
             // want_row = true never answers without the row.
             Started::Created { id, .. } => self
                 .find_by_id(&id.to_string(), &TenantArg::Missing)?
@@ -556,7 +556,7 @@ impl<S: Store> Engine<S> {
                     key,
                     now.saturating_sub(window),
                 ) {
-                    return Ok(Started::Row(hit.clone()));
+                    return Ok(Started::Row(Box::new(hit.clone())));
                 }
             }
         }
@@ -657,7 +657,7 @@ impl<S: Store> Engine<S> {
             executing: false,
         };
         let out = if want_row {
-            Started::Row(row.clone())
+            Started::Row(Box::new(row.clone()))
         } else {
             Started::Created { id, at: now }
         };

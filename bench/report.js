@@ -143,6 +143,232 @@ function computeTargets(results) {
   return t;
 }
 
+// ── PostgreSQL vs graphile-worker (bench/pg.js) ─────────────────────────
+
+/** Target of the issue: jobforge ≥ 1.5× graphile-worker's throughput at 1, 2 and 4 processes, latency ratio ≤ 1. */
+const PG_THROUGHPUT_MIN = 1.5;
+const PG_LATENCY_MAX = 1;
+const PG_PROCS = [1, 2, 4];
+
+/** Why the PostgreSQL comparison has no figures, or null when it has them. */
+function pgUnavailable(results) {
+  const pg = results.pg;
+  if (!pg) return 'not run (`--only` excluded it, or a results file from before it existed)';
+  if (!pg.present) return 'bench/pg.js does not exist';
+  if (pg.data?.skipped) return `skipped: ${pg.data.skipped}`;
+  if (!pg.data) return pg.error ?? 'bench/pg.js wrote no results';
+  const off = ['jobforge', 'graphile'].map((k) => pg.data.systems?.[k]).filter((s) => !s?.available);
+  if (off.length) return off.map((s) => `${s?.label ?? '?'} skipped: ${s?.reason ?? 'not run'}`).join('; ');
+  return null;
+}
+
+function pgRatio(a, b) {
+  return Number.isFinite(a) && Number.isFinite(b) && b > 0 ? a / b : null;
+}
+
+function computePgTargets(results) {
+  const why0 = pgUnavailable(results);
+  // One short reason per target row; the section and the console summary give the full one.
+  const why = !why0 ? null : results.pg?.data?.skipped ? 'bench/pg.js skipped: no PostgreSQL server (see section 6)' : why0;
+  const d = results.pg?.data;
+  const jf = d?.systems?.jobforge;
+  const gw = d?.systems?.graphile;
+  const t = [];
+  for (const p of PG_PROCS) {
+    const j = jf?.throughput?.[p];
+    const g = gw?.throughput?.[p];
+    const r = why ? null : pgRatio(j?.jobsPerS, g?.jobsPerS);
+    const flags = [j?.timedOut && 'jobforge timed out', g?.timedOut && 'graphile-worker timed out'].filter(Boolean).join(', ');
+    t.push({
+      id: `pg-throughput-${p}p`,
+      label: `PostgreSQL no-op jobs/s, ${p} worker process${p > 1 ? 'es' : ''}, jobforge/graphile-worker`,
+      measured: r,
+      display: fmtRatio(r),
+      threshold: `≥ ${PG_THROUGHPUT_MIN}×`,
+      pass: r === null ? null : r >= PG_THROUGHPUT_MIN,
+      note: why ?? (r === null ? `not measured at ${p} process${p > 1 ? 'es' : ''}` : flags || null),
+    });
+  }
+  for (const k of ['p50', 'p99']) {
+    const r = why ? null : pgRatio(jf?.latency?.[k], gw?.latency?.[k]);
+    t.push({
+      id: `pg-latency-${k}`,
+      label: `PostgreSQL enqueue-to-start latency ${k}, jobforge/graphile-worker`,
+      measured: r,
+      display: fmtRatio(r),
+      threshold: `≤ ${PG_LATENCY_MAX}×`,
+      pass: r === null ? null : r <= PG_LATENCY_MAX,
+      note: why ?? (r === null ? 'not measured' : null),
+    });
+  }
+  return t;
+}
+
+const fmtJobs = (x) => (Number.isFinite(x) ? Math.round(x).toLocaleString('en-US') : '–');
+const fmtMs = (x) => (Number.isFinite(x) ? `${x < 10 ? x.toFixed(2) : x.toFixed(1)} ms` : '–');
+
+function pgSection(results) {
+  const why = pgUnavailable(results);
+  const pg = results.pg;
+  const d = pg?.data;
+  const lines = [];
+  if (!pg || !pg.present) return `_${why}._`;
+  lines.push(
+    "jobforge's PostgreSQL backend against [graphile-worker](https://worker.graphile.org/) on the same database, the same machine and in the same run: " +
+      'no-op jobs/s with 1, 2 and 4 worker processes, and enqueue-to-start latency. ' +
+      `Target: jobforge ≥ ${PG_THROUGHPUT_MIN}× graphile-worker's throughput at each process count, with equal or lower latency (p50 and p99 ratio ≤ ${PG_LATENCY_MAX}).`,
+  );
+  lines.push('');
+  lines.push(`Command: \`${pg.command}\`, run by \`${results.command}\` as a child process (exit ${pg.status ?? pg.signal}${pg.timedOut ? ', timed out' : ''}, ${fmtS(pg.wallS)}).`);
+  if (d?.command) lines.push(`bench/pg.js recorded its command line as \`${d.command}\` (the JSON went to a temporary file).`);
+  lines.push('');
+  if (d?.skipped) {
+    lines.push(`**Skipped** (no server, not a failure): ${d.skipped}`);
+    return lines.join('\n');
+  }
+  if (!d) {
+    lines.push(`**No results**: ${pg.error ?? 'bench/pg.js wrote no JSON'}`);
+    if (pg.stderrTail?.trim()) lines.push('', '```', pg.stderrTail.trimEnd(), '```');
+    return lines.join('\n');
+  }
+  const m = d.machine ?? {};
+  const la = (l) => (Array.isArray(l) ? l.map((x) => x.toFixed(2)).join(' / ') : '–');
+  const c = d.config ?? {};
+  lines.push('**Machine.** ' +
+    `PostgreSQL ${m.postgres ?? '?'} at \`${d.url}\` on the same machine as the rest of this run (${m.cpuModel ?? '?'}, ${m.cpus ?? '?'} CPUs, Node.js ${m.node ?? '?'}); ` +
+    `client, worker processes and server share those CPUs. Load average (1 / 5 / 15 min) ${la(d.load?.start)} when bench/pg.js started, ${la(d.load?.end)} when it ended; ` +
+    `it started ${d.startedAt} and took ${Number.isFinite(d.durationS) ? fmtS(d.durationS) : '–'}.`);
+  lines.push('');
+  const jf = d.systems?.jobforge;
+  const gw = d.systems?.graphile;
+  lines.push('**Configuration.**');
+  lines.push('');
+  for (const s of [gw, jf]) {
+    if (!s) continue;
+    lines.push(s.available ? `- ${s.config} (schema \`${s.schema}\`)` : `- ${s.label}: **skipped**: ${s.reason}`);
+  }
+  lines.push(
+    `- each worker process: concurrency ${c.concurrency}, a pool of ${c.pool} connections; throughput N = ${fmtJobs(c.n)} jobs per point; ` +
+      `${c.reps > 1 ? `${c.reps} repetitions, every figure the median over repetitions` : '1 repetition'}; time limit ${c.limitS} s per throughput point.`,
+  );
+  lines.push('');
+  if (why) lines.push(`**No comparison**: ${why}.`, '');
+  lines.push("**Method** (bench/pg.js's own description, as recorded in its results):");
+  lines.push('');
+  const meth = c.method ?? {};
+  for (const [k, label] of [
+    ['throughput', 'throughput, and how the backlog was enqueued'],
+    ['latency', 'latency'],
+    ['enqueue', 'enqueue'],
+    ['repetitions', 'repetitions'],
+  ]) {
+    if (meth[k]) lines.push(`- ${label}: ${meth[k]}`);
+  }
+  const hows = new Set();
+  for (const s of [gw, jf]) {
+    for (const r of Object.values(s?.throughput ?? {})) if (r?.backlog?.how) hows.add(`${s.label}: ${r.backlog.how}`);
+  }
+  if (hows.size) lines.push(`- backlog enqueued in this run by: ${[...hows].join('; ')}`);
+  lines.push('');
+
+  const T = computePgTargets(results);
+  lines.push('**Throughput** (no-op jobs/s, first handler start to last handler return across all worker processes):');
+  lines.push('');
+  const procs = c.procs ?? PG_PROCS;
+  const tput = procs.map((p) => {
+    const j = jf?.throughput?.[p];
+    const g = gw?.throughput?.[p];
+    const t = T.find((x) => x.id === `pg-throughput-${p}p`);
+    return [
+      String(p),
+      fmtJobs(j?.jobsPerS),
+      fmtJobs(g?.jobsPerS),
+      t ? t.display : fmtRatio(pgRatio(j?.jobsPerS, g?.jobsPerS)),
+      t ? t.threshold : '–',
+      t ? `**${verdict(t)}**${t.note && t.pass !== null ? ` (${t.note})` : ''}` : 'n/a',
+    ];
+  });
+  lines.push(mdTable(['worker processes', 'jobforge jobs/s', 'graphile-worker jobs/s', 'jobforge/graphile-worker', 'target', 'result'], tput));
+  lines.push('');
+  const detail = [];
+  for (const p of procs) {
+    for (const s of [jf, gw]) {
+      const r = s?.throughput?.[p];
+      if (!r) continue;
+      const bits = [
+        `${fmtJobs(r.ran)} jobs in ${Number.isFinite(r.seconds) ? fmtS(r.seconds) : '–'}`,
+        r.perProc ? `per process ${r.perProc.map(fmtJobs).join(' / ')}` : null,
+        Number.isFinite(r.startSkewMs) ? `start skew ${fmtMs(r.startSkewMs)}` : null,
+        Number.isFinite(r.settleLagMs) ? `table settled ${fmtMs(r.settleLagMs)} after the last handler (${fmtJobs(r.settledJobsPerS)} jobs/s counted to that point)` : null,
+        r.backlog ? `backlog ${r.backlog.how}, ${fmtS(r.backlog.seconds)}` : null,
+        r.timedOut ? '**timed out**' : null,
+        r.missing ? `**${r.missing} missing**` : null,
+        r.duplicates ? `**${r.duplicates} ran twice**` : null,
+        r.pendingAfter ? `**${r.pendingAfter} not completed in the table**` : null,
+      ].filter(Boolean);
+      const reps = (s.reps?.throughput?.[p] ?? []).map((x) => fmtJobs(x.jobsPerS));
+      detail.push([String(p), s.label, bits.join('; '), reps.length > 1 ? reps.join(' / ') : '']);
+    }
+  }
+  if (detail.length) {
+    lines.push(mdTable(['processes', 'system', 'detail (medians)', 'jobs/s per repetition'], detail));
+    lines.push('');
+  }
+
+  lines.push(`**Enqueue-to-start latency** (one idle worker process, ${fmtJobs(c.rate)} jobs/s for ${c.seconds} s after ${fmtJobs(Math.ceil((c.rate ?? 0) / 2))} warm-up jobs):`);
+  lines.push('');
+  const latRows = [];
+  for (const k of ['p50', 'p90', 'p99', 'max']) {
+    const j = jf?.latency?.[k];
+    const g = gw?.latency?.[k];
+    const t = T.find((x) => x.id === `pg-latency-${k}`);
+    latRows.push([k, fmtMs(j), fmtMs(g), t ? t.display : fmtRatio(pgRatio(j, g)), t ? t.threshold : '–', t ? `**${verdict(t)}**` : '(not a target)']);
+  }
+  latRows.push([
+    'jobs measured / achieved enqueue rate',
+    jf?.latency ? `${fmtJobs(jf.latency.measured)} / ${fmtJobs(jf.latency.achievedRate)}/s${jf.latency.timedOut ? ' (timed out)' : ''}` : '–',
+    gw?.latency ? `${fmtJobs(gw.latency.measured)} / ${fmtJobs(gw.latency.achievedRate)}/s${gw.latency.timedOut ? ' (timed out)' : ''}` : '–',
+    '',
+    '',
+    '',
+  ]);
+  lines.push(mdTable(['latency', 'jobforge', 'graphile-worker', 'jobforge/graphile-worker', 'target', 'result'], latRows));
+  lines.push('');
+
+  lines.push('**Enqueue** (not a target):');
+  lines.push('');
+  const enq = [
+    [
+      `single-job calls, ${fmtJobs(jf?.enqueue?.jobs ?? gw?.enqueue?.jobs ?? c.enqueueN)} jobs, ${c.inflight} in flight, empty schema, no worker (jobs/s)`,
+      fmtJobs(jf?.enqueue?.jobsPerS),
+      fmtJobs(gw?.enqueue?.jobsPerS),
+      fmtRatio(pgRatio(jf?.enqueue?.jobsPerS, gw?.enqueue?.jobsPerS)),
+    ],
+    ['one enqueue call during the latency run, p50', fmtMs(jf?.latency?.enqueueCallP50), fmtMs(gw?.latency?.enqueueCallP50), fmtRatio(pgRatio(jf?.latency?.enqueueCallP50, gw?.latency?.enqueueCallP50))],
+    ['one enqueue call during the latency run, p99', fmtMs(jf?.latency?.enqueueCallP99), fmtMs(gw?.latency?.enqueueCallP99), fmtRatio(pgRatio(jf?.latency?.enqueueCallP99, gw?.latency?.enqueueCallP99))],
+  ];
+  for (const p of procs) {
+    const j = jf?.throughput?.[p]?.backlog;
+    const g = gw?.throughput?.[p]?.backlog;
+    if (!j && !g) continue;
+    enq.push([
+      `throughput backlog of ${fmtJobs(c.n)} jobs before the ${p}-process point (not timed for the target; jobforge: ${j?.how ?? '–'}, graphile-worker: ${g?.how ?? '–'})`,
+      j ? `${fmtS(j.seconds)} (${fmtJobs(c.n / j.seconds)} jobs/s)` : '–',
+      g ? `${fmtS(g.seconds)} (${fmtJobs(c.n / g.seconds)} jobs/s)` : '–',
+      '',
+    ]);
+  }
+  lines.push(mdTable(['', 'jobforge', 'graphile-worker', 'jobforge/graphile-worker'], enq));
+  lines.push('');
+  lines.push('Ratios are jobforge ÷ graphile-worker: above 1 means jobforge is faster for throughput and enqueue; below 1 means jobforge starts jobs sooner (latency) or its enqueue call is quicker.');
+  const problems = [...(d.problems ?? []), ...[jf, gw].flatMap((s) => (s?.errors ?? []).map((e) => `${s.label}: ${e.split('\n')[0]}`))];
+  const uniq = [...new Set(problems)];
+  if (uniq.length) {
+    lines.push('', '**Problems reported by bench/pg.js:**', '', ...uniq.map((x) => `- ${x}`));
+  }
+  return lines.join('\n');
+}
+
 const verdict = (t) => (t.pass === null ? 'n/a' : t.pass ? 'PASS' : 'MISS');
 
 // ── tables ─────────────────────────────────────────────────────────────
@@ -401,8 +627,8 @@ function renderMarkdown(results, { resultsFile, chartFile }) {
       const what = same
         ? 'was rewritten with the same content (sha256 unchanged)'
         : a?.sha256 && b?.sha256
-          ? `changed (sha256 ${a.sha256}… → ${b.sha256}…): the main process kept the build it loaded at the start, the memory and worker child processes may have loaded the new one`
-          : 'was rewritten (only its modification time was recorded): the memory and worker child processes may have loaded another build';
+          ? `changed (sha256 ${a.sha256}… → ${b.sha256}…): the main process kept the build it loaded at the start, the memory, worker and pg child processes may have loaded the new one`
+          : 'was rewritten (only its modification time was recorded): the memory, worker and pg child processes may have loaded another build';
       out.push(`- during the run \`${f}\` ${what} (modified ${a?.mtime ?? '–'} → ${b?.mtime ?? '–'}).`);
     }
   }
@@ -414,6 +640,13 @@ function renderMarkdown(results, { resultsFile, chartFile }) {
   out.push('');
   out.push(targetsTable(results));
   out.push('');
+  if (results.pg !== undefined) {
+    const pt = computePgTargets(results);
+    const v = pt.map(verdict);
+    const summary = v.every((x) => x === 'n/a') ? `n/a (${pgUnavailable(results)})` : pt.map((t) => `${t.id.replace(/^pg-/, '')} **${verdict(t)}**`).join(', ');
+    out.push(`PostgreSQL backend against graphile-worker (section 6): ${summary}.`);
+    out.push('');
+  }
   out.push('### Chart');
   out.push('');
   out.push(`![cost per operation against n, log–log, jobforge solid, baseline dashed](${chartFile})`);
@@ -433,6 +666,10 @@ function renderMarkdown(results, { resultsFile, chartFile }) {
   out.push('### 5. Worker end to end (`bench/worker.js`)');
   out.push('');
   out.push(workerSection(results));
+  out.push('');
+  out.push('### 6. PostgreSQL backend vs graphile-worker (`bench/pg.js`)');
+  out.push('');
+  out.push(pgSection(results));
   out.push('');
   out.push('### Where the baseline stopped');
   out.push('');
@@ -591,6 +828,44 @@ function renderSvg(results) {
 
 // ── console ────────────────────────────────────────────────────────────
 
+function pgConsole(results) {
+  const pad = (s, w) => String(s).padEnd(w);
+  const out = ['6. PostgreSQL backend vs graphile-worker (bench/pg.js)'];
+  const why = pgUnavailable(results);
+  const d = results.pg?.data;
+  if (d?.skipped) {
+    out.push(`  SKIPPED (no server; not a failure): ${d.skipped}`);
+    return out;
+  }
+  if (!d) {
+    out.push(`  not measured: ${why}`);
+    return out;
+  }
+  if (why) out.push(`  no comparison: ${why}`);
+  const jf = d.systems?.jobforge;
+  const gw = d.systems?.graphile;
+  const c = d.config ?? {};
+  out.push(`  PostgreSQL ${d.machine?.postgres ?? '?'} at ${d.url}; load ${(d.load?.start ?? []).map((x) => x.toFixed(2)).join(' / ')} at start; ${c.reps} repetition(s), N = ${fmtJobs(c.n)}`);
+  out.push(`  ${pad('', 22)}${pad('jobforge', 14)}${pad('graphile', 14)}ratio jf/gw`);
+  for (const p of c.procs ?? PG_PROCS) {
+    const j = jf?.throughput?.[p]?.jobsPerS;
+    const g = gw?.throughput?.[p]?.jobsPerS;
+    out.push(`  ${pad(`jobs/s, ${p} process${p > 1 ? 'es' : ''}`, 22)}${pad(fmtJobs(j), 14)}${pad(fmtJobs(g), 14)}${fmtRatio(pgRatio(j, g))}`);
+  }
+  for (const k of ['p50', 'p99']) {
+    const j = jf?.latency?.[k];
+    const g = gw?.latency?.[k];
+    out.push(`  ${pad(`latency ${k}`, 22)}${pad(fmtMs(j), 14)}${pad(fmtMs(g), 14)}${fmtRatio(pgRatio(j, g))}`);
+  }
+  {
+    const j = jf?.enqueue?.jobsPerS;
+    const g = gw?.enqueue?.jobsPerS;
+    out.push(`  ${pad('enqueue jobs/s', 22)}${pad(fmtJobs(j), 14)}${pad(fmtJobs(g), 14)}${fmtRatio(pgRatio(j, g))}`);
+  }
+  for (const p of d.problems ?? []) out.push(`  PROBLEM ${p}`);
+  return out;
+}
+
 function consoleSummary(results) {
   const out = [];
   const pad = (s, w) => String(s).padEnd(w);
@@ -618,8 +893,10 @@ function consoleSummary(results) {
       }
     }
   }
+  if (results.pg !== undefined && results.pg !== null) out.push('', ...pgConsole(results));
   out.push('', 'Targets');
-  for (const t of computeTargets(results)) {
+  const targets = [...computeTargets(results), ...(results.pg !== undefined ? computePgTargets(results) : [])];
+  for (const t of targets) {
     out.push(`  ${pad(verdict(t), 5)} ${pad(t.display, 10)} (needs ${t.threshold}) ${t.label.replace(/`/g, '')}${t.note ? ` [${t.note}]` : ''}`);
   }
   return out.join('\n');
@@ -627,6 +904,7 @@ function consoleSummary(results) {
 
 module.exports = {
   SCENARIOS,
+  computePgTargets,
   computeTargets,
   consoleSummary,
   fmtN,

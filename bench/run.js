@@ -10,10 +10,15 @@
  *   npm run bench -- --quick            n up to 100k, fewer repetitions
  *   node bench/run.js --render <file>   regenerate BENCHMARKS.md + chart from a results file
  *
- * Options: --reps <k>, --sizes 1000,10000, --only start,keyed,claim,memory,worker,breakdown,
+ * Options: --reps <k>, --sizes 1000,10000, --only start,keyed,claim,memory,worker,pg,breakdown,
  * --limit <seconds per point> (default 60), --no-baseline, --docs / --no-docs
  * (a full run updates BENCHMARKS.md and bench/chart.svg, a quick run does not
- * unless --docs is given).
+ * unless --docs is given), --pg-reps <k> (repetitions of bench/pg.js; default
+ * 3, quick 1).
+ *
+ * `pg` runs bench/pg.js (jobforge's PostgreSQL backend against
+ * graphile-worker, database JOBFORGE_PG_URL) in a child process; when no
+ * server answers it is reported as skipped, not as a failure.
  *
  * Writes bench/results-<timestamp>.json (gitignored).
  */
@@ -27,6 +32,8 @@ const report = require('./report');
 const ROOT = path.resolve(__dirname, '..');
 const BASELINE_PATH = path.resolve(__dirname, '../../shared/baseline/dist');
 const WORKER_BENCH = path.join(__dirname, 'worker.js');
+const PG_BENCH = path.join(__dirname, 'pg.js');
+const PG_DEFAULT_URL = 'postgres://postgres@127.0.0.1:5432/test'; // bench/pg.js's default
 const DOCS = path.join(ROOT, 'BENCHMARKS.md');
 const CHART = path.join(__dirname, 'chart.svg');
 
@@ -38,7 +45,7 @@ const POOL = 'batch';
 // ── arguments ──────────────────────────────────────────────────────────
 
 function parseArgs(argv) {
-  const a = { quick: false, reps: null, sizes: null, only: null, limitS: 60, baseline: true, docs: null, render: null, child: null };
+  const a = { quick: false, reps: null, pgReps: null, sizes: null, only: null, limitS: 60, baseline: true, docs: null, render: null, child: null };
   for (let i = 0; i < argv.length; i++) {
     const k = argv[i];
     const val = () => {
@@ -48,6 +55,7 @@ function parseArgs(argv) {
     };
     if (k === '--quick') a.quick = true;
     else if (k === '--reps') a.reps = Number(val());
+    else if (k === '--pg-reps') a.pgReps = Number(val());
     else if (k === '--sizes') a.sizes = val().split(',').map(Number);
     else if (k === '--only') a.only = new Set(val().split(','));
     else if (k === '--limit') a.limitS = Number(val());
@@ -61,6 +69,9 @@ function parseArgs(argv) {
     else throw new Error(`unknown option ${k}`);
   }
   if (a.reps !== null && !(Number.isInteger(a.reps) && a.reps >= 1)) throw new Error('--reps needs a positive integer');
+  if (a.pgReps !== null && !(Number.isInteger(a.pgReps) && a.pgReps >= 1)) throw new Error('--pg-reps needs a positive integer');
+  const known = ['start', 'keyed', 'claim', 'memory', 'worker', 'pg', 'breakdown'];
+  for (const s of a.only ?? []) if (!known.includes(s)) throw new Error(`--only takes ${known.join(',')}; got ${s}`);
   if (a.sizes && a.sizes.some((n) => !(Number.isInteger(n) && n >= 10))) throw new Error('--sizes needs integers ≥ 10');
   return a;
 }
@@ -441,6 +452,72 @@ function runWorkerBench(quick) {
   });
 }
 
+// ── PostgreSQL vs graphile-worker (bench/pg.js, written separately) ──
+
+/**
+ * Runs bench/pg.js in a child process with `--json <temp file>` and keeps
+ * the JSON it writes (its `skipped` is set when no server answers: that is
+ * reported as skipped, not as a failure) plus the tail of its output.
+ * Quick runs pass the quick flags; the database comes from JOBFORGE_PG_URL
+ * (inherited), as bench/pg.js reads it.
+ */
+function runPgBench(quick, reps) {
+  if (!fs.existsSync(PG_BENCH)) return Promise.resolve({ present: false });
+  const jsonFile = path.join(os.tmpdir(), `jobforge-pg-bench-${process.pid}-${Date.now()}.json`);
+  const extra = [...(quick ? ['--n', '5000', '--seconds', '2', '--enqueue-n', '500'] : []), '--reps', String(reps)];
+  const args = [PG_BENCH, ...extra, '--json', jsonFile];
+  const url = process.env.JOBFORGE_PG_URL || PG_DEFAULT_URL;
+  const envNote = process.env.JOBFORGE_PG_URL ? `JOBFORGE_PG_URL=${redactUrl(url)} ` : '';
+  const command = `${envNote}node ${path.relative(ROOT, PG_BENCH)} ${extra.join(' ')} --json <file>`;
+  return new Promise((resolve) => {
+    const t0 = now();
+    const p = spawn(process.execPath, args, { cwd: ROOT, stdio: ['ignore', 'pipe', 'pipe'] });
+    let out = '';
+    let err = '';
+    let timedOut = false;
+    const timer = setTimeout(() => {
+      timedOut = true;
+      p.kill('SIGTERM');
+    }, 30 * 60 * 1000);
+    p.stdout.on('data', (d) => {
+      out += d;
+      process.stdout.write(String(d).replace(/^(?=.)/gm, '  [pg] '));
+    });
+    p.stderr.on('data', (d) => {
+      err += d;
+      process.stderr.write(String(d).replace(/^(?=.)/gm, '  [pg] '));
+    });
+    p.on('close', (status, signal) => {
+      clearTimeout(timer);
+      let data = null;
+      let error = null;
+      try {
+        data = JSON.parse(fs.readFileSync(jsonFile, 'utf8'));
+      } catch (e) {
+        error = `bench/pg.js wrote no results (exit ${status ?? signal}${timedOut ? ', timed out after 30 min' : ''}): ${(err || out).trim().split('\n').slice(-3).join(' / ') || e.message}`;
+      }
+      fs.rmSync(jsonFile, { force: true });
+      resolve({
+        present: true,
+        command,
+        url: redactUrl(url),
+        status,
+        signal,
+        timedOut,
+        wallS: sec(now() - t0),
+        error,
+        data,
+        stdout: out.split('\n').slice(-80).join('\n'),
+        stderrTail: err.split('\n').slice(-20).join('\n'),
+      });
+    });
+  });
+}
+
+function redactUrl(url) {
+  return url.replace(/(\/\/[^:/@]+):[^@]*@/, '$1:***@');
+}
+
 // ── per-call breakdown (diagnostic) ────────────────────────────────────
 
 async function breakdown(impls) {
@@ -635,10 +712,11 @@ async function main(args) {
     machine: machineInfo(),
     load: { start: os.loadavg(), end: null },
     baseline,
-    config: { sizes, reps, smallReps, memorySizes, limitS: args.limitS, quick: args.quick, samples: {} },
+    config: { sizes, reps, smallReps, memorySizes, limitS: args.limitS, quick: args.quick, pgReps: args.pgReps ?? (args.quick ? 1 : 3), samples: {} },
     scenarios: {},
     memory: null,
     worker: null,
+    pg: null,
     breakdown: null,
   };
   for (const n of sizes) results.config.samples[n] = { jobforge: sampleSize('jobforge', n), baseline: sampleSize('baseline', n) };
@@ -741,15 +819,24 @@ async function main(args) {
     if (!results.worker.present) console.log('worker end to end: bench/worker.js does not exist, skipped');
   }
 
+  if (on('pg')) {
+    if (fs.existsSync(PG_BENCH)) console.log('PostgreSQL backend vs graphile-worker: bench/pg.js');
+    results.pg = await runPgBench(args.quick, results.config.pgReps);
+    if (!results.pg.present) console.log('PostgreSQL: bench/pg.js does not exist, skipped');
+    else if (results.pg.data?.skipped) console.log(`PostgreSQL: SKIPPED, not failed: ${results.pg.data.skipped}`);
+    else if (results.pg.error) console.log(`PostgreSQL: ${results.pg.error}`);
+  }
+
   results.durationS = sec(now() - wall0);
   results.load.end = os.loadavg();
   // Another process may rebuild the addon or dist/ during a long run: children started after that load the new build.
   const endBuild = addonIdentity();
   if (JSON.stringify(endBuild) !== JSON.stringify(results.machine.addon)) {
     results.buildChanged = { start: results.machine.addon, end: endBuild };
-    console.log('WARNING: the addon or dist/ changed on disk during this run; child processes (memory, worker) may have measured another build');
+    console.log('WARNING: the addon or dist/ changed on disk during this run; child processes (memory, worker, pg) may have measured another build');
   }
   results.targets = report.computeTargets(results);
+  results.pgTargets = report.computePgTargets(results);
   const stamp = startedAt.replace(/[:.]/g, '-');
   const file = path.join(__dirname, `results-${stamp}.json`);
   fs.writeFileSync(file, `${JSON.stringify(results, null, 2)}\n`);

@@ -38,6 +38,8 @@ import type {
   JobsModuleOptions,
 } from '../dist/nest';
 
+import { postgresOnly } from './backends';
+
 const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
 
 /** `@Inject(tokens[i])` on constructor parameter i, as a class decorator. */
@@ -207,6 +209,34 @@ async function boot(
 const orch = (m: TestingModule) => m.get<JobOrchestrator>(JOB_ORCHESTRATOR);
 
 // ── tests ────────────────────────────────────────────────────────────
+
+// The same module on PostgreSQL: forRoot({ backend: 'postgres' }) migrates
+// on init, runs DI-resolved handlers through the Postgres worker, and
+// app.close() drains the worker and closes the pool (needs a database).
+postgresOnly('JobsModule.forRoot({ backend: "postgres" }) migrates, runs DI handlers, closes on app.close()', async (t, make) => {
+  const { postgres } = make.options();
+  const mod = await Test.createTestingModule({
+    imports: [JobsModule.forRoot({ backend: 'postgres', postgres, pools: ALL_POOLS }), HandlersModule],
+  })
+    .setLogger(new CaptureLogger())
+    .compile();
+  const app = mod.createNestApplication();
+  await app.init();
+  const jobs = app.get<JobOrchestrator>(JOB_ORCHESTRATOR);
+  t.is(jobs.backend, 'postgres');
+  const run = await jobs.start('nest.greet', { name: 'pg' });
+  const done = await jobs.waitForRun(run.id, { timeoutMs: 10_000 });
+  t.is(done.status, 'completed');
+  t.is(done.output?.text, 'hello pg');
+  t.deepEqual(
+    (await jobs.listSteps(run.id)).map((s) => [s.stepId, s.status, s.output]),
+    [['greet', 'completed', 'hello pg']],
+  );
+  // The definitions were stored in the database by module init.
+  t.is((await jobs.getDefinition('nest.report'))?.pool, 'reports');
+  await app.close();
+  t.false(app.get(JobsWorker).running);
+});
 
 // Serial: Nest's logger override is process-wide.
 test.serial('a @JobHandler class with an injected service runs through the worker', async (t) => {

@@ -145,18 +145,25 @@ struct JsExecutor {
 /// JS parses the small header and the input at once and the full run row
 /// only if the handler reads `ctx.run`.
 fn ticket_json(t: &AttemptTicket) -> String {
-    let header = json!({
-        "id": t.run.id.to_string(),
-        "jobType": &*t.run.job_type,
-        "pool": &*t.run.pool,
-        "epoch": t.epoch,
-        "timeoutMs": t.timeout_ms,
-    });
-    format!(
-        "{header}\0{}\0{}",
-        t.run.input.get(),
-        t.run.to_compact_json()
-    )
+    use std::fmt::Write;
+    // Written by hand: this is on every run's path, and building a
+    // `serde_json::Value` for five fields costs more than the rest.
+    let quoted = |s: &str| serde_json::to_string(s).unwrap_or_else(|_| "\"\"".to_owned());
+    let input = t.run.input.get();
+    let row = t.run.to_compact_json();
+    let mut out = String::with_capacity(128 + input.len() + row.len());
+    let timeout = t
+        .timeout_ms
+        .map_or_else(|| "null".to_owned(), |ms| ms.to_string());
+    let _ = write!(
+        out,
+        "{{\"id\":\"{}\",\"jobType\":{},\"pool\":{},\"epoch\":{},\"timeoutMs\":{timeout}}}\0{input}\0{row}",
+        t.run.id,
+        quoted(&t.run.job_type),
+        quoted(&t.run.pool),
+        t.epoch,
+    );
+    out
 }
 
 #[derive(serde::Deserialize)]
@@ -337,15 +344,18 @@ impl NativeEngine {
     /// itself: answers `<id>,<createdAt ms>` for a new run, or the row JSON
     /// (`[...]`) for a dedupe hit. Skips copying and serialising the row.
     #[napi(catch_unwind)]
-    pub fn start_quick(&self, job_type: String, input_json: String) -> Result<String> {
+    ///
+    /// `fed`: the caller claims into the worker's free slots right after
+    /// (`worker_fill`), so the scheduler's thread need not be woken.
+    pub fn start_quick(&self, job_type: String, input_json: String, fed: bool) -> Result<String> {
         let req = StartRequest {
             job_type,
             input: json_value(input_json).map_err(to_napi)?,
             ..StartRequest::default()
         };
-        match self.engine.start_with(req, false).map_err(to_napi)? {
+        match self.engine.start_with(req, false, !fed).map_err(to_napi)? {
             Started::Row(row) => Ok(row.to_compact_json()),
-            Started::Created { id, at } => Ok(format!("{id},{at}")),
+            Started::Created { id, at, .. } => Ok(format!("{id},{at}")),
         }
     }
 
@@ -901,7 +911,7 @@ fn tree_json(rows: &[jobforge_core::RunRow]) -> String {
     use std::collections::HashMap;
     let mut children: HashMap<RunId, Vec<usize>> = HashMap::new();
     for (i, r) in rows.iter().enumerate().skip(1) {
-        if let Some(p) = r.parent_run_id {
+        if let Some(p) = r.parent_run_id() {
             children.entry(p).or_default().push(i);
         }
     }

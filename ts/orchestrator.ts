@@ -283,6 +283,8 @@ class WorkerRuntime {
   /** True once stop() has drained (or released) every attempt. */
   stopped = false;
   private active = 0;
+  /** JS loops per pool (a loop keeps its pool: continuations come from it). */
+  private readonly activeIn = new Map<string, number>();
   private readonly attempts = new Map<string, number>();
   private readonly releasedRuns = new Set<string>();
   private idle: (() => void)[] = [];
@@ -291,24 +293,31 @@ class WorkerRuntime {
   private keepAlive: NodeJS.Timeout | null = setInterval(() => undefined, 0x7fffffff);
 
   constructor(
-    private readonly capacity: number,
+    private readonly capacity: Map<string, number>,
     private readonly shutdownTimeoutMs: number,
     private readonly stopNative: () => number,
     private readonly release: (runId: string, epoch: number) => boolean | Promise<boolean>,
     private readonly slotsHeld: () => number,
   ) {}
 
-  enter(): void {
+  enter(pool: string): void {
     this.active++;
+    this.activeIn.set(pool, (this.activeIn.get(pool) ?? 0) + 1);
   }
 
-  /** Fewer JS loops than slots (a hint: batches in transit are not counted). */
-  hasIdleSlot(): boolean {
-    return this.active < this.capacity;
+  /**
+   * Fewer JS loops than slots in `pool` (or in any pool): a hint, batches
+   * in transit are not counted.
+   */
+  hasIdleSlot(pool?: string): boolean {
+    if (pool !== undefined) return (this.activeIn.get(pool) ?? 0) < (this.capacity.get(pool) ?? 0);
+    for (const [name, cap] of this.capacity) if ((this.activeIn.get(name) ?? 0) < cap) return true;
+    return false;
   }
 
-  leave(): void {
+  leave(pool: string): void {
     this.active--;
+    this.activeIn.set(pool, (this.activeIn.get(pool) ?? 1) - 1);
     if (this.active === 0) for (const f of this.idle.splice(0)) f();
   }
 
@@ -856,8 +865,12 @@ export class JobOrchestrator {
       const plain = this.plainTypes.get(type);
       if (plain !== undefined) {
         // The engine answers `<id>,<ms>`; the row follows from the definition.
-        const ans = call(() => this.native.startQuick(type, inputText));
-        this.feedWorker();
+        // With an idle slot in its pool, the run is claimed right here
+        // (feedWorker), so the scheduler's thread need not be woken.
+        const rt = this.worker;
+        const fed = rt !== null && rt.running && rt.hasIdleSlot(plain.pool);
+        const ans = call(() => this.native.startQuick(type, inputText, fed));
+        if (fed) this.feedWorker(plain.pool);
         if (ans.charCodeAt(0) === 91) return parseRun(ans); // '[': a whole row
         return newRun(type, plain, ans.slice(0, 36), +ans.slice(37), JSON.parse(inputText));
       }
@@ -1275,7 +1288,7 @@ export class JobOrchestrator {
     if (typeof shutdownTimeoutMs !== 'number' || !(shutdownTimeoutMs >= 0)) {
       throw new JobInputInvalidError('shutdownTimeoutMs must be a non-negative number');
     }
-    const capacity = pools.reduce((sum, p) => sum + p.concurrency, 0);
+    const capacity = new Map(pools.map((p) => [p.name, p.concurrency]));
     const pg = this.pg;
     const runtime = pg
       ? new WorkerRuntime(
@@ -1302,9 +1315,9 @@ export class JobOrchestrator {
    * After a start: if the worker has idle slots, claim into them here on
    * the JS thread instead of waiting for the scheduler's thread hand-off.
    */
-  private feedWorker(): void {
+  private feedWorker(pool?: string): void {
     const rt = this.worker;
-    if (!rt || !rt.running || !rt.hasIdleSlot()) return;
+    if (!rt || !rt.running || !rt.hasIdleSlot(pool)) return;
     const lines = this.native.workerFill();
     if (lines.length === 0) return;
     for (const line of lines.split('\n')) void this.workerLoop(rt, new Ticket(line), false);
@@ -1339,7 +1352,8 @@ export class JobOrchestrator {
 
   /** One slot of the worker: runs a ticket, reports it, continues with the next. */
   private async workerLoop(runtime: WorkerRuntime, first: Ticket, fromScheduler: boolean): Promise<void> {
-    runtime.enter();
+    const pool = first.pool;
+    runtime.enter(pool);
     let ticket: Ticket | null = first;
     // A ticket from the scheduler crossed threads: the run may have been
     // canceled while it was queued. A continuation ticket was claimed in
@@ -1383,7 +1397,7 @@ export class JobOrchestrator {
         ticket = reply.length > 1 ? new Ticket(reply.slice(1)) : null;
       }
     } finally {
-      runtime.leave();
+      runtime.leave(pool);
     }
   }
 

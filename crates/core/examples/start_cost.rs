@@ -22,6 +22,11 @@ fn main() {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(200_000);
+    println!(
+        "RunRow: {} bytes (+ RunExtras {} bytes when a run has any)",
+        std::mem::size_of::<RunRow>(),
+        std::mem::size_of::<RunExtras>()
+    );
     let t0 = Instant::now();
     for _ in 0..n {
         let req = StartRequest {

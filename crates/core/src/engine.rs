@@ -131,6 +131,9 @@ pub struct Engine<S: Store> {
     /// Set by a worker while it waits with free slots: only then do
     /// transitions pay for a wake-up.
     worker_hungry: AtomicBool,
+    /// The pools with a free slot while the worker waits (`None` = any):
+    /// a start into a full pool does not wake it.
+    hungry_pools: RwLock<Option<Vec<Arc<str>>>>,
     events_enabled: AtomicBool,
     /// Runs someone waits for (`waitForRun`): their transitions are sent
     /// even when events are off. Reference-counted per run.
@@ -144,7 +147,11 @@ pub enum Started {
     /// The new run, or the dedupe hit (an existing run).
     Row(Box<RunRow>),
     /// A new run, when the caller did not ask for its row.
-    Created { id: RunId, at: Millis },
+    Created {
+        id: RunId,
+        at: Millis,
+        pool: Arc<str>,
+    },
 }
 
 /// Side effects collected inside a transaction and delivered after it.
@@ -153,6 +160,11 @@ struct Effects {
     aborted: Vec<(RunId, AbortReason)>,
     /// Rows after a terminal or retry transition (only with events on).
     transitions: Vec<RunRow>,
+    /// Something may have become claimable for a waiting worker (a lane
+    /// moved, a run was canceled or scheduled for a retry). A plain
+    /// completion frees nothing a worker waits for: its own slot is
+    /// refilled by whoever reports the outcome.
+    wake: bool,
 }
 
 /// A claim: running from `now`, with a new epoch so outcomes of earlier
@@ -191,6 +203,7 @@ impl<S: Store> Engine<S> {
             in_flight: Mutex::new(HashMap::new()),
             activity: Arc::new(Notify::new()),
             worker_hungry: AtomicBool::new(false),
+            hungry_pools: RwLock::new(None),
             events_enabled: AtomicBool::new(false),
             watched: Mutex::new(HashMap::new()),
             watched_any: AtomicBool::new(false),
@@ -231,12 +244,44 @@ impl<S: Store> Engine<S> {
 
     /// A worker says whether it is waiting with free slots.
     pub fn set_worker_hungry(&self, hungry: bool) {
+        if let Ok(mut p) = self.hungry_pools.write() {
+            *p = None;
+        }
         self.worker_hungry.store(hungry, Ordering::SeqCst);
+    }
+
+    /// A worker says which pools have a free slot while it waits (written
+    /// before it looks for work, so a start racing it is seen either way).
+    pub fn set_hungry_pools(&self, pools: Vec<Arc<str>>) {
+        let any = !pools.is_empty();
+        if let Ok(mut p) = self.hungry_pools.write() {
+            *p = Some(pools);
+        }
+        self.worker_hungry.store(any, Ordering::SeqCst);
     }
 
     /// Wakes a hungry worker (stores a permit if it is between checks).
     pub fn wake_worker(&self) {
         if self.worker_hungry.load(Ordering::SeqCst) {
+            self.activity.notify_one();
+        }
+    }
+
+    /// Wakes a hungry worker if `pool` has a free slot: a start into a full
+    /// pool costs no thread wake-up.
+    fn wake_worker_for(&self, pool: &str) {
+        if !self.worker_hungry.load(Ordering::SeqCst) {
+            return;
+        }
+        let wanted = self
+            .hungry_pools
+            .read()
+            .map(|p| {
+                p.as_ref()
+                    .is_none_or(|list| list.iter().any(|h| &**h == pool))
+            })
+            .unwrap_or(true);
+        if wanted {
             self.activity.notify_one();
         }
     }
@@ -298,6 +343,7 @@ impl<S: Store> Engine<S> {
         self.deliver(Effects {
             aborted: vec![(id, reason)],
             transitions: Vec::new(),
+            wake: false,
         });
     }
 
@@ -445,7 +491,7 @@ impl<S: Store> Engine<S> {
     /// the definition, dedupe list and lane, one insert into each index;
     /// `replace` adds O(runs canceled + their descendants).
     pub fn start(&self, req: StartRequest) -> Result<RunRow> {
-        match self.start_with(req, true)? {
+        match self.start_with(req, true, true)? {
             Started::Row(row) => Ok(*row),
             // want_row = true never answers without the row.
             Started::Created { id, .. } => self
@@ -460,7 +506,10 @@ impl<S: Store> Engine<S> {
     /// the definition and the request): a created run is answered with its
     /// id and creation time only, which saves copying and serialising the
     /// row. A dedupe hit still comes back as the existing row.
-    pub fn start_with(&self, req: StartRequest, want_row: bool) -> Result<Started> {
+    ///
+    /// `wake`: false when the caller claims into the worker's free slots
+    /// itself right after (saves waking the scheduler's thread).
+    pub fn start_with(&self, req: StartRequest, want_row: bool, wake: bool) -> Result<Started> {
         let now = self.now();
         let mut fx = Effects::default();
         let started = self.store.transaction(|tx| {
@@ -469,7 +518,11 @@ impl<S: Store> Engine<S> {
             Ok(started)
         })?;
         self.deliver(fx);
-        self.wake_worker();
+        match &started {
+            _ if !wake => {}
+            Started::Row(r) => self.wake_worker_for(&r.pool),
+            Started::Created { pool, .. } => self.wake_worker_for(pool),
+        }
         Ok(started)
     }
 
@@ -615,40 +668,40 @@ impl<S: Store> Engine<S> {
             (None, None) => (None, None),
         };
         let seq = tx.next_seq();
+        let extras = RunExtras {
+            parent_run_id: parent.as_ref().map(|(p, _, _)| *p),
+            scope_entity_type,
+            scope_entity_id,
+            tags: req.tags.filter(|t| t.get() != "{}"),
+            concurrency_key: concurrency_key.map(String::into_boxed_str),
+            dedupe_key: dedupe_key.map(String::into_boxed_str),
+            trigger_ref: req.trigger_ref.map(String::into_boxed_str),
+        };
         let row = RunRow {
             id,
             job_type: def.job_type.clone(),
             job_version: def.version,
-            parent_run_id: parent.as_ref().map(|(p, _, _)| *p),
             root_run_id,
             parent_close_policy: req
                 .parent_close_policy
                 .unwrap_or(ParentClosePolicy::Terminate),
-            scope_entity_type,
-            scope_entity_id,
             tenant_id: tenant,
-            tags: req.tags.filter(|t| t.get() != "{}"),
             pool: match req.pool {
                 Some(p) => Arc::from(p.as_str()),
                 None => def.pool.clone(),
             },
             priority: req.priority.unwrap_or(def.priority_default),
-            concurrency_key: concurrency_key.map(String::into_boxed_str),
-            dedupe_key: dedupe_key.map(String::into_boxed_str),
             status: RunStatus::Pending,
             input: req.input,
             output: None,
             error: None,
             trigger_source: req.trigger_source.unwrap_or(TriggerSource::Manual),
-            trigger_ref: req.trigger_ref.map(String::into_boxed_str),
             run_at: clamp_time(req.run_at.unwrap_or(now)),
             started_at: None,
             finished_at: None,
             claimed_at: None,
             attempts: 0,
-            wait_kind: (),
-            resume_token: (),
-            wait_deadline: (),
+            extras: extras.boxed(),
             created_at: now,
             updated_at: now,
             seq,
@@ -659,7 +712,11 @@ impl<S: Store> Engine<S> {
         let out = if want_row {
             Started::Row(Box::new(row.clone()))
         } else {
-            Started::Created { id, at: now }
+            Started::Created {
+                id,
+                at: now,
+                pool: row.pool.clone(),
+            }
         };
         tx.insert_run(row);
         Ok(out)
@@ -733,6 +790,7 @@ impl<S: Store> Engine<S> {
             if run.status == RunStatus::Running {
                 fx.aborted.push((id, AbortReason::Canceled));
             }
+            fx.wake = true;
             let events = self.wants_event(&id);
             tx.update_run(&id, &mut |r| {
                 r.status = RunStatus::Canceled;
@@ -838,10 +896,16 @@ impl<S: Store> Engine<S> {
             out
         });
         // A failed transaction changed nothing: the attempt is still live.
-        if result.is_ok() {
+        if let Ok(row) = &result {
             self.end_in_flight(run_id, epoch);
+            let wake = fx.wake
+                || row.as_ref().is_some_and(|r| {
+                    r.concurrency_key().is_some() || r.status == RunStatus::Pending
+                });
             self.deliver(fx);
-            self.wake_worker();
+            if wake {
+                self.wake_worker();
+            }
         }
         result
     }

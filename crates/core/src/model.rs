@@ -196,66 +196,146 @@ pub struct RunError {
     pub attempt: u32,
 }
 
-/// One run. Field order follows the contract.
-#[derive(Debug, Clone, Serialize)]
-#[serde(rename_all = "camelCase")]
+/// The fields most runs leave empty, boxed together: a plain run pays one
+/// pointer for all of them (the in-memory store holds every live run, so
+/// the row's size is most of the memory per run).
+#[derive(Debug, Clone, Default)]
+pub struct RunExtras {
+    pub parent_run_id: Option<RunId>,
+    pub scope_entity_type: Option<Box<str>>,
+    pub scope_entity_id: Option<Box<str>>,
+    /// `None` = `{}`.
+    pub tags: Option<Box<RawValue>>,
+    pub concurrency_key: Option<Box<str>>,
+    pub dedupe_key: Option<Box<str>>,
+    pub trigger_ref: Option<Box<str>>,
+}
+
+impl RunExtras {
+    fn is_empty(&self) -> bool {
+        self.parent_run_id.is_none()
+            && self.scope_entity_type.is_none()
+            && self.scope_entity_id.is_none()
+            && self.tags.is_none()
+            && self.concurrency_key.is_none()
+            && self.dedupe_key.is_none()
+            && self.trigger_ref.is_none()
+    }
+
+    /// `None` when every field is empty (no allocation for a plain run).
+    pub fn boxed(self) -> Option<Box<RunExtras>> {
+        (!self.is_empty()).then(|| Box::new(self))
+    }
+}
+
+/// One run. The JS row (field order of the contract) is produced by its
+/// `Serialize` impl; the rare fields live in [`RunExtras`].
+#[derive(Debug, Clone)]
 pub struct RunRow {
     pub id: RunId,
     pub job_type: Arc<str>,
     pub job_version: i32,
-    pub parent_run_id: Option<RunId>,
     pub root_run_id: RunId,
     pub parent_close_policy: ParentClosePolicy,
-    pub scope_entity_type: Option<Box<str>>,
-    pub scope_entity_id: Option<Box<str>>,
     pub tenant_id: Option<Arc<str>>,
-    /// `None` = `{}` (most runs have no tags: no allocation for them).
-    #[serde(serialize_with = "ser_tags")]
-    pub tags: Option<Box<RawValue>>,
     pub pool: Arc<str>,
     pub priority: i32,
-    pub concurrency_key: Option<Box<str>>,
-    pub dedupe_key: Option<Box<str>>,
     pub status: RunStatus,
     pub input: Box<RawValue>,
     pub output: Option<Box<RawValue>>,
     pub error: Option<Box<RunError>>,
     pub trigger_source: TriggerSource,
-    pub trigger_ref: Option<Box<str>>,
     pub run_at: Millis,
     pub started_at: Option<Millis>,
     pub finished_at: Option<Millis>,
     pub claimed_at: Option<Millis>,
     pub attempts: u32,
-    #[serde(serialize_with = "ser_null")]
-    pub wait_kind: (),
-    #[serde(serialize_with = "ser_null")]
-    pub resume_token: (),
-    #[serde(serialize_with = "ser_null")]
-    pub wait_deadline: (),
     pub created_at: Millis,
     pub updated_at: Millis,
+    /// Parent, scope, tags, keys, trigger ref (`None` = all empty).
+    pub extras: Option<Box<RunExtras>>,
     /// Created order; breaks claim ties. Not part of the JS row.
-    #[serde(skip)]
     pub seq: u64,
     /// Position in the concurrency lane (re-assigned when a replayed run
     /// rejoins at the tail). Not part of the JS row.
-    #[serde(skip)]
     pub lane_seq: u64,
     /// Incremented on every claim so a late outcome of an earlier attempt
     /// cannot be applied to a later one. Not part of the JS row.
-    #[serde(skip)]
     pub claim_epoch: u32,
     /// True while a `tick` is executing the current claim.
-    #[serde(skip)]
     pub executing: bool,
 }
 
-fn ser_tags<S: serde::Serializer>(t: &Option<Box<RawValue>>, s: S) -> Result<S::Ok, S::Error> {
-    TagsRef(t).serialize(s)
+impl RunRow {
+    pub fn parent_run_id(&self) -> Option<RunId> {
+        self.extras.as_ref().and_then(|x| x.parent_run_id)
+    }
+    pub fn scope_entity_type(&self) -> Option<&str> {
+        self.extras
+            .as_ref()
+            .and_then(|x| x.scope_entity_type.as_deref())
+    }
+    pub fn scope_entity_id(&self) -> Option<&str> {
+        self.extras
+            .as_ref()
+            .and_then(|x| x.scope_entity_id.as_deref())
+    }
+    pub fn tags(&self) -> Option<&RawValue> {
+        self.extras.as_ref().and_then(|x| x.tags.as_deref())
+    }
+    pub fn concurrency_key(&self) -> Option<&str> {
+        self.extras
+            .as_ref()
+            .and_then(|x| x.concurrency_key.as_deref())
+    }
+    pub fn dedupe_key(&self) -> Option<&str> {
+        self.extras.as_ref().and_then(|x| x.dedupe_key.as_deref())
+    }
+    pub fn trigger_ref(&self) -> Option<&str> {
+        self.extras.as_ref().and_then(|x| x.trigger_ref.as_deref())
+    }
 }
 
-struct TagsRef<'a>(&'a Option<Box<RawValue>>);
+impl Serialize for RunRow {
+    /// The JS row: contract field names and order, `null` for absent.
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let r = self;
+        let mut m = s.serialize_map(Some(RUN_FIELDS.len() + 3))?;
+        m.serialize_entry("id", &r.id)?;
+        m.serialize_entry("jobType", &*r.job_type)?;
+        m.serialize_entry("jobVersion", &r.job_version)?;
+        m.serialize_entry("parentRunId", &r.parent_run_id())?;
+        m.serialize_entry("rootRunId", &r.root_run_id)?;
+        m.serialize_entry("parentClosePolicy", &r.parent_close_policy)?;
+        m.serialize_entry("scopeEntityType", &r.scope_entity_type())?;
+        m.serialize_entry("scopeEntityId", &r.scope_entity_id())?;
+        m.serialize_entry("tenantId", &r.tenant_id)?;
+        m.serialize_entry("tags", &TagsRef(r.tags()))?;
+        m.serialize_entry("pool", &*r.pool)?;
+        m.serialize_entry("priority", &r.priority)?;
+        m.serialize_entry("concurrencyKey", &r.concurrency_key())?;
+        m.serialize_entry("dedupeKey", &r.dedupe_key())?;
+        m.serialize_entry("status", &r.status)?;
+        m.serialize_entry("input", &r.input)?;
+        m.serialize_entry("output", &r.output)?;
+        m.serialize_entry("error", &r.error)?;
+        m.serialize_entry("triggerSource", &r.trigger_source)?;
+        m.serialize_entry("triggerRef", &r.trigger_ref())?;
+        m.serialize_entry("runAt", &r.run_at)?;
+        m.serialize_entry("startedAt", &r.started_at)?;
+        m.serialize_entry("finishedAt", &r.finished_at)?;
+        m.serialize_entry("claimedAt", &r.claimed_at)?;
+        m.serialize_entry("attempts", &r.attempts)?;
+        m.serialize_entry("waitKind", &())?;
+        m.serialize_entry("resumeToken", &())?;
+        m.serialize_entry("waitDeadline", &())?;
+        m.serialize_entry("createdAt", &r.created_at)?;
+        m.serialize_entry("updatedAt", &r.updated_at)?;
+        m.end()
+    }
+}
+
+struct TagsRef<'a>(Option<&'a RawValue>);
 
 impl Serialize for TagsRef<'_> {
     fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
@@ -264,10 +344,6 @@ impl Serialize for TagsRef<'_> {
             None => s.serialize_map(Some(0))?.end(),
         }
     }
-}
-
-fn ser_null<S: serde::Serializer>(_: &(), s: S) -> Result<S::Ok, S::Error> {
-    s.serialize_none()
 }
 
 impl RunRow {
@@ -327,23 +403,23 @@ impl Serialize for CompactRow<'_> {
         q.serialize_element(&r.id)?;
         q.serialize_element(&*r.job_type)?;
         q.serialize_element(&r.job_version)?;
-        q.serialize_element(&r.parent_run_id)?;
+        q.serialize_element(&r.parent_run_id())?;
         q.serialize_element(&r.root_run_id)?;
         q.serialize_element(&r.parent_close_policy)?;
-        q.serialize_element(&r.scope_entity_type)?;
-        q.serialize_element(&r.scope_entity_id)?;
+        q.serialize_element(&r.scope_entity_type())?;
+        q.serialize_element(&r.scope_entity_id())?;
         q.serialize_element(&r.tenant_id)?;
-        q.serialize_element(&TagsRef(&r.tags))?;
+        q.serialize_element(&TagsRef(r.tags()))?;
         q.serialize_element(&*r.pool)?;
         q.serialize_element(&r.priority)?;
-        q.serialize_element(&r.concurrency_key)?;
-        q.serialize_element(&r.dedupe_key)?;
+        q.serialize_element(&r.concurrency_key())?;
+        q.serialize_element(&r.dedupe_key())?;
         q.serialize_element(&r.status)?;
         q.serialize_element(&r.input)?;
         q.serialize_element(&r.output)?;
         q.serialize_element(&r.error)?;
         q.serialize_element(&r.trigger_source)?;
-        q.serialize_element(&r.trigger_ref)?;
+        q.serialize_element(&r.trigger_ref())?;
         q.serialize_element(&r.run_at)?;
         q.serialize_element(&r.started_at)?;
         q.serialize_element(&r.finished_at)?;

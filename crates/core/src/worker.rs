@@ -156,7 +156,13 @@ impl<S: Store> Worker<S> {
         while !self.is_stopping() {
             // Announce hunger before looking, so a start racing this check
             // leaves a wake-up permit instead of being missed.
-            self.engine.set_worker_hungry(self.has_free_slot());
+            self.engine.set_hungry_pools(
+                self.pools
+                    .iter()
+                    .filter(|p| p.in_flight() < p.concurrency)
+                    .map(|p| p.name.clone())
+                    .collect(),
+            );
             let batch = self.fill().unwrap_or_default();
             if !batch.is_empty() {
                 let dispatched: Vec<(Arc<str>, RunId, u32)> = batch
@@ -219,9 +225,13 @@ impl<S: Store> Worker<S> {
         let next = self.engine.claim_attempts(pool, 1)?.pop();
         if next.is_none() {
             p.release(1);
-            // The slot is free now: let the scheduler re-arm its timer.
+            // The slot is free: a start wakes the scheduler from now on, and
+            // if a run of this pool falls due later, the scheduler re-arms
+            // its timer for it (no wake-up when there is none).
             self.engine.set_worker_hungry(true);
-            self.engine.wake_worker();
+            if self.engine.next_due(pool).is_some() {
+                self.engine.wake_worker();
+            }
         }
         Ok((row, next))
     }

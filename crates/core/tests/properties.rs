@@ -700,7 +700,7 @@ impl Harness {
                 exp.changes.get(&id),
                 b.to_json()
             );
-            if before.iter().any(|c| c.parent_run_id == Some(id)) {
+            if before.iter().any(|c| c.parent_run_id() == Some(id)) {
                 self.note("purged a parent");
             }
             self.note("purged a run");
@@ -750,7 +750,7 @@ impl Harness {
                 let live_parents: HashSet<RunId> = rows
                     .iter()
                     .filter(|r| !r.status.is_terminal())
-                    .filter_map(|r| r.parent_run_id)
+                    .filter_map(|r| r.parent_run_id())
                     .collect();
                 (0..rows.len())
                     .filter(|i| live_parents.contains(&rows[*i].id))
@@ -786,9 +786,8 @@ impl Harness {
     }
 
     fn lane_key(r: &RunRow) -> Option<LaneKey> {
-        r.concurrency_key
-            .as_ref()
-            .map(|k| (r.tenant_id.clone(), k.clone()))
+        r.concurrency_key()
+            .map(|k| (r.tenant_id.clone(), Box::from(k)))
     }
 
     /// Non-terminal members of every lane, in shadow order.
@@ -832,7 +831,7 @@ impl Harness {
         }
         let mut kids: HashMap<RunId, Vec<usize>> = HashMap::new();
         for (i, r) in rows.iter().enumerate() {
-            if let Some(p) = r.parent_run_id {
+            if let Some(p) = r.parent_run_id() {
                 kids.entry(p).or_default().push(i);
             }
         }
@@ -865,7 +864,7 @@ impl Harness {
             .filter(|r| {
                 r.parent_close_policy == ParentClosePolicy::Abandon
                     && !r.status.is_terminal()
-                    && r.parent_run_id.is_some_and(|p| reach.contains(&p))
+                    && r.parent_run_id().is_some_and(|p| reach.contains(&p))
             })
             .count()
     }
@@ -1058,7 +1057,7 @@ impl Harness {
                             {
                                 self.note("cancel left an abandon subtree alone");
                             }
-                            if before[i].parent_run_id.is_some() && !set.is_empty() {
+                            if before[i].parent_run_id().is_some() && !set.is_empty() {
                                 self.note("canceled a child run");
                             }
                             Self::expect_cancels(&mut exp, set)?;
@@ -1168,8 +1167,8 @@ impl Harness {
     fn in_scope(&self, r: &RunRow, tenant: &TenantPick, id: &str) -> bool {
         let tenant_ok = !self.mt || tenant.arg() == self.targ(r.tenant_id.as_deref());
         tenant_ok
-            && r.scope_entity_type.as_deref() == Some(SCOPE_TYPE)
-            && r.scope_entity_id.as_deref() == Some(id)
+            && r.scope_entity_type().as_deref() == Some(SCOPE_TYPE)
+            && r.scope_entity_id().as_deref() == Some(id)
     }
 
     /// A claimed run was its lane's head (shadow order) with no running
@@ -1282,7 +1281,7 @@ impl Harness {
             if w > 0 {
                 let hit = before.iter().rev().find(|r| {
                     &*r.job_type == ty
-                        && r.dedupe_key.as_deref() == Some(k)
+                        && r.dedupe_key().as_deref() == Some(k)
                         && r.tenant_id == tenant
                         && r.created_at > now - w
                         && !matches!(r.status, RunStatus::Canceled | RunStatus::Failed)
@@ -1365,7 +1364,10 @@ impl Harness {
             ("status", row.status == RunStatus::Pending),
             ("jobType", &*row.job_type == ty),
             ("tenant", row.tenant_id == tenant),
-            ("parentRunId", row.parent_run_id == parent_row.map(|p| p.id)),
+            (
+                "parentRunId",
+                row.parent_run_id() == parent_row.map(|p| p.id),
+            ),
             (
                 "rootRunId",
                 row.root_run_id == parent_row.map_or(row.id, |p| p.root_run_id),
@@ -1384,13 +1386,13 @@ impl Harness {
             ("attempts", row.attempts == 0),
             (
                 "concurrencyKey",
-                row.concurrency_key.as_deref() == ckey.as_ref().map(|(k, _)| k.as_str()),
+                row.concurrency_key().as_deref() == ckey.as_ref().map(|(k, _)| k.as_str()),
             ),
-            ("dedupeKey", row.dedupe_key.as_deref() == dkey),
+            ("dedupeKey", row.dedupe_key().as_deref() == dkey),
             (
                 "scope",
-                row.scope_entity_type.as_deref() == scope.map(|_| SCOPE_TYPE)
-                    && row.scope_entity_id.as_deref() == scope,
+                row.scope_entity_type().as_deref() == scope.map(|_| SCOPE_TYPE)
+                    && row.scope_entity_id().as_deref() == scope,
             ),
             (
                 "nulls",
@@ -1548,7 +1550,7 @@ impl Harness {
             self.def_of(&r.job_type).replay_from
         );
         exp.steps_touched.insert(r.id);
-        if r.concurrency_key.is_some() {
+        if r.concurrency_key().is_some() {
             self.note("replayed a lane run");
         }
         if !expected.is_empty() {
@@ -1684,17 +1686,17 @@ impl Harness {
             let immutable = b.id == a.id
                 && b.job_type == a.job_type
                 && b.job_version == a.job_version
-                && b.parent_run_id == a.parent_run_id
+                && b.parent_run_id() == a.parent_run_id()
                 && b.root_run_id == a.root_run_id
                 && b.parent_close_policy == a.parent_close_policy
-                && b.scope_entity_type == a.scope_entity_type
-                && b.scope_entity_id == a.scope_entity_id
+                && b.scope_entity_type() == a.scope_entity_type()
+                && b.scope_entity_id() == a.scope_entity_id()
                 && b.tenant_id == a.tenant_id
-                && b.tags.as_ref().map(|t| t.get()) == a.tags.as_ref().map(|t| t.get())
+                && b.tags().as_ref().map(|t| t.get()) == a.tags().as_ref().map(|t| t.get())
                 && b.pool == a.pool
                 && b.priority == a.priority
-                && b.concurrency_key == a.concurrency_key
-                && b.dedupe_key == a.dedupe_key
+                && b.concurrency_key() == a.concurrency_key()
+                && b.dedupe_key() == a.dedupe_key()
                 && b.input.get() == a.input.get()
                 && b.trigger_source == a.trigger_source
                 && b.created_at == a.created_at
@@ -1901,7 +1903,7 @@ impl Harness {
                 "timestamps in the future: {}",
                 r.to_json()
             );
-            match r.parent_run_id {
+            match r.parent_run_id() {
                 None => ensure!(r.root_run_id == r.id, "root run {} has another root", r.id),
                 Some(p) if self.purged.contains(&p) => {}
                 Some(p) => {
@@ -1999,8 +2001,8 @@ impl Harness {
                 let want: Vec<RunId> = mine
                     .iter()
                     .filter(|r| {
-                        r.scope_entity_type.as_deref() == Some(SCOPE_TYPE)
-                            && r.scope_entity_id.as_deref() == Some(sid)
+                        r.scope_entity_type().as_deref() == Some(SCOPE_TYPE)
+                            && r.scope_entity_id().as_deref() == Some(sid)
                     })
                     .map(|r| r.id)
                     .collect();
@@ -2082,7 +2084,7 @@ impl Harness {
             }
             // Trees: by rootRunId through the listing, subtree via run_tree.
             for r in &mine {
-                if r.parent_run_id.is_none() {
+                if r.parent_run_id().is_none() {
                     let got = page_all(JobRunQuery {
                         root_run_id: Some(r.id.to_string()),
                         limit: 1000,
@@ -2104,7 +2106,7 @@ impl Harness {
         // run_tree of every run is its subtree through parent links.
         let mut kids: HashMap<RunId, Vec<RunId>> = HashMap::new();
         for r in rows {
-            if let Some(p) = r.parent_run_id {
+            if let Some(p) = r.parent_run_id() {
                 kids.entry(p).or_default().push(r.id);
             }
         }

@@ -131,9 +131,8 @@ impl IndexView {
 }
 
 fn lane_key(r: &RunRow) -> Option<LaneKey> {
-    r.concurrency_key
-        .as_ref()
-        .map(|k| (r.tenant_id.clone(), k.clone()))
+    r.concurrency_key()
+        .map(|k| (r.tenant_id.clone(), Box::from(k)))
 }
 
 impl MemoryState {
@@ -148,14 +147,13 @@ impl MemoryState {
             r.pool.clone(),
             r.status,
         );
-        let parent = r.parent_run_id;
+        let parent = r.parent_run_id();
         let root = r.root_run_id;
         let dedupe = r
-            .dedupe_key
-            .clone()
-            .map(|k| (t.clone(), r.job_type.clone(), k));
-        let scope = match (&r.scope_entity_type, &r.scope_entity_id) {
-            (Some(a), Some(b)) => Some((t.clone(), a.clone(), b.clone())),
+            .dedupe_key()
+            .map(|k| (t.clone(), r.job_type.clone(), Box::<str>::from(k)));
+        let scope = match (r.scope_entity_type(), r.scope_entity_id()) {
+            (Some(a), Some(b)) => Some((t.clone(), Box::<str>::from(a), Box::<str>::from(b))),
             _ => None,
         };
         let finished_at = r.finished_at.unwrap_or(0);
@@ -511,9 +509,9 @@ impl MemoryState {
         // Dedupe lists: every keyed run once, in created order.
         let mut dedupe: HashMap<DedupeKey, Vec<Handle>> = HashMap::default();
         for &(h, r) in runs.iter() {
-            if let Some(k) = &r.dedupe_key {
+            if let Some(k) = r.dedupe_key() {
                 dedupe
-                    .entry((r.tenant_id.clone(), r.job_type.clone(), k.clone()))
+                    .entry((r.tenant_id.clone(), r.job_type.clone(), Box::from(k)))
                     .or_default()
                     .push(h as Handle);
             }
@@ -524,7 +522,7 @@ impl MemoryState {
         // Children lists mirror parentRunId.
         let mut children: HashMap<Handle, Vec<Handle>> = HashMap::default();
         for &(h, r) in runs.iter() {
-            if let Some(p) = r.parent_run_id.and_then(|p| self.ids.get(&p)) {
+            if let Some(p) = r.parent_run_id().and_then(|p| self.ids.get(&p)) {
                 children.entry(*p).or_default().push(h as Handle);
             }
         }
@@ -569,12 +567,12 @@ impl StoreTx for MemoryTx<'_> {
         let reused = s.free.pop();
         let h = reused.unwrap_or(s.runs.len() as Handle);
         s.ids.insert(row.id, h);
-        if let Some(parent) = row.parent_run_id.and_then(|p| s.ids.get(&p).copied()) {
+        if let Some(parent) = row.parent_run_id().and_then(|p| s.ids.get(&p).copied()) {
             s.children.entry(parent).or_default().push(h);
         }
-        if let Some(key) = &row.dedupe_key {
+        if let Some(key) = row.dedupe_key() {
             s.dedupe
-                .entry((row.tenant_id.clone(), row.job_type.clone(), key.clone()))
+                .entry((row.tenant_id.clone(), row.job_type.clone(), Box::from(key)))
                 .or_default()
                 .push(h);
         }
@@ -596,13 +594,13 @@ impl StoreTx for MemoryTx<'_> {
         *s.q.counts
             .entry((t.clone(), row.pool.clone(), row.status))
             .or_default() += 1;
-        if let (Some(et), Some(eid)) = (&row.scope_entity_type, &row.scope_entity_id) {
+        if let (Some(et), Some(eid)) = (row.scope_entity_type(), row.scope_entity_id()) {
             s.q.scope
-                .entry((t, et.clone(), eid.clone()))
+                .entry((t, Box::from(et), Box::from(eid)))
                 .or_default()
                 .push(h);
         }
-        if row.parent_run_id.is_some() {
+        if row.parent_run_id().is_some() {
             if let Some(&root) = s.ids.get(&row.root_run_id) {
                 s.q.tree.entry(root).or_default().push(h);
             }

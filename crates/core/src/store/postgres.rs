@@ -307,35 +307,35 @@ fn run_from_row(r: &Row) -> std::result::Result<RunRow, postgres::Error> {
     let boxed = |i: usize| -> std::result::Result<Option<Box<str>>, postgres::Error> {
         Ok(r.try_get::<_, Option<&str>>(i)?.map(Box::from))
     };
+    let extras = RunExtras {
+        parent_run_id: r.try_get(3)?,
+        scope_entity_type: boxed(6)?,
+        scope_entity_id: boxed(7)?,
+        tags: tags.map(|t| t.0).filter(|t| t.get() != "{}"),
+        concurrency_key: boxed(12)?,
+        dedupe_key: boxed(13)?,
+        trigger_ref: boxed(19)?,
+    };
     Ok(RunRow {
         id: r.try_get(0)?,
         job_type: Arc::from(r.try_get::<_, &str>(1)?),
         job_version: r.try_get(2)?,
-        parent_run_id: r.try_get(3)?,
         root_run_id: r.try_get(4)?,
         parent_close_policy: enum_or(pcp, ParentClosePolicy::parse, ParentClosePolicy::Terminate),
-        scope_entity_type: boxed(6)?,
-        scope_entity_id: boxed(7)?,
         tenant_id: r.try_get::<_, Option<&str>>(8)?.map(Arc::from),
-        tags: tags.map(|t| t.0).filter(|t| t.get() != "{}"),
         pool: Arc::from(r.try_get::<_, &str>(10)?),
         priority: r.try_get(11)?,
-        concurrency_key: boxed(12)?,
-        dedupe_key: boxed(13)?,
         status: enum_or(status, RunStatus::parse, RunStatus::Pending),
         input: input.map_or_else(crate::model::empty_object, |j| j.0),
         output: output.map(|j| j.0),
         error: parse_error(error),
         trigger_source: enum_or(trig, TriggerSource::parse, TriggerSource::Manual),
-        trigger_ref: boxed(19)?,
         run_at: r.try_get::<_, Ms>(20)?.0,
         started_at: opt_ms(21)?,
         finished_at: opt_ms(22)?,
         claimed_at: opt_ms(23)?,
         attempts: r.try_get::<_, i32>(24)?.max(0) as u32,
-        wait_kind: (),
-        resume_token: (),
-        wait_deadline: (),
+        extras: extras.boxed(),
         created_at: r.try_get::<_, Ms>(25)?.0,
         updated_at: r.try_get::<_, Ms>(26)?.0,
         seq: r.try_get::<_, i64>(27)?.max(0) as u64,
@@ -723,7 +723,7 @@ const SQL_SCOPE: &str = "SELECT {R} FROM {S}.job_run WHERE {T} AND scope_entity_
 const SQL_COUNTS: &str =
     "SELECT pool, status, count(*) FROM {S}.job_run WHERE {T} GROUP BY pool, status";
 const SQL_FAILED: &str = "SELECT {R} FROM {S}.job_run WHERE {T} AND status = 'failed' \
-    ORDER BY finished_at DESC, seq DESC LIMIT $2";
+    ORDER BY finished_at DESC, id DESC LIMIT $2";
 const SQL_PAGE: &str = "SELECT {R} FROM {S}.job_run WHERE {T} AND ($2::text IS NULL OR pool = $2) \
     AND ($3::text IS NULL OR status = $3) AND created_at >= $4 \
     AND ($5::timestamptz IS NULL OR (created_at, id) < ($5, $6::uuid)) \
@@ -1033,7 +1033,7 @@ impl StoreTx for PgTx<'_> {
 
     fn insert_run(&mut self, row: RunRow) {
         self.flush();
-        let tags = row.tags.as_deref().map_or("{}", |t| t.get());
+        let tags = row.tags().map_or("{}", |t| t.get());
         let error = row.error.as_deref().map(error_json);
         let attempts = row.attempts as i32;
         let seq = row.seq as i64;
@@ -1047,23 +1047,23 @@ impl StoreTx for PgTx<'_> {
                 &row.id,
                 &jt,
                 &row.job_version,
-                &row.parent_run_id,
+                &row.parent_run_id(),
                 &row.root_run_id,
                 &row.parent_close_policy.as_str(),
-                &row.scope_entity_type.as_deref(),
-                &row.scope_entity_id.as_deref(),
+                &row.scope_entity_type(),
+                &row.scope_entity_id(),
                 &row.tenant_id.as_deref(),
                 &Jsonb(tags),
                 &pool,
                 &row.priority,
-                &row.concurrency_key.as_deref(),
-                &row.dedupe_key.as_deref(),
+                &row.concurrency_key(),
+                &row.dedupe_key(),
                 &row.status.as_str(),
                 &Jsonb(row.input.get()),
                 &row.output.as_deref().map(|o| Jsonb(o.get())),
                 &error.as_deref().map(Jsonb),
                 &row.trigger_source.as_str(),
-                &row.trigger_ref.as_deref(),
+                &row.trigger_ref(),
                 &Ms(row.run_at),
                 &row.started_at.map(Ms),
                 &row.finished_at.map(Ms),
@@ -1097,13 +1097,13 @@ impl StoreTx for PgTx<'_> {
         let before_lane = row.lane_seq;
         f(row);
         let lane_moved = row.lane_seq != before_lane;
-        let key = row.concurrency_key.clone();
+        let key = row.concurrency_key().map(str::to_owned);
         let tenant = row.tenant_id.clone();
         if before_status == RunStatus::Running && row.status == RunStatus::Canceled {
             self.stopped_running.push(*id);
         }
         let wakes = (row.status == RunStatus::Pending && before_status != RunStatus::Pending)
-            || (row.concurrency_key.is_some()
+            || (row.concurrency_key().is_some()
                 && row.status.is_terminal()
                 && !before_status.is_terminal());
         if wakes {
@@ -1409,7 +1409,7 @@ impl StoreTx for PgTx<'_> {
         let ids = self.absorb(&rows, false);
         let mut kids: HashMap<RunId, Vec<RunId>> = HashMap::new();
         for id in &ids {
-            if let Some(p) = self.runs.get(id).and_then(|r| r.parent_run_id) {
+            if let Some(p) = self.runs.get(id).and_then(|r| r.parent_run_id()) {
                 kids.entry(p).or_default().push(*id);
             }
         }

@@ -99,7 +99,7 @@ CREATE INDEX IF NOT EXISTS job_run_scope_idx ON {S}.job_run (scope_entity_type, 
   WHERE scope_entity_type IS NOT NULL;
 CREATE INDEX IF NOT EXISTS job_run_created_idx ON {S}.job_run (tenant_id, created_at DESC, id DESC);
 CREATE INDEX IF NOT EXISTS job_run_pool_status_idx ON {S}.job_run (tenant_id, pool, status);
-CREATE INDEX IF NOT EXISTS job_run_failed_idx ON {S}.job_run (tenant_id, finished_at DESC, seq DESC)
+CREATE INDEX IF NOT EXISTS job_run_failed_idx ON {S}.job_run (tenant_id, finished_at DESC, id DESC)
   WHERE status = 'failed';
 -- The sweeper: running runs by lease age.
 CREATE INDEX IF NOT EXISTS job_run_lease_idx ON {S}.job_run (claimed_at) WHERE status = 'running';

@@ -171,8 +171,8 @@ struct Effects {
 /// attempts can no longer apply; `executing` when the attempt opens at once.
 fn mark_claimed(r: &mut RunRow, now: Millis, executing: bool) {
     r.status = RunStatus::Running;
-    r.claimed_at = Some(now);
-    r.started_at = Some(now);
+    r.claimed_at = now.into();
+    r.started_at = now.into();
     r.updated_at = now;
     r.claim_epoch = r.claim_epoch.wrapping_add(1);
     r.executing = executing;
@@ -562,7 +562,7 @@ impl<S: Store> Engine<S> {
             .as_deref()
             .and_then(parse_run_id)
             .and_then(|p| tx.run(&p))
-            .map(|p| (p.id, p.root_run_id, p.tenant_id.clone()));
+            .map(|p| (p.id, p.root_run_id(), p.tenant_id.clone()));
         let tenant: Option<Arc<str>> = match (&explicit_tenant, &parent) {
             (Some(t), _) => t.as_deref().map(Arc::from),
             (None, Some((_, _, pt))) => pt.clone(),
@@ -670,6 +670,7 @@ impl<S: Store> Engine<S> {
         let seq = tx.next_seq();
         let extras = RunExtras {
             parent_run_id: parent.as_ref().map(|(p, _, _)| *p),
+            root_run_id: (root_run_id != id).then_some(root_run_id),
             scope_entity_type,
             scope_entity_id,
             tags: req.tags.filter(|t| t.get() != "{}"),
@@ -681,7 +682,6 @@ impl<S: Store> Engine<S> {
             id,
             job_type: def.job_type.clone(),
             job_version: def.version,
-            root_run_id,
             parent_close_policy: req
                 .parent_close_policy
                 .unwrap_or(ParentClosePolicy::Terminate),
@@ -697,9 +697,9 @@ impl<S: Store> Engine<S> {
             error: None,
             trigger_source: req.trigger_source.unwrap_or(TriggerSource::Manual),
             run_at: clamp_time(req.run_at.unwrap_or(now)),
-            started_at: None,
-            finished_at: None,
-            claimed_at: None,
+            started_at: OptMillis::NONE,
+            finished_at: OptMillis::NONE,
+            claimed_at: OptMillis::NONE,
             attempts: 0,
             extras: extras.boxed(),
             created_at: now,
@@ -794,7 +794,7 @@ impl<S: Store> Engine<S> {
             let events = self.wants_event(&id);
             tx.update_run(&id, &mut |r| {
                 r.status = RunStatus::Canceled;
-                r.finished_at = Some(now);
+                r.finished_at = now.into();
                 r.updated_at = now;
                 r.executing = false;
                 if events {
@@ -938,7 +938,7 @@ impl<S: Store> Engine<S> {
                     tx.update_run(run_id, &mut |r| {
                         r.status = RunStatus::Completed;
                         r.output = output.take();
-                        r.finished_at = Some(now);
+                        r.finished_at = now.into();
                         r.updated_at = now;
                         r.attempts = attempts;
                         r.executing = false;
@@ -987,8 +987,8 @@ impl<S: Store> Engine<S> {
                     r.status = RunStatus::Pending;
                     r.attempts = attempts;
                     r.run_at = run_at;
-                    r.started_at = None;
-                    r.claimed_at = None;
+                    r.started_at = OptMillis::NONE;
+                    r.claimed_at = OptMillis::NONE;
                     r.updated_at = now;
                     r.error = error.take();
                     r.executing = false;
@@ -998,7 +998,7 @@ impl<S: Store> Engine<S> {
                 tx.update_run(run_id, &mut |r| {
                     r.status = final_status;
                     r.attempts = attempts;
-                    r.finished_at = Some(now);
+                    r.finished_at = now.into();
                     r.updated_at = now;
                     r.error = error.take();
                     r.executing = false;
@@ -1150,8 +1150,8 @@ impl<S: Store> Engine<S> {
             }
             tx.update_run(run_id, &mut |r| {
                 r.status = RunStatus::Pending;
-                r.claimed_at = None;
-                r.started_at = None;
+                r.claimed_at = OptMillis::NONE;
+                r.started_at = OptMillis::NONE;
                 r.run_at = now;
                 r.updated_at = now;
                 r.executing = false;
@@ -1369,9 +1369,9 @@ impl<S: Store> Engine<S> {
                 r.status = RunStatus::Pending;
                 r.attempts = 0;
                 r.run_at = now;
-                r.started_at = None;
-                r.finished_at = None;
-                r.claimed_at = None;
+                r.started_at = OptMillis::NONE;
+                r.finished_at = OptMillis::NONE;
+                r.claimed_at = OptMillis::NONE;
                 r.error = None;
                 r.output = None;
                 r.updated_at = now;

@@ -196,12 +196,45 @@ pub struct RunError {
     pub attempt: u32,
 }
 
+/// An optional instant in 8 bytes (`Option<i64>` takes 16): `i64::MIN`,
+/// far outside any time the engine stores, stands for "none".
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct OptMillis(i64);
+
+impl OptMillis {
+    pub const NONE: OptMillis = OptMillis(i64::MIN);
+
+    pub fn get(self) -> Option<Millis> {
+        (self.0 != i64::MIN).then_some(self.0)
+    }
+}
+
+impl From<Option<Millis>> for OptMillis {
+    fn from(v: Option<Millis>) -> Self {
+        OptMillis(v.map_or(i64::MIN, |ms| ms.max(i64::MIN + 1)))
+    }
+}
+
+impl From<Millis> for OptMillis {
+    fn from(ms: Millis) -> Self {
+        Some(ms).into()
+    }
+}
+
+impl Serialize for OptMillis {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        self.get().serialize(s)
+    }
+}
+
 /// The fields most runs leave empty, boxed together: a plain run pays one
 /// pointer for all of them (the in-memory store holds every live run, so
 /// the row's size is most of the memory per run).
 #[derive(Debug, Clone, Default)]
 pub struct RunExtras {
     pub parent_run_id: Option<RunId>,
+    /// The tree's root when it is not the run itself (children only).
+    pub root_run_id: Option<RunId>,
     pub scope_entity_type: Option<Box<str>>,
     pub scope_entity_id: Option<Box<str>>,
     /// `None` = `{}`.
@@ -214,6 +247,7 @@ pub struct RunExtras {
 impl RunExtras {
     fn is_empty(&self) -> bool {
         self.parent_run_id.is_none()
+            && self.root_run_id.is_none()
             && self.scope_entity_type.is_none()
             && self.scope_entity_id.is_none()
             && self.tags.is_none()
@@ -235,7 +269,6 @@ pub struct RunRow {
     pub id: RunId,
     pub job_type: Arc<str>,
     pub job_version: i32,
-    pub root_run_id: RunId,
     pub parent_close_policy: ParentClosePolicy,
     pub tenant_id: Option<Arc<str>>,
     pub pool: Arc<str>,
@@ -246,13 +279,13 @@ pub struct RunRow {
     pub error: Option<Box<RunError>>,
     pub trigger_source: TriggerSource,
     pub run_at: Millis,
-    pub started_at: Option<Millis>,
-    pub finished_at: Option<Millis>,
-    pub claimed_at: Option<Millis>,
+    pub started_at: OptMillis,
+    pub finished_at: OptMillis,
+    pub claimed_at: OptMillis,
     pub attempts: u32,
     pub created_at: Millis,
     pub updated_at: Millis,
-    /// Parent, scope, tags, keys, trigger ref (`None` = all empty).
+    /// Parent, root, scope, tags, keys, trigger ref (`None` = all empty).
     pub extras: Option<Box<RunExtras>>,
     /// Created order; breaks claim ties. Not part of the JS row.
     pub seq: u64,
@@ -269,6 +302,13 @@ pub struct RunRow {
 impl RunRow {
     pub fn parent_run_id(&self) -> Option<RunId> {
         self.extras.as_ref().and_then(|x| x.parent_run_id)
+    }
+    /// The root of the run's tree (the run itself for a root run).
+    pub fn root_run_id(&self) -> RunId {
+        self.extras
+            .as_ref()
+            .and_then(|x| x.root_run_id)
+            .unwrap_or(self.id)
     }
     pub fn scope_entity_type(&self) -> Option<&str> {
         self.extras
@@ -305,7 +345,7 @@ impl Serialize for RunRow {
         m.serialize_entry("jobType", &*r.job_type)?;
         m.serialize_entry("jobVersion", &r.job_version)?;
         m.serialize_entry("parentRunId", &r.parent_run_id())?;
-        m.serialize_entry("rootRunId", &r.root_run_id)?;
+        m.serialize_entry("rootRunId", &r.root_run_id())?;
         m.serialize_entry("parentClosePolicy", &r.parent_close_policy)?;
         m.serialize_entry("scopeEntityType", &r.scope_entity_type())?;
         m.serialize_entry("scopeEntityId", &r.scope_entity_id())?;
@@ -404,7 +444,7 @@ impl Serialize for CompactRow<'_> {
         q.serialize_element(&*r.job_type)?;
         q.serialize_element(&r.job_version)?;
         q.serialize_element(&r.parent_run_id())?;
-        q.serialize_element(&r.root_run_id)?;
+        q.serialize_element(&r.root_run_id())?;
         q.serialize_element(&r.parent_close_policy)?;
         q.serialize_element(&r.scope_entity_type())?;
         q.serialize_element(&r.scope_entity_id())?;

@@ -239,7 +239,7 @@ fn cascade_walks_descendants_only_and_stops_at_abandon() {
     let leaf = child(&mid, ParentClosePolicy::Cancel);
     let abandoned = child(&mid, ParentClosePolicy::Abandon);
     let under_abandoned = child(&abandoned, ParentClosePolicy::Terminate);
-    assert_eq!(leaf.root_run_id, root.id);
+    assert_eq!(leaf.root_run_id(), root.id);
 
     e.cancel(&mid.id.to_string(), true, &TenantArg::Missing)
         .unwrap();

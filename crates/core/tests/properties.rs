@@ -682,7 +682,7 @@ impl Harness {
             let b = &before[i];
             // (status, finishedAt) the run had when it was deleted.
             let ended = match exp.changes.get(&id) {
-                None if b.status.is_terminal() => Some((b.status, b.finished_at)),
+                None if b.status.is_terminal() => Some((b.status, b.finished_at.get())),
                 Some(Change::End { status, .. }) => Some((*status, Some(now))),
                 Some(Change::Cancel) => Some((RunStatus::Canceled, Some(now))),
                 _ => None,
@@ -1370,7 +1370,7 @@ impl Harness {
             ),
             (
                 "rootRunId",
-                row.root_run_id == parent_row.map_or(row.id, |p| p.root_run_id),
+                row.root_run_id() == parent_row.map_or(row.id, |p| p.root_run_id()),
             ),
             (
                 "parentClosePolicy",
@@ -1396,9 +1396,9 @@ impl Harness {
             ),
             (
                 "nulls",
-                row.started_at.is_none()
-                    && row.finished_at.is_none()
-                    && row.claimed_at.is_none()
+                row.started_at.get().is_none()
+                    && row.finished_at.get().is_none()
+                    && row.claimed_at.get().is_none()
                     && row.output.is_none()
                     && row.error.is_none(),
             ),
@@ -1687,7 +1687,7 @@ impl Harness {
                 && b.job_type == a.job_type
                 && b.job_version == a.job_version
                 && b.parent_run_id() == a.parent_run_id()
-                && b.root_run_id == a.root_run_id
+                && b.root_run_id() == a.root_run_id()
                 && b.parent_close_policy == a.parent_close_policy
                 && b.scope_entity_type() == a.scope_entity_type()
                 && b.scope_entity_id() == a.scope_entity_id()
@@ -1757,9 +1757,9 @@ impl Harness {
                 Change::Claim => {
                     b.status == Pending
                         && a.status == Running
-                        && a.claimed_at == Some(now)
-                        && a.started_at == Some(now)
-                        && a.finished_at.is_none()
+                        && a.claimed_at == now.into()
+                        && a.started_at == now.into()
+                        && a.finished_at.get().is_none()
                         && a.claim_epoch == b.claim_epoch.wrapping_add(1)
                         && a.attempts == b.attempts
                         && a.run_at == b.run_at
@@ -1770,9 +1770,9 @@ impl Harness {
                         && a.status == Pending
                         && a.attempts == b.attempts + 1
                         && a.run_at == *run_at
-                        && a.claimed_at.is_none()
-                        && a.started_at.is_none()
-                        && a.finished_at.is_none()
+                        && a.claimed_at.get().is_none()
+                        && a.started_at.get().is_none()
+                        && a.finished_at.get().is_none()
                         && err(&a.error) == Some((true, a.attempts))
                         && a.claim_epoch == b.claim_epoch
                         && same_lane
@@ -1781,7 +1781,7 @@ impl Harness {
                     b.status == Running
                         && a.status == *status
                         && a.attempts == b.attempts + 1
-                        && a.finished_at == Some(now)
+                        && a.finished_at == now.into()
                         && a.claim_epoch == b.claim_epoch
                         && same_lane
                         && if *status == Completed {
@@ -1793,7 +1793,7 @@ impl Harness {
                 Change::Cancel => {
                     !b.status.is_terminal()
                         && a.status == Canceled
-                        && a.finished_at == Some(now)
+                        && a.finished_at == now.into()
                         && a.attempts == b.attempts
                         && a.run_at == b.run_at
                         && a.claim_epoch == b.claim_epoch
@@ -1804,9 +1804,9 @@ impl Harness {
                         && a.status == Pending
                         && a.attempts == 0
                         && a.run_at == now
-                        && a.started_at.is_none()
-                        && a.finished_at.is_none()
-                        && a.claimed_at.is_none()
+                        && a.started_at.get().is_none()
+                        && a.finished_at.get().is_none()
+                        && a.claimed_at.get().is_none()
                         && a.error.is_none()
                         && a.output.is_none()
                         && a.lane_seq > b.lane_seq
@@ -1816,8 +1816,8 @@ impl Harness {
                         && a.status == Pending
                         && a.attempts == b.attempts
                         && a.run_at == now
-                        && a.claimed_at.is_none()
-                        && a.started_at.is_none()
+                        && a.claimed_at.get().is_none()
+                        && a.started_at.get().is_none()
                         && a.claim_epoch == b.claim_epoch
                         && same_lane
                 }
@@ -1877,25 +1877,25 @@ impl Harness {
         for (i, r) in rows.iter().enumerate() {
             let shape = match r.status {
                 RunStatus::Pending => {
-                    r.claimed_at.is_none()
-                        && r.started_at.is_none()
-                        && r.finished_at.is_none()
+                    r.claimed_at.get().is_none()
+                        && r.started_at.get().is_none()
+                        && r.finished_at.get().is_none()
                         && r.output.is_none()
                 }
                 RunStatus::Running => {
-                    r.claimed_at.is_some()
+                    r.claimed_at.get().is_some()
                         && r.claimed_at == r.started_at
-                        && r.finished_at.is_none()
+                        && r.finished_at.get().is_none()
                         && r.output.is_none()
                 }
                 RunStatus::Waiting => false,
-                RunStatus::Completed => r.finished_at.is_some() && r.output.is_some(),
+                RunStatus::Completed => r.finished_at.get().is_some() && r.output.is_some(),
                 RunStatus::Failed | RunStatus::TimedOut => {
-                    r.finished_at.is_some()
+                    r.finished_at.get().is_some()
                         && r.error.as_ref().is_some_and(|e| !e.retryable)
                         && r.output.is_none()
                 }
-                RunStatus::Canceled => r.finished_at.is_some() && r.output.is_none(),
+                RunStatus::Canceled => r.finished_at.get().is_some() && r.output.is_none(),
             };
             ensure!(shape, "row shape of a {} run: {}", r.status, r.to_json());
             ensure!(
@@ -1904,17 +1904,21 @@ impl Harness {
                 r.to_json()
             );
             match r.parent_run_id() {
-                None => ensure!(r.root_run_id == r.id, "root run {} has another root", r.id),
+                None => ensure!(
+                    r.root_run_id() == r.id,
+                    "root run {} has another root",
+                    r.id
+                ),
                 Some(p) if self.purged.contains(&p) => {}
                 Some(p) => {
                     let pi = self.pos[&p];
                     ensure!(pi < i, "parent created after child");
                     ensure!(
-                        r.root_run_id == rows[pi].root_run_id,
+                        r.root_run_id() == rows[pi].root_run_id(),
                         "child {} has root {}, parent's is {}",
                         r.id,
-                        r.root_run_id,
-                        rows[pi].root_run_id
+                        r.root_run_id(),
+                        rows[pi].root_run_id()
                     );
                     ensure!(
                         !self.mt || r.tenant_id == rows[pi].tenant_id,
@@ -1986,7 +1990,7 @@ impl Harness {
                 .copied()
                 .filter(|r| r.status == RunStatus::Failed)
                 .collect();
-            failed.sort_by_key(|r| std::cmp::Reverse((r.finished_at, r.id.as_u128())));
+            failed.sort_by_key(|r| std::cmp::Reverse((r.finished_at.get(), r.id.as_u128())));
             let want: Vec<RunId> = failed.iter().map(|r| r.id).collect();
             let got: Vec<RunId> = self
                 .e
@@ -2091,7 +2095,7 @@ impl Harness {
                         ..JobRunQuery::default()
                     })?;
                     ensure!(
-                        got == newest(&|x| x.root_run_id == r.id),
+                        got == newest(&|x| x.root_run_id() == r.id),
                         "tree listing of root {} differs",
                         r.id
                     );

@@ -307,8 +307,11 @@ fn run_from_row(r: &Row) -> std::result::Result<RunRow, postgres::Error> {
     let boxed = |i: usize| -> std::result::Result<Option<Box<str>>, postgres::Error> {
         Ok(r.try_get::<_, Option<&str>>(i)?.map(Box::from))
     };
+    let id: RunId = r.try_get(0)?;
+    let root: RunId = r.try_get(4)?;
     let extras = RunExtras {
         parent_run_id: r.try_get(3)?,
+        root_run_id: (root != id).then_some(root),
         scope_entity_type: boxed(6)?,
         scope_entity_id: boxed(7)?,
         tags: tags.map(|t| t.0).filter(|t| t.get() != "{}"),
@@ -317,10 +320,9 @@ fn run_from_row(r: &Row) -> std::result::Result<RunRow, postgres::Error> {
         trigger_ref: boxed(19)?,
     };
     Ok(RunRow {
-        id: r.try_get(0)?,
+        id,
         job_type: Arc::from(r.try_get::<_, &str>(1)?),
         job_version: r.try_get(2)?,
-        root_run_id: r.try_get(4)?,
         parent_close_policy: enum_or(pcp, ParentClosePolicy::parse, ParentClosePolicy::Terminate),
         tenant_id: r.try_get::<_, Option<&str>>(8)?.map(Arc::from),
         pool: Arc::from(r.try_get::<_, &str>(10)?),
@@ -331,9 +333,9 @@ fn run_from_row(r: &Row) -> std::result::Result<RunRow, postgres::Error> {
         error: parse_error(error),
         trigger_source: enum_or(trig, TriggerSource::parse, TriggerSource::Manual),
         run_at: r.try_get::<_, Ms>(20)?.0,
-        started_at: opt_ms(21)?,
-        finished_at: opt_ms(22)?,
-        claimed_at: opt_ms(23)?,
+        started_at: opt_ms(21)?.into(),
+        finished_at: opt_ms(22)?.into(),
+        claimed_at: opt_ms(23)?.into(),
         attempts: r.try_get::<_, i32>(24)?.max(0) as u32,
         extras: extras.boxed(),
         created_at: r.try_get::<_, Ms>(25)?.0,
@@ -917,9 +919,9 @@ impl PgTx<'_> {
                     &r.output.as_deref().map(|o| Jsonb(o.get())),
                     &error.as_deref().map(Jsonb),
                     &Ms(r.run_at),
-                    &r.started_at.map(Ms),
-                    &r.finished_at.map(Ms),
-                    &r.claimed_at.map(Ms),
+                    &r.started_at.get().map(Ms),
+                    &r.finished_at.get().map(Ms),
+                    &r.claimed_at.get().map(Ms),
                     &attempts,
                     &Ms(r.updated_at),
                     &lane_seq,
@@ -947,9 +949,9 @@ impl PgTx<'_> {
         let error: Vec<Option<Jsonb<'_>>> =
             error_text.iter().map(|e| e.as_deref().map(Jsonb)).collect();
         let run_at: Vec<Ms> = rows.iter().map(|r| Ms(r.run_at)).collect();
-        let started: Vec<Option<Ms>> = rows.iter().map(|r| r.started_at.map(Ms)).collect();
-        let finished: Vec<Option<Ms>> = rows.iter().map(|r| r.finished_at.map(Ms)).collect();
-        let claimed: Vec<Option<Ms>> = rows.iter().map(|r| r.claimed_at.map(Ms)).collect();
+        let started: Vec<Option<Ms>> = rows.iter().map(|r| r.started_at.get().map(Ms)).collect();
+        let finished: Vec<Option<Ms>> = rows.iter().map(|r| r.finished_at.get().map(Ms)).collect();
+        let claimed: Vec<Option<Ms>> = rows.iter().map(|r| r.claimed_at.get().map(Ms)).collect();
         let attempts: Vec<i32> = rows.iter().map(|r| r.attempts as i32).collect();
         let updated: Vec<Ms> = rows.iter().map(|r| Ms(r.updated_at)).collect();
         let lane_seq: Vec<i64> = rows.iter().map(|r| r.lane_seq as i64).collect();
@@ -1048,7 +1050,7 @@ impl StoreTx for PgTx<'_> {
                 &jt,
                 &row.job_version,
                 &row.parent_run_id(),
-                &row.root_run_id,
+                &row.root_run_id(),
                 &row.parent_close_policy.as_str(),
                 &row.scope_entity_type(),
                 &row.scope_entity_id(),
@@ -1065,9 +1067,9 @@ impl StoreTx for PgTx<'_> {
                 &row.trigger_source.as_str(),
                 &row.trigger_ref(),
                 &Ms(row.run_at),
-                &row.started_at.map(Ms),
-                &row.finished_at.map(Ms),
-                &row.claimed_at.map(Ms),
+                &row.started_at.get().map(Ms),
+                &row.finished_at.get().map(Ms),
+                &row.claimed_at.get().map(Ms),
                 &attempts,
                 &Ms(row.created_at),
                 &Ms(row.updated_at),
@@ -1390,7 +1392,7 @@ impl StoreTx for PgTx<'_> {
         let Some(r) = self.load(root) else {
             return Vec::new();
         };
-        if r.root_run_id != *root {
+        if r.root_run_id() != *root {
             // A subtree: walk children breadth-first.
             let mut out = vec![*root];
             let mut i = 0;

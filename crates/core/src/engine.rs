@@ -693,8 +693,7 @@ impl<S: Store> Engine<S> {
             priority: req.priority.unwrap_or(def.priority_default),
             status: RunStatus::Pending,
             input: req.input,
-            output: None,
-            error: None,
+            result: None,
             trigger_source: req.trigger_source.unwrap_or(TriggerSource::Manual),
             run_at: clamp_time(req.run_at.unwrap_or(now)),
             started_at: OptMillis::NONE,
@@ -937,7 +936,9 @@ impl<S: Store> Engine<S> {
                     let mut output = Some(output.unwrap_or_else(empty_object));
                     tx.update_run(run_id, &mut |r| {
                         r.status = RunStatus::Completed;
-                        r.output = output.take();
+                        // The error of an earlier attempt stays on the row.
+                        let earlier = r.error().cloned();
+                        r.set_result(output.take(), earlier);
                         r.finished_at = now.into();
                         r.updated_at = now;
                         r.attempts = attempts;
@@ -990,7 +991,7 @@ impl<S: Store> Engine<S> {
                     r.started_at = OptMillis::NONE;
                     r.claimed_at = OptMillis::NONE;
                     r.updated_at = now;
-                    r.error = error.take();
+                    r.set_error(error.take().map(|e| *e));
                     r.executing = false;
                     out = Some(r.clone());
                 });
@@ -1000,7 +1001,7 @@ impl<S: Store> Engine<S> {
                     r.attempts = attempts;
                     r.finished_at = now.into();
                     r.updated_at = now;
-                    r.error = error.take();
+                    r.set_error(error.take().map(|e| *e));
                     r.executing = false;
                     out = Some(r.clone());
                 });
@@ -1372,8 +1373,7 @@ impl<S: Store> Engine<S> {
                 r.started_at = OptMillis::NONE;
                 r.finished_at = OptMillis::NONE;
                 r.claimed_at = OptMillis::NONE;
-                r.error = None;
-                r.output = None;
+                r.set_result(None, None);
                 r.updated_at = now;
                 r.lane_seq = lane_seq;
                 r.executing = false;

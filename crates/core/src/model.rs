@@ -227,6 +227,13 @@ impl Serialize for OptMillis {
     }
 }
 
+/// What an attempt left on a run: its output, or its error.
+#[derive(Debug, Clone, Default)]
+pub struct RunResult {
+    pub output: Option<Box<RawValue>>,
+    pub error: Option<RunError>,
+}
+
 /// The fields most runs leave empty, boxed together: a plain run pays one
 /// pointer for all of them (the in-memory store holds every live run, so
 /// the row's size is most of the memory per run).
@@ -275,8 +282,8 @@ pub struct RunRow {
     pub priority: i32,
     pub status: RunStatus,
     pub input: Box<RawValue>,
-    pub output: Option<Box<RawValue>>,
-    pub error: Option<Box<RunError>>,
+    /// Output and error (`None` while a run has neither, as pending runs do).
+    pub result: Option<Box<RunResult>>,
     pub trigger_source: TriggerSource,
     pub run_at: Millis,
     pub started_at: OptMillis,
@@ -300,6 +307,22 @@ pub struct RunRow {
 }
 
 impl RunRow {
+    pub fn output(&self) -> Option<&RawValue> {
+        self.result.as_ref().and_then(|x| x.output.as_deref())
+    }
+    pub fn error(&self) -> Option<&RunError> {
+        self.result.as_ref().and_then(|x| x.error.as_ref())
+    }
+    /// Sets output and error together (`None, None` frees the box).
+    pub fn set_result(&mut self, output: Option<Box<RawValue>>, error: Option<RunError>) {
+        self.result =
+            (output.is_some() || error.is_some()).then(|| Box::new(RunResult { output, error }));
+    }
+    /// Replaces the error, keeping the output.
+    pub fn set_error(&mut self, error: Option<RunError>) {
+        let output = self.result.take().and_then(|r| r.output);
+        self.set_result(output, error);
+    }
     pub fn parent_run_id(&self) -> Option<RunId> {
         self.extras.as_ref().and_then(|x| x.parent_run_id)
     }
@@ -357,8 +380,8 @@ impl Serialize for RunRow {
         m.serialize_entry("dedupeKey", &r.dedupe_key())?;
         m.serialize_entry("status", &r.status)?;
         m.serialize_entry("input", &r.input)?;
-        m.serialize_entry("output", &r.output)?;
-        m.serialize_entry("error", &r.error)?;
+        m.serialize_entry("output", &r.output())?;
+        m.serialize_entry("error", &r.error())?;
         m.serialize_entry("triggerSource", &r.trigger_source)?;
         m.serialize_entry("triggerRef", &r.trigger_ref())?;
         m.serialize_entry("runAt", &r.run_at)?;
@@ -456,8 +479,8 @@ impl Serialize for CompactRow<'_> {
         q.serialize_element(&r.dedupe_key())?;
         q.serialize_element(&r.status)?;
         q.serialize_element(&r.input)?;
-        q.serialize_element(&r.output)?;
-        q.serialize_element(&r.error)?;
+        q.serialize_element(&r.output())?;
+        q.serialize_element(&r.error())?;
         q.serialize_element(&r.trigger_source)?;
         q.serialize_element(&r.trigger_ref())?;
         q.serialize_element(&r.run_at)?;

@@ -199,7 +199,7 @@ fn retries_back_off_and_respect_non_retryable_errors() {
     let after = fail(&e, &c, None).unwrap();
     assert_eq!(after.status, RunStatus::Pending);
     assert_eq!(after.run_at, e.now() + 100);
-    assert!(after.error.as_ref().unwrap().retryable);
+    assert!(after.error().as_ref().unwrap().retryable);
     e.advance_time(99);
     assert_eq!(claim_id(&e, "batch"), None);
     e.advance_time(1);
@@ -211,7 +211,7 @@ fn retries_back_off_and_respect_non_retryable_errors() {
     let after = fail(&e, &c, None).unwrap();
     assert_eq!(after.status, RunStatus::Failed);
     assert_eq!(after.attempts, 3);
-    assert!(!after.error.unwrap().retryable);
+    assert!(!after.error().unwrap().retryable);
 
     let run2 = e.start(req("t", "{}")).unwrap();
     let c = e.claim_next("batch").unwrap().unwrap();
@@ -412,7 +412,7 @@ async fn tick_applies_outcomes_and_times_out_on_the_engine_clock() {
         .unwrap()
         .unwrap();
     assert_eq!(row.status, RunStatus::Completed);
-    assert_eq!(row.output.unwrap().get(), r#"{"a":1}"#);
+    assert_eq!(row.output().unwrap().get(), r#"{"a":1}"#);
     assert!(matches!(
         e.tick(&run.id.to_string(), &ok).await,
         Err(JobError::JobRunState { .. })

@@ -102,7 +102,7 @@ fn start_claim_complete_roundtrip() {
         .unwrap()
         .unwrap();
     assert_eq!(back.status, RunStatus::Completed);
-    assert_eq!(back.output.unwrap().get(), r#"{"ok": true}"#);
+    assert_eq!(back.output().unwrap().get(), r#"{"ok": true}"#);
     assert_eq!(back.finished_at, done.finished_at);
 }
 

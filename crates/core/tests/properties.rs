@@ -1399,8 +1399,8 @@ impl Harness {
                 row.started_at.get().is_none()
                     && row.finished_at.get().is_none()
                     && row.claimed_at.get().is_none()
-                    && row.output.is_none()
-                    && row.error.is_none(),
+                    && row.output().is_none()
+                    && row.error().is_none(),
             ),
             ("input", row.input.get() == input),
         ];
@@ -1752,7 +1752,7 @@ impl Harness {
                 continue;
             };
             let same_lane = a.lane_seq == b.lane_seq;
-            let err = |e: &Option<Box<RunError>>| e.as_ref().map(|e| (e.retryable, e.attempt));
+            let err = |e: &Option<&RunError>| e.map(|e| (e.retryable, e.attempt));
             let ok = match change {
                 Change::Claim => {
                     b.status == Pending
@@ -1773,7 +1773,7 @@ impl Harness {
                         && a.claimed_at.get().is_none()
                         && a.started_at.get().is_none()
                         && a.finished_at.get().is_none()
-                        && err(&a.error) == Some((true, a.attempts))
+                        && err(&a.error()) == Some((true, a.attempts))
                         && a.claim_epoch == b.claim_epoch
                         && same_lane
                 }
@@ -1785,9 +1785,9 @@ impl Harness {
                         && a.claim_epoch == b.claim_epoch
                         && same_lane
                         && if *status == Completed {
-                            a.output.as_ref().map(|o| o.get()) == Some(output.as_str())
+                            a.output().as_ref().map(|o| o.get()) == Some(output.as_str())
                         } else {
-                            err(&a.error) == Some((false, a.attempts)) && a.output.is_none()
+                            err(&a.error()) == Some((false, a.attempts)) && a.output().is_none()
                         }
                 }
                 Change::Cancel => {
@@ -1807,8 +1807,8 @@ impl Harness {
                         && a.started_at.get().is_none()
                         && a.finished_at.get().is_none()
                         && a.claimed_at.get().is_none()
-                        && a.error.is_none()
-                        && a.output.is_none()
+                        && a.error().is_none()
+                        && a.output().is_none()
                         && a.lane_seq > b.lane_seq
                 }
                 Change::Release => {
@@ -1880,22 +1880,22 @@ impl Harness {
                     r.claimed_at.get().is_none()
                         && r.started_at.get().is_none()
                         && r.finished_at.get().is_none()
-                        && r.output.is_none()
+                        && r.output().is_none()
                 }
                 RunStatus::Running => {
                     r.claimed_at.get().is_some()
                         && r.claimed_at == r.started_at
                         && r.finished_at.get().is_none()
-                        && r.output.is_none()
+                        && r.output().is_none()
                 }
                 RunStatus::Waiting => false,
-                RunStatus::Completed => r.finished_at.get().is_some() && r.output.is_some(),
+                RunStatus::Completed => r.finished_at.get().is_some() && r.output().is_some(),
                 RunStatus::Failed | RunStatus::TimedOut => {
                     r.finished_at.get().is_some()
-                        && r.error.as_ref().is_some_and(|e| !e.retryable)
-                        && r.output.is_none()
+                        && r.error().as_ref().is_some_and(|e| !e.retryable)
+                        && r.output().is_none()
                 }
-                RunStatus::Canceled => r.finished_at.get().is_some() && r.output.is_none(),
+                RunStatus::Canceled => r.finished_at.get().is_some() && r.output().is_none(),
             };
             ensure!(shape, "row shape of a {} run: {}", r.status, r.to_json());
             ensure!(

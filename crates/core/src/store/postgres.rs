@@ -329,8 +329,11 @@ fn run_from_row(r: &Row) -> std::result::Result<RunRow, postgres::Error> {
         priority: r.try_get(11)?,
         status: enum_or(status, RunStatus::parse, RunStatus::Pending),
         input: input.map_or_else(crate::model::empty_object, |j| j.0),
-        output: output.map(|j| j.0),
-        error: parse_error(error),
+        result: {
+            let output = output.map(|j| j.0);
+            let error = parse_error(error).map(|e| *e);
+            (output.is_some() || error.is_some()).then(|| Box::new(RunResult { output, error }))
+        },
         trigger_source: enum_or(trig, TriggerSource::parse, TriggerSource::Manual),
         run_at: r.try_get::<_, Ms>(20)?.0,
         started_at: opt_ms(21)?.into(),
@@ -905,7 +908,7 @@ impl PgTx<'_> {
             let Some(r) = self.runs.get(&id) else {
                 continue;
             };
-            let error = r.error.as_deref().map(error_json);
+            let error = r.error().map(error_json);
             let status = r.status.as_str();
             let attempts = r.attempts as i32;
             let lane_seq = r.lane_seq as i64;
@@ -916,7 +919,7 @@ impl PgTx<'_> {
                 &[
                     &r.id,
                     &status,
-                    &r.output.as_deref().map(|o| Jsonb(o.get())),
+                    &r.output().map(|o| Jsonb(o.get())),
                     &error.as_deref().map(Jsonb),
                     &Ms(r.run_at),
                     &r.started_at.get().map(Ms),
@@ -940,12 +943,10 @@ impl PgTx<'_> {
         let status: Vec<&str> = rows.iter().map(|r| r.status.as_str()).collect();
         let output: Vec<Option<Jsonb<'_>>> = rows
             .iter()
-            .map(|r| r.output.as_deref().map(|o| Jsonb(o.get())))
+            .map(|r| r.output().map(|o| Jsonb(o.get())))
             .collect();
-        let error_text: Vec<Option<String>> = rows
-            .iter()
-            .map(|r| r.error.as_deref().map(error_json))
-            .collect();
+        let error_text: Vec<Option<String>> =
+            rows.iter().map(|r| r.error().map(error_json)).collect();
         let error: Vec<Option<Jsonb<'_>>> =
             error_text.iter().map(|e| e.as_deref().map(Jsonb)).collect();
         let run_at: Vec<Ms> = rows.iter().map(|r| Ms(r.run_at)).collect();
@@ -1036,7 +1037,7 @@ impl StoreTx for PgTx<'_> {
     fn insert_run(&mut self, row: RunRow) {
         self.flush();
         let tags = row.tags().map_or("{}", |t| t.get());
-        let error = row.error.as_deref().map(error_json);
+        let error = row.error().map(error_json);
         let attempts = row.attempts as i32;
         let seq = row.seq as i64;
         let lane_seq = row.lane_seq as i64;
@@ -1062,7 +1063,7 @@ impl StoreTx for PgTx<'_> {
                 &row.dedupe_key(),
                 &row.status.as_str(),
                 &Jsonb(row.input.get()),
-                &row.output.as_deref().map(|o| Jsonb(o.get())),
+                &row.output().map(|o| Jsonb(o.get())),
                 &error.as_deref().map(Jsonb),
                 &row.trigger_source.as_str(),
                 &row.trigger_ref(),

@@ -1166,9 +1166,7 @@ impl Harness {
 
     fn in_scope(&self, r: &RunRow, tenant: &TenantPick, id: &str) -> bool {
         let tenant_ok = !self.mt || tenant.arg() == self.targ(r.tenant_id.as_deref());
-        tenant_ok
-            && r.scope_entity_type().as_deref() == Some(SCOPE_TYPE)
-            && r.scope_entity_id().as_deref() == Some(id)
+        tenant_ok && r.scope_entity_type() == Some(SCOPE_TYPE) && r.scope_entity_id() == Some(id)
     }
 
     /// A claimed run was its lane's head (shadow order) with no running
@@ -1281,7 +1279,7 @@ impl Harness {
             if w > 0 {
                 let hit = before.iter().rev().find(|r| {
                     &*r.job_type == ty
-                        && r.dedupe_key().as_deref() == Some(k)
+                        && r.dedupe_key() == Some(k)
                         && r.tenant_id == tenant
                         && r.created_at > now - w
                         && !matches!(r.status, RunStatus::Canceled | RunStatus::Failed)
@@ -1386,13 +1384,13 @@ impl Harness {
             ("attempts", row.attempts == 0),
             (
                 "concurrencyKey",
-                row.concurrency_key().as_deref() == ckey.as_ref().map(|(k, _)| k.as_str()),
+                row.concurrency_key() == ckey.as_ref().map(|(k, _)| k.as_str()),
             ),
-            ("dedupeKey", row.dedupe_key().as_deref() == dkey),
+            ("dedupeKey", row.dedupe_key() == dkey),
             (
                 "scope",
-                row.scope_entity_type().as_deref() == scope.map(|_| SCOPE_TYPE)
-                    && row.scope_entity_id().as_deref() == scope,
+                row.scope_entity_type() == scope.map(|_| SCOPE_TYPE)
+                    && row.scope_entity_id() == scope,
             ),
             (
                 "nulls",
@@ -2005,8 +2003,8 @@ impl Harness {
                 let want: Vec<RunId> = mine
                     .iter()
                     .filter(|r| {
-                        r.scope_entity_type().as_deref() == Some(SCOPE_TYPE)
-                            && r.scope_entity_id().as_deref() == Some(sid)
+                        r.scope_entity_type() == Some(SCOPE_TYPE)
+                            && r.scope_entity_id() == Some(sid)
                     })
                     .map(|r| r.id)
                     .collect();

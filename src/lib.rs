@@ -250,6 +250,32 @@ pub struct NativeOptions {
     pub retain_failed_ms: Option<f64>,
 }
 
+/// Engine options from the JS options shared by both classes.
+fn engine_options(
+    multi_tenant: Option<bool>,
+    clock: Option<&str>,
+    retain_completed_ms: Option<f64>,
+    retain_failed_ms: Option<f64>,
+) -> Result<EngineOptions> {
+    let clock = match clock {
+        None | Some("system") => ClockKind::System,
+        Some("manual") => ClockKind::Manual,
+        Some(other) => {
+            return Err(invalid(format!(
+                "clock must be 'system' or 'manual', got '{other}'"
+            )))
+        }
+    };
+    Ok(EngineOptions {
+        multi_tenant: multi_tenant.unwrap_or(false),
+        clock,
+        retention: Retention {
+            completed_ms: retention_ms(retain_completed_ms, "retention.completedMs")?,
+            failed_ms: retention_ms(retain_failed_ms, "retention.failedMs")?,
+        },
+    })
+}
+
 fn retention_ms(v: Option<f64>, name: &str) -> Result<Option<i64>> {
     match v {
         None => Ok(None),
@@ -277,28 +303,14 @@ impl NativeEngine {
         ts_args_type = "options: NativeOptions, dispatch: (payload: string) => Promise<string>, onAbort: () => void"
     )]
     pub fn new(options: NativeOptions, dispatch: DispatchFn, on_abort: AbortFn) -> Result<Self> {
-        let clock = match options.clock.as_deref() {
-            None | Some("system") => ClockKind::System,
-            Some("manual") => ClockKind::Manual,
-            Some(other) => {
-                return Err(invalid(format!(
-                    "clock must be 'system' or 'manual', got '{other}'"
-                )))
-            }
-        };
         let engine = Arc::new(Engine::new(
             MemoryStore::new(),
-            EngineOptions {
-                multi_tenant: options.multi_tenant.unwrap_or(false),
-                clock,
-                retention: Retention {
-                    completed_ms: retention_ms(
-                        options.retain_completed_ms,
-                        "retention.completedMs",
-                    )?,
-                    failed_ms: retention_ms(options.retain_failed_ms, "retention.failedMs")?,
-                },
-            },
+            engine_options(
+                options.multi_tenant,
+                options.clock.as_deref(),
+                options.retain_completed_ms,
+                options.retain_failed_ms,
+            )?,
         ));
         let pending_aborts = PendingAborts::default();
         engine.set_observer(Arc::new(JsObserver {

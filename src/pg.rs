@@ -70,15 +70,12 @@ impl PgEngine {
         ts_args_type = "options: PgNativeOptions, onAbort: () => void"
     )]
     pub fn new(options: PgNativeOptions, on_abort: AbortFn) -> Result<Self> {
-        let clock = match options.clock.as_deref() {
-            None | Some("system") => ClockKind::System,
-            Some("manual") => ClockKind::Manual,
-            Some(other) => {
-                return Err(invalid(format!(
-                    "clock must be 'system' or 'manual', got '{other}'"
-                )))
-            }
-        };
+        let engine_opts = engine_options(
+            options.multi_tenant,
+            options.clock.as_deref(),
+            options.retain_completed_ms,
+            options.retain_failed_ms,
+        )?;
         let mut config = PgConfig::new(options.url);
         if let Some(s) = options.schema {
             config.schema = s;
@@ -90,20 +87,7 @@ impl PgEngine {
             config.max_connections = n as usize;
         }
         let store = PgStore::new(config).map_err(to_napi)?;
-        let engine = Arc::new(Engine::new(
-            store,
-            EngineOptions {
-                multi_tenant: options.multi_tenant.unwrap_or(false),
-                clock,
-                retention: Retention {
-                    completed_ms: retention_ms(
-                        options.retain_completed_ms,
-                        "retention.completedMs",
-                    )?,
-                    failed_ms: retention_ms(options.retain_failed_ms, "retention.failedMs")?,
-                },
-            },
-        ));
+        let engine = Arc::new(Engine::new(store, engine_opts));
         let pending = PendingAborts::default();
         engine.set_observer(Arc::new(JsObserver {
             on_abort,

@@ -1027,28 +1027,40 @@ impl<S: Store> Engine<S> {
         }
         let now = self.now();
         self.store.transaction(|tx| {
-            tx.expect_claims(max);
             let mut out = Vec::new();
-            while out.len() < max {
-                let Some(id) = tx.next_claimable(pool, now) else {
-                    break;
-                };
-                let mut ticket = None;
-                tx.update_run(&id, &mut |r| {
-                    mark_claimed(r, now, true);
-                    ticket = Some(AttemptTicket {
-                        run: r.clone(),
-                        epoch: r.claim_epoch,
-                        timeout_ms: None,
-                    });
-                });
-                if let Some(mut t) = ticket {
-                    t.timeout_ms = tx.definition(&t.run.job_type).and_then(|d| d.timeout_ms);
-                    out.push(t);
-                }
-            }
+            Self::claim_into(tx, pool, max, now, &mut out);
             Ok(out)
         })
+    }
+
+    /// Claims up to `max` due runs of `pool` with their attempts opened,
+    /// appending the tickets to `out`. O(k log n).
+    fn claim_into(
+        tx: &mut S::Tx<'_>,
+        pool: &str,
+        max: usize,
+        now: Millis,
+        out: &mut Vec<AttemptTicket>,
+    ) {
+        tx.expect_claims(max);
+        for _ in 0..max {
+            let Some(id) = tx.next_claimable(pool, now) else {
+                break;
+            };
+            let mut ticket = None;
+            tx.update_run(&id, &mut |r| {
+                mark_claimed(r, now, true);
+                ticket = Some(AttemptTicket {
+                    run: r.clone(),
+                    epoch: r.claim_epoch,
+                    timeout_ms: None,
+                });
+            });
+            if let Some(mut t) = ticket {
+                t.timeout_ms = tx.definition(&t.run.job_type).and_then(|d| d.timeout_ms);
+                out.push(t);
+            }
+        }
     }
 
     /// One step of a worker on a networked store: applies the outcomes of
@@ -1079,29 +1091,8 @@ impl<S: Store> Engine<S> {
             }
             let mut tickets = Vec::new();
             for (pool, want) in claims {
-                if *want == 0 {
-                    continue;
-                }
-                tx.expect_claims(*want);
-                let mut got = 0;
-                while got < *want {
-                    let Some(id) = tx.next_claimable(pool, now) else {
-                        break;
-                    };
-                    let mut ticket = None;
-                    tx.update_run(&id, &mut |r| {
-                        mark_claimed(r, now, true);
-                        ticket = Some(AttemptTicket {
-                            run: r.clone(),
-                            epoch: r.claim_epoch,
-                            timeout_ms: None,
-                        });
-                    });
-                    if let Some(mut t) = ticket {
-                        t.timeout_ms = tx.definition(&t.run.job_type).and_then(|d| d.timeout_ms);
-                        tickets.push(t);
-                        got += 1;
-                    }
+                if *want > 0 {
+                    Self::claim_into(tx, pool, *want, now, &mut tickets);
                 }
             }
             self.purge(tx, now);

@@ -98,12 +98,31 @@ export declare class NativeEngine {
    * claims the pool's next run: returns `'0'|'1'` (notices pending) then
    * that run's ticket, if any.
    */
-  workerFinish(runId: string, epoch: number, outcomeJson: string | undefined | null, pool: string): string
+  workerFinish(runId: string, epoch: number, outcomeJson: string | undefined | null, pool: string, starts?: string | undefined | null): string
   /**
    * Claims into the worker's free slots from the JS thread (after a
    * start): tickets one per line, or an empty string.
    */
   workerFill(): string
+  /**
+   * `count` (at most 4096) fresh run ids (UUID v4), concatenated: JS
+   * hands them out to buffered starts.
+   */
+  newRunIds(count: number): string
+  /**
+   * The row of a run a worker ticket handed out, for `ctx.run` (no
+   * tenant gate: the handler already holds the run). `None` once purged.
+   */
+  claimedRun(runId: string): string | null
+  /**
+   * Creates runs JS has already answered `start` for (see
+   * `Engine::start_batch`). `batch`: one run per line,
+   * `<id><createdAt ms>,<type byte length>:<type><input JSON>` (input
+   * JSON text never holds a raw newline). `fed`: claim into the worker's
+   * free slots in the same call. Answers one line per ticket claimed, and
+   * `!<line index> <message>` for each run that could not be created.
+   */
+  startBatch(batch: string, fed: boolean): string
   /** Stops claiming; in-flight attempts go on. Returns how many are in flight. */
   workerStop(): number
   /** Attempts the worker holds right now. */

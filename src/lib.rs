@@ -117,7 +117,10 @@ impl EngineObserver for JsObserver {
 type BatchFn = ThreadsafeFunction<String, UnknownReturnValue, String, Status, false, true>;
 
 struct JsBatch {
-    on_batch: BatchFn,
+    pub(crate) on_batch: BatchFn,
+    /// Postgres tickets carry the row (JS cannot read it back synchronously);
+    /// in memory JS reads it on demand (`claimed_run`).
+    pub(crate) with_row: bool,
 }
 
 impl BatchDispatcher for JsBatch {
@@ -125,7 +128,7 @@ impl BatchDispatcher for JsBatch {
         // One ticket per line (compact JSON never contains a raw newline).
         let json = tickets
             .iter()
-            .map(ticket_json)
+            .map(|t| ticket_text(t, self.with_row))
             .collect::<Vec<_>>()
             .join("\n");
         // Unbounded queue: QueueFull cannot happen; Closing means Node is
@@ -140,28 +143,76 @@ struct JsExecutor {
     dispatch: Arc<DispatchFn>,
 }
 
-/// An attempt ticket for JS: `header \0 input \0 row`, three JSON texts
-/// (serde_json escapes NUL inside strings, so the separator is unambiguous).
+/// An attempt ticket for JS: `header \0 input \0 row` (see `ticket_text`
+/// for the header; input and row are JSON, in which serde_json escapes NUL,
+/// so the separators are unambiguous).
 /// JS parses the small header and the input at once and the full run row
 /// only if the handler reads `ctx.run`.
+/// Appends `lines` to `out`, one per line.
+fn push_lines(out: &mut String, lines: &[String]) {
+    for l in lines {
+        if !out.is_empty() {
+            out.push('\n');
+        }
+        out.push_str(l);
+    }
+}
+
+/// One line of `start_batch`, see there.
+fn parse_batch_line(line: &str) -> std::result::Result<StartRequest, String> {
+    let id_text = line.get(..36).ok_or("too short")?;
+    let id = id_text
+        .parse::<RunId>()
+        .map_err(|_| format!("bad run id '{id_text}'"))?;
+    let rest = &line[36..];
+    let comma = rest.find(',').ok_or("no ',' after the time")?;
+    let at: i64 = rest[..comma]
+        .parse()
+        .map_err(|_| format!("bad time '{}'", &rest[..comma]))?;
+    let rest = &rest[comma + 1..];
+    let colon = rest.find(':').ok_or("no ':' after the type length")?;
+    let len: usize = rest[..colon].parse().map_err(|_| "bad type length")?;
+    let rest = &rest[colon + 1..];
+    let (job_type, input) = (rest.get(..len).ok_or("type cut short")?, &rest[len..]);
+    let input = RawValue::from_string(input.to_owned()).map_err(|e| format!("input: {e}"))?;
+    Ok(StartRequest {
+        job_type: job_type.to_owned(),
+        input,
+        preset: Some((id, at)),
+        ..StartRequest::default()
+    })
+}
+
 fn ticket_json(t: &AttemptTicket) -> String {
+    ticket_text(t, true)
+}
+
+/// `ticket_json`, with the row left empty unless `with_row`: serialising a
+/// row costs more than the rest of a worker's per-run native work, and most
+/// handlers never read `ctx.run` (JS fetches it with `claimed_run` if so).
+fn ticket_text(t: &AttemptTicket, with_row: bool) -> String {
     use std::fmt::Write;
-    // Written by hand: this is on every run's path, and building a
-    // `serde_json::Value` for five fields costs more than the rest.
-    let quoted = |s: &str| serde_json::to_string(s).unwrap_or_else(|_| "\"\"".to_owned());
+    // Written by hand and read by hand in JS (no JSON for the header): this
+    // is on every run's path. `<id><epoch>,<timeoutMs or nothing>,` then
+    // the job type and the pool, each as `<UTF-16 length>:<text>`, so any
+    // character may appear in them.
     let input = t.run.input.get();
-    let row = t.run.to_compact_json();
-    let mut out = String::with_capacity(128 + input.len() + row.len());
-    let timeout = t
-        .timeout_ms
-        .map_or_else(|| "null".to_owned(), |ms| ms.to_string());
+    let row = if with_row {
+        t.run.to_compact_json()
+    } else {
+        String::new()
+    };
+    let mut out = String::with_capacity(96 + input.len() + row.len());
+    let _ = write!(out, "{}{},", t.run.id, t.epoch);
+    if let Some(ms) = t.timeout_ms {
+        let _ = write!(out, "{ms}");
+    }
+    let (job_type, pool) = (&*t.run.job_type, &*t.run.pool);
     let _ = write!(
         out,
-        "{{\"id\":\"{}\",\"jobType\":{},\"pool\":{},\"epoch\":{},\"timeoutMs\":{timeout}}}\0{input}\0{row}",
-        t.run.id,
-        quoted(&t.run.job_type),
-        quoted(&t.run.pool),
-        t.epoch,
+        ",{}:{job_type}{}:{pool}\0{input}\0{row}",
+        job_type.encode_utf16().count(),
+        pool.encode_utf16().count(),
     );
     out
 }
@@ -655,7 +706,10 @@ impl NativeEngine {
         }
         let worker = Worker::new(self.engine.clone(), pools);
         *guard = Some(worker.clone());
-        napi::bindgen_prelude::spawn(worker.run(JsBatch { on_batch }));
+        napi::bindgen_prelude::spawn(worker.run(JsBatch {
+            on_batch,
+            with_row: false,
+        }));
         Ok(())
     }
 
@@ -669,18 +723,23 @@ impl NativeEngine {
         epoch: u32,
         outcome_json: Option<String>,
         pool: String,
+        starts: Option<String>,
     ) -> Result<String> {
         let Ok(id) = run_id.parse::<RunId>() else {
             return Err(to_napi(JobError::JobRunNotFound { run_id }));
         };
+        // Starts JS buffered ride along: created before this pool claims
+        // its next run, so they are claimable by it.
+        let (problems, pools) = match &starts {
+            Some(batch) => self.create_buffered(batch, false)?,
+            None => (Vec::new(), Vec::new()),
+        };
         let outcome = outcome_json.as_deref().map(parse_outcome);
         let worker = self.worker.lock().ok().and_then(|w| w.clone());
         let next = match worker {
-            Some(w) => {
-                w.finish_and_next(&id, epoch, outcome, &pool)
-                    .map_err(to_napi)?
-                    .1
-            }
+            Some(w) => w
+                .finish_and_next(&id, epoch, outcome, &pool)
+                .map_err(to_napi)?,
             None => {
                 if let Some(o) = outcome {
                     self.engine.finish_attempt(&id, epoch, o).map_err(to_napi)?;
@@ -698,9 +757,60 @@ impl NativeEngine {
             .unwrap_or(false);
         let mut out = String::from(if pending { "1" } else { "0" });
         if let Some(t) = next {
-            out.push_str(&ticket_json(&t));
+            out.push_str(&ticket_text(&t, false));
         }
+        if !pools.is_empty() {
+            // Other slots may be idle (their loops found nothing to claim a
+            // moment ago): claim into every free slot, as `start_batch` with
+            // `fed` does. Cheap when none is free.
+            let mut extra = String::new();
+            self.fill_into(&mut extra)?;
+            if !extra.is_empty() {
+                out.push('\n');
+                out.push_str(&extra);
+            }
+        }
+        push_lines(&mut out, &problems);
         Ok(out)
+    }
+
+    /// Creates the runs of a `start_batch` text; answers one
+    /// `!<line> <message>` per run that could not be created.
+    fn create_buffered(&self, batch: &str, wake: bool) -> Result<(Vec<String>, Vec<Arc<str>>)> {
+        let mut reqs = Vec::new();
+        let mut problems = Vec::new();
+        let mut index = Vec::new();
+        for (i, line) in batch.split('\n').enumerate() {
+            if line.is_empty() {
+                continue;
+            }
+            match parse_batch_line(line) {
+                Ok(req) => {
+                    index.push(i);
+                    reqs.push(req);
+                }
+                Err(reason) => problems.push(format!("!{i} invalid batch line: {reason}")),
+            }
+        }
+        let (failed, pools) = self.engine.start_batch(reqs, wake).map_err(to_napi)?;
+        for (k, e) in failed {
+            problems.push(format!("!{} {e}", index.get(k).copied().unwrap_or(k)));
+        }
+        Ok((problems, pools))
+    }
+
+    /// Claims into the worker's free slots; appends one ticket per line.
+    fn fill_into(&self, out: &mut String) -> Result<()> {
+        let worker = self.worker.lock().ok().and_then(|w| w.clone());
+        if let Some(w) = worker {
+            for t in w.fill().map_err(to_napi)? {
+                if !out.is_empty() {
+                    out.push('\n');
+                }
+                out.push_str(&ticket_text(&t, false));
+            }
+        }
+        Ok(())
     }
 
     /// Claims into the worker's free slots from the JS thread (after a
@@ -714,9 +824,47 @@ impl NativeEngine {
         let tickets = w.fill().map_err(to_napi)?;
         Ok(tickets
             .iter()
-            .map(ticket_json)
+            .map(|t| ticket_text(t, false))
             .collect::<Vec<_>>()
             .join("\n"))
+    }
+
+    /// `count` (at most 4096) fresh run ids (UUID v4), concatenated: JS
+    /// hands them out to buffered starts.
+    #[napi(catch_unwind)]
+    pub fn new_run_ids(&self, count: u32) -> String {
+        let n = count.min(4096) as usize;
+        let mut out = String::with_capacity(n * 36);
+        let mut buf = RunId::encode_buffer();
+        for _ in 0..n {
+            out.push_str(RunId::new_v4().hyphenated().encode_lower(&mut buf));
+        }
+        out
+    }
+
+    /// The row of a run a worker ticket handed out, for `ctx.run` (no
+    /// tenant gate: the handler already holds the run). `None` once purged.
+    #[napi(catch_unwind)]
+    pub fn claimed_run(&self, run_id: String) -> Option<String> {
+        let id = run_id.parse::<RunId>().ok()?;
+        self.engine.run_row(&id).map(|r| r.to_compact_json())
+    }
+
+    /// Creates runs JS has already answered `start` for (see
+    /// `Engine::start_batch`). `batch`: one run per line,
+    /// `<id><createdAt ms>,<type byte length>:<type><input JSON>` (input
+    /// JSON text never holds a raw newline). `fed`: claim into the worker's
+    /// free slots in the same call. Answers one line per ticket claimed, and
+    /// `!<line index> <message>` for each run that could not be created.
+    #[napi(catch_unwind)]
+    pub fn start_batch(&self, batch: String, fed: bool) -> Result<String> {
+        let (problems, _) = self.create_buffered(&batch, !fed)?;
+        let mut out = String::new();
+        if fed {
+            self.fill_into(&mut out)?;
+        }
+        push_lines(&mut out, &problems);
+        Ok(out)
     }
 
     /// Stops claiming; in-flight attempts go on. Returns how many are in flight.

@@ -507,7 +507,10 @@ impl PgEngine {
         }
         let worker = PgWorker::new(self.engine.clone(), pools, self.lease_ms, self.poll_ms);
         *guard = Some(worker.clone());
-        napi::bindgen_prelude::spawn(worker.run(JsBatch { on_batch }));
+        napi::bindgen_prelude::spawn(worker.run(JsBatch {
+            on_batch,
+            with_row: true,
+        }));
         Ok(())
     }
 

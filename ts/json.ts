@@ -77,8 +77,60 @@ export function jsonProblem(value: unknown): string | null {
   return walk(value, 'value');
 }
 
+/**
+ * A plain object whose values are all strings, finite numbers, booleans or
+ * null: the shape most job inputs have. Checked without the general walk's
+ * allocations (its path strings and cycle stack).
+ */
+function isFlatJsonObject(v: unknown): boolean {
+  if (typeof v !== 'object' || v === null || Object.getPrototypeOf(v) !== Object.prototype) return false;
+  const o = v as Record<string, unknown>;
+  for (const k in o) {
+    const x = o[k];
+    switch (typeof x) {
+      case 'string':
+      case 'boolean':
+        continue;
+      case 'number':
+        // -0 is excluded: JSON writes it as 0, a copy would keep the sign.
+        if (Number.isFinite(x) && (x !== 0 || 1 / x > 0)) continue;
+        return false;
+      case 'object':
+        if (x === null) continue;
+        return false;
+      default:
+        return false;
+    }
+  }
+  return true;
+}
+
+/**
+ * JSON text of a flat object (see `isFlatJsonObject`), or null for any
+ * other value.
+ */
+export function flatJsonText(value: unknown): string | null {
+  return isFlatJsonObject(value) ? JSON.stringify(value) : null;
+}
+
+/**
+ * What `JSON.parse(flatJsonText(o))` gives, without the parse: the
+ * enumerable string-keyed properties (symbol keys and non-enumerable ones
+ * are dropped, as JSON drops them). `o` must have passed `flatJsonText`.
+ */
+export function flatCopy(o: Record<string, unknown>): Record<string, unknown> {
+  const copy: Record<string, unknown> = {};
+  for (const k in o) {
+    // Assigning '__proto__' would set the prototype; JSON.parse makes it a property.
+    if (k === '__proto__') return JSON.parse(JSON.stringify(o)) as Record<string, unknown>;
+    copy[k] = o[k];
+  }
+  return copy;
+}
+
 /** JSON text of `value` after checking it, or the reason it is not JSON. */
 export function toJsonText(value: unknown, what: string): { ok: true; text: string } | { ok: false; reason: string } {
+  if (isFlatJsonObject(value)) return { ok: true, text: JSON.stringify(value) };
   const problem = jsonProblem(value);
   if (problem) return { ok: false, reason: problem.replace(/^value/, what) };
   try {

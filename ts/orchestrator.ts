@@ -22,7 +22,8 @@ import type {
   StepOptions,
 } from './handler';
 import { consoleLogger } from './handler';
-import { toJsonText } from './json';
+import { randomUUID } from 'node:crypto';
+import { flatCopy, flatJsonText, toJsonText } from './json';
 import { NativeEngine, PgEngine } from './native';
 import type { JobDefinitionRow, JobRun, JobRunError, JobRunStatus, JobStep } from './rows';
 import { fromTuple, newRun, parseDefinition, parseRun, parseRuns, parseStep } from './rows';
@@ -220,21 +221,75 @@ class Ticket {
   private readonly rowText: string;
   private row?: JobRun;
 
-  constructor(line: string) {
-    const a = line.indexOf('\0');
-    const b = line.indexOf('\0', a + 1);
-    const h = JSON.parse(line.slice(0, a)) as { id: string; jobType: string; pool: string; epoch: number; timeoutMs: number | null };
-    this.id = h.id;
-    this.jobType = h.jobType;
-    this.pool = h.pool;
-    this.epoch = h.epoch;
-    this.timeoutMs = h.timeoutMs;
-    this.input = JSON.parse(line.slice(a + 1, b));
-    this.rowText = line.slice(b + 1);
+  /**
+   * `readRow`: where the row comes from when the ticket carries none (the
+   * memory worker leaves it out; `ctx.run` reads it on first use).
+   */
+  constructor(
+    line: string,
+    private readonly readRow?: (runId: string) => string | null,
+  ) {
+    // `<id><epoch>,<timeoutMs?>,<n>:<jobType><m>:<pool>\0<input>\0<row>`
+    // (lengths in UTF-16 units); parsed by hand, it is on every run's path.
+    this.id = line.slice(0, 36);
+    const a = line.indexOf(',', 36);
+    const b = line.indexOf(',', a + 1);
+    if (a < 0 || b < 0) throw new Error(`unreadable ticket: ${line.slice(0, 80)}`);
+    this.epoch = +line.slice(36, a);
+    this.timeoutMs = b === a + 1 ? null : +line.slice(a + 1, b);
+    const c = line.indexOf(':', b + 1);
+    const typeEnd = c + 1 + +line.slice(b + 1, c);
+    this.jobType = line.slice(c + 1, typeEnd);
+    const d = line.indexOf(':', typeEnd);
+    const poolEnd = d + 1 + +line.slice(typeEnd, d);
+    this.pool = line.slice(d + 1, poolEnd);
+    const e = line.indexOf('\0', poolEnd + 1);
+    if (c < 0 || d < 0 || line.charCodeAt(poolEnd) !== 0 || e < 0) throw new Error(`unreadable ticket: ${line.slice(0, 80)}`);
+    this.input = JSON.parse(line.slice(poolEnd + 1, e));
+    this.rowText = line.slice(e + 1);
   }
 
   get run(): JobRun {
-    return (this.row ??= parseRun(this.rowText));
+    if (this.row) return this.row;
+    if (this.rowText.length > 0 || !this.readRow) return (this.row = parseRun(this.rowText));
+    const text = this.readRow(this.id);
+    // Only a finished run purged by retention is gone while its handler runs.
+    if (text === null) throw new JobRunNotFoundError(this.id);
+    return (this.row = parseRun(text));
+  }
+}
+
+/**
+ * The `ctx` a handler receives. A class: its getters sit on the prototype,
+ * where an object literal with getters defines them anew for every run
+ * (measured: the largest single JS cost of a no-op run). `step` and
+ * `spawnChild` are own bound functions, so destructuring `ctx` works.
+ */
+class RunContext implements JobContext<unknown> {
+  readonly input: unknown;
+  private cachedLogger?: JobLogger;
+
+  constructor(
+    private readonly ticket: Ticket,
+    private readonly attempt: Attempt,
+    private readonly loggerFactory: (run: JobRun) => JobLogger,
+    readonly step: JobContext<unknown>['step'],
+    readonly spawnChild: JobContext<unknown>['spawnChild'],
+  ) {
+    this.input = ticket.input;
+  }
+
+  get run(): JobRun {
+    return this.ticket.run;
+  }
+
+  get signal(): AbortSignal {
+    return this.attempt.signal;
+  }
+
+  /** Built on first use: most handlers never log. */
+  get logger(): JobLogger {
+    return (this.cachedLogger ??= this.loggerFactory(this.ticket.run));
   }
 }
 
@@ -517,9 +572,30 @@ function isClass(h: unknown): h is new () => { run(ctx: JobContext<unknown>): un
   );
 }
 
+/** Buffered starts handed to the engine in one call at most this many at a time. */
+const START_BATCH_MAX = 256;
+
 export class JobOrchestrator {
-  /** The in-memory engine (unset with the Postgres backend). */
-  private readonly native!: NativeEngine;
+  /**
+   * The in-memory engine (with the Postgres backend, a scratch engine that
+   * only validates definitions). Read it through `native`, which first
+   * hands over buffered starts, unless the call cannot observe them.
+   */
+  private readonly engine!: NativeEngine;
+  /**
+   * Memory: plain starts (see `plainTypes`) answered in JS and not yet
+   * handed to the engine, one `start_batch` line each. Every engine call
+   * through `native` hands them over first, so no operation can observe
+   * the difference; otherwise they go with the next worker report, when
+   * `START_BATCH_MAX` are waiting, or on the next turn of the event loop.
+   */
+  private startBuf = '';
+  private startCount = 0;
+  private startFlushArmed = false;
+  private idBlock = '';
+  private idAt = 0;
+  /** Last creation time handed out (system clock): never goes backwards. */
+  private lastStartAt = 0;
   /** The Postgres engine (null with the memory backend). */
   private readonly pg: PgEngine | null = null;
   private readonly local: LocalEngine;
@@ -537,7 +613,7 @@ export class JobOrchestrator {
    * Memory: types whose runs, started with no options, have a row fully
    * determined by the definition (no keys): `start` builds that row here.
    */
-  private readonly plainTypes = new Map<string, RunDefaults>();
+  private readonly plainTypes = new Map<string, RunDefaults & { wire: string }>();
   /** AbortControllers of executing attempts, by run id. */
   private readonly inFlight = new Map<string, Attempt>();
   /** Pending engine-time sleeps of a manual clock, fired by `advanceTime`. */
@@ -602,14 +678,14 @@ export class JobOrchestrator {
       );
       this.local = this.pg;
       // Validates definitions synchronously; never holds runs.
-      this.native = new NativeEngine(
+      this.engine = new NativeEngine(
         { multiTenant: this.multiTenant, clock },
         async () => '{"status":"no_handler"}',
         () => undefined,
       );
       return;
     }
-    this.native = call(
+    this.engine = call(
       () =>
         new NativeEngine(
           {
@@ -622,8 +698,58 @@ export class JobOrchestrator {
           () => this.flushAborts(),
         ),
     );
-    this.local = this.native;
+    this.local = this.engine;
   }
+
+  /** The engine, after handing it the buffered starts. */
+  private get native(): NativeEngine {
+    if (this.startCount > 0) this.flushStarts();
+    return this.engine;
+  }
+
+  /** Hands the buffered starts to the engine (claiming into idle worker slots). */
+  private flushStarts(): void {
+    if (this.startCount === 0) return;
+    const text = this.startBuf;
+    this.startBuf = '';
+    this.startCount = 0;
+    const rt = this.worker;
+    const fed = rt !== null && rt.running && rt.hasIdleSlot();
+    let ans: string;
+    try {
+      ans = this.engine.startBatch(text, fed);
+    } catch (e) {
+      console.error('jobforge: handing buffered starts to the engine failed', translateNativeError(e));
+      return;
+    }
+    if (ans.length > 0) this.onReplyLines(ans, 0);
+  }
+
+  private readonly flushLater = (): void => {
+    this.startFlushArmed = false;
+    this.flushStarts();
+  };
+
+  /**
+   * Extra lines of a batch or worker reply, from `from`: tickets the call
+   * claimed into idle worker slots, and `!<line> <message>` for a buffered
+   * start the engine refused (its checks ran in JS first, so this means a
+   * bug, reported rather than lost silently).
+   */
+  private onReplyLines(text: string, from: number): void {
+    for (const line of text.slice(from).split('\n')) {
+      if (line.length === 0) continue;
+      if (line.charCodeAt(0) === 33) {
+        console.error(`jobforge: a buffered start was not created: ${line.slice(1)}`);
+        continue;
+      }
+      const rt = this.worker;
+      if (rt && rt.running) void this.workerLoop(rt, new Ticket(line, this.readClaimedRow), false);
+      else this.releaseTicket(new Ticket(line));
+    }
+  }
+
+  private readonly readClaimedRow = (runId: string): string | null => this.engine.claimedRun(runId);
 
   /**
    * Postgres: creates or upgrades the schema (tables job, job_run,
@@ -756,7 +882,12 @@ export class JobOrchestrator {
     const defs = JSON.parse(call(() => this.native.register(specsText))) as JobDefinitionRow[];
     for (const d of defs) {
       if (d.concurrencyKeyTemplate === null && d.dedupeKeyTemplate === null && !this.multiTenant) {
-        this.plainTypes.set(d.type, { version: d.version, pool: d.pool, priority: d.priorityDefault });
+        this.plainTypes.set(d.type, {
+          version: d.version,
+          pool: d.pool,
+          priority: d.priorityDefault,
+          wire: `${Buffer.byteLength(d.type)}:${d.type}`,
+        });
       } else this.plainTypes.delete(d.type);
     }
     if (this.pg) {
@@ -844,14 +975,66 @@ export class JobOrchestrator {
     return { inputText: j.text, optsText: JSON.stringify(o) };
   }
 
+  /**
+   * A plain start (no options, no keys, single tenant): nothing the engine
+   * checks can fail once the type is registered and the input is JSON, and
+   * the row follows from the definition. So the id and time are chosen
+   * here and the run is handed to the engine with others in one call.
+   */
+  private startBuffered(type: string, plain: RunDefaults & { wire: string }, inputText: string, input: Record<string, unknown>): JobRun {
+    const id = this.nextRunId();
+    let at: number;
+    if (this.clock === 'manual') at = this.engine.now();
+    else {
+      at = Date.now();
+      if (at < this.lastStartAt) at = this.lastStartAt;
+      else this.lastStartAt = at;
+    }
+    this.startBuf += `${id}${at},${plain.wire}${inputText}\n`;
+    this.startCount++;
+    const rt = this.worker;
+    if (this.startCount >= START_BATCH_MAX || (rt !== null && rt.running && rt.hasIdleSlot(plain.pool))) {
+      // An idle worker slot takes the run at once.
+      this.flushStarts();
+    } else if (!this.startFlushArmed) {
+      this.startFlushArmed = true;
+      setImmediate(this.flushLater);
+    }
+    return newRun(type, plain, id, at, input);
+  }
+
+  /**
+   * A fresh run id (UUID v4) for a buffered start, from a block the engine
+   * generates 256 at a time: slicing the block costs less than
+   * `randomUUID()` per start.
+   */
+  private nextRunId(): string {
+    if (this.idAt >= this.idBlock.length) {
+      try {
+        this.idBlock = this.engine.newRunIds(256);
+      } catch {
+        return randomUUID();
+      }
+      this.idAt = 0;
+    }
+    const id = this.idBlock.slice(this.idAt, this.idAt + 36);
+    this.idAt += 36;
+    return id;
+  }
+
   private startNow(type: string, input: unknown, opts: StartOptions | undefined): JobRun {
     if (typeof type !== 'string') throw new JobInputInvalidError('job type must be a string');
     const payload = input === undefined || input === null ? {} : input;
-    let inputText: string;
+    let inputText: string | null = null;
+    let flat = false;
     try {
-      const j = toJsonText(payload, 'input');
-      if (!j.ok) throw new JobInputInvalidError(j.reason);
-      inputText = j.text;
+      inputText = flatJsonText(payload);
+      flat = inputText !== null;
+      if (inputText === null) {
+        const j = toJsonText(payload, 'input');
+        if (!j.ok) throw new JobInputInvalidError(j.reason);
+        inputText = j.text;
+      }
     } catch (e) {
       throw e instanceof JobInputInvalidError ? e : new JobInputInvalidError(`input: ${(e as Error)?.message ?? e}`);
     }
@@ -864,15 +1047,9 @@ export class JobOrchestrator {
     if (opts === undefined && !needsJs) {
       const plain = this.plainTypes.get(type);
       if (plain !== undefined) {
-        // The engine answers `<id>,<ms>`; the row follows from the definition.
-        // With an idle slot in its pool, the run is claimed right here
-        // (feedWorker), so the scheduler's thread need not be woken.
-        const rt = this.worker;
-        const fed = rt !== null && rt.running && rt.hasIdleSlot(plain.pool);
-        const ans = call(() => this.native.startQuick(type, inputText, fed));
-        if (fed) this.feedWorker(plain.pool);
-        if (ans.charCodeAt(0) === 91) return parseRun(ans); // '[': a whole row
-        return newRun(type, plain, ans.slice(0, 36), +ans.slice(37), JSON.parse(inputText));
+        // The row's input is a copy: a flat object's shallow copy is one.
+        const copy = flat ? flatCopy(payload as Record<string, unknown>) : (JSON.parse(inputText) as Record<string, unknown>);
+        return this.startBuffered(type, plain, inputText, copy);
       }
       const json = call(() => this.native.start(type, inputText, null));
       // Only a 'replace' collision can cancel (and so abort or report) runs.
@@ -1098,6 +1275,8 @@ export class JobOrchestrator {
     if (typeof ms !== 'number' || !Number.isFinite(ms) || ms < 0) {
       throw new JobInputInvalidError(`advanceTime needs a non-negative number of ms, got ${String(ms)}`);
     }
+    // Buffered starts were made at the time before this move.
+    if (!this.pg) this.flushStarts();
     const t = this.local.advanceTime(ms);
     if (t === null) throw new JobClockError("advanceTime needs an orchestrator created with clock: 'manual'");
     for (const timer of [...this.manualTimers].sort((x, y) => x.deadline - y.deadline)) {
@@ -1320,30 +1499,35 @@ export class JobOrchestrator {
     if (!rt || !rt.running || !rt.hasIdleSlot(pool)) return;
     const lines = this.native.workerFill();
     if (lines.length === 0) return;
-    for (const line of lines.split('\n')) void this.workerLoop(rt, new Ticket(line), false);
+    for (const line of lines.split('\n')) void this.workerLoop(rt, new Ticket(line, this.readClaimedRow), false);
+  }
+
+  /** A ticket that arrived after stop(): its run goes back to pending, its slot is freed. */
+  private releaseTicket(ticket: Ticket): void {
+    const pg = this.pg;
+    if (pg) {
+      const { id, epoch, pool } = ticket;
+      void db(pg.releaseAttempt(id, epoch))
+        .catch(() => false)
+        .finally(() => pg.workerDone(id, epoch, null, pool));
+      return;
+    }
+    this.engine.releaseAttempt(ticket.id, ticket.epoch);
+    this.engine.workerFinish(ticket.id, ticket.epoch, null, ticket.pool, null);
   }
 
   private onWorkerBatch(runtime: WorkerRuntime, lines: string): void {
     for (const line of lines.split('\n')) {
       let ticket: Ticket;
       try {
-        ticket = new Ticket(line);
+        ticket = new Ticket(line, this.pg ? undefined : this.readClaimedRow);
       } catch (e) {
         console.error('jobforge: unreadable worker ticket', e);
         continue;
       }
       if (!runtime.running) {
         // Claimed just before stop(): back to pending, slot freed.
-        const pg = this.pg;
-        if (pg) {
-          const { id, epoch, pool } = ticket;
-          void db(pg.releaseAttempt(id, epoch))
-            .catch(() => false)
-            .finally(() => pg.workerDone(id, epoch, null, pool));
-          continue;
-        }
-        this.native.releaseAttempt(ticket.id, ticket.epoch);
-        this.native.workerFinish(ticket.id, ticket.epoch, null, ticket.pool);
+        this.releaseTicket(ticket);
         continue;
       }
       void this.workerLoop(runtime, ticket, true);
@@ -1385,8 +1569,16 @@ export class JobOrchestrator {
           break;
         }
         let reply = '0';
+        // Buffered starts ride along: one native call creates them, records
+        // this outcome and claims the pool's next run.
+        let starts: string | null = null;
+        if (this.startCount > 0) {
+          starts = this.startBuf;
+          this.startBuf = '';
+          this.startCount = 0;
+        }
         try {
-          reply = this.native.workerFinish(id, epoch, outcome === null ? null : outcome.text, ticket.pool);
+          reply = this.engine.workerFinish(id, epoch, outcome === null ? null : outcome.text, ticket.pool, starts);
         } catch (e) {
           console.error('jobforge: recording a worker outcome failed', translateNativeError(e));
         }
@@ -1394,7 +1586,12 @@ export class JobOrchestrator {
         this.inFlight.delete(id);
         // '1' = aborts or events are queued (saves a native call otherwise).
         if (reply.charCodeAt(0) === 49) this.flushAborts();
-        ticket = reply.length > 1 ? new Ticket(reply.slice(1)) : null;
+        // Then this pool's next ticket; after a newline, tickets for other
+        // idle slots and refused buffered starts.
+        const nl = reply.indexOf('\n');
+        const next = nl < 0 ? reply.slice(1) : reply.slice(1, nl);
+        ticket = next.length > 0 ? new Ticket(next, this.readClaimedRow) : null;
+        if (nl >= 0) this.onReplyLines(reply, nl + 1);
       }
     } finally {
       runtime.leave(pool);
@@ -1489,24 +1686,13 @@ export class JobOrchestrator {
   }
 
   private makeContext(ticket: Ticket, attempt: Attempt): JobContext<unknown> {
-    let logger: JobLogger | undefined;
-    const loggerFactory = this.loggerFactory;
     const { id, epoch } = ticket;
-    return {
-      input: ticket.input,
-      get run() {
-        return ticket.run;
-      },
-      get signal() {
-        return attempt.signal;
-      },
-      // Built on first use: most handlers never log.
-      get logger() {
-        return (logger ??= loggerFactory(ticket.run));
-      },
-      step: <T>(stepId: string, fn: () => Promise<T> | T, opts?: StepOptions) =>
-        this.runStep(id, epoch, attempt, stepId, fn, opts),
-      spawnChild: (type: string, input: unknown, opts?: SpawnChildOptions) =>
+    return new RunContext(
+      ticket,
+      attempt,
+      this.loggerFactory,
+      <T>(stepId: string, fn: () => Promise<T> | T, opts?: StepOptions) => this.runStep(id, epoch, attempt, stepId, fn, opts),
+      (type: string, input: unknown, opts?: SpawnChildOptions) =>
         this.start(type, input, {
           parentRunId: id,
           parentClosePolicy: opts?.closePolicy,
@@ -1516,7 +1702,7 @@ export class JobOrchestrator {
           triggerSource: 'parent',
           triggerRef: id,
         }),
-    };
+    );
   }
 
   private async runStep<T>(

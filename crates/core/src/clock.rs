@@ -47,6 +47,14 @@ impl Clock {
         self.kind
     }
 
+    /// A time handed out outside the engine (a JS-side start): the system
+    /// clock never answers earlier than it from now on.
+    pub fn observe(&self, ms: i64) {
+        if self.kind == ClockKind::System {
+            self.last.fetch_max(ms, Ordering::AcqRel);
+        }
+    }
+
     pub fn now(&self) -> i64 {
         match self.kind {
             ClockKind::Manual => self.last.load(Ordering::Acquire),

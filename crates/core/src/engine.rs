@@ -526,6 +526,61 @@ impl<S: Store> Engine<S> {
         Ok(started)
     }
 
+    /// Creates runs a caller started ahead of the engine: JS answers a
+    /// plain `start` (no options, no keys) at once with an id and time of
+    /// its own and hands the runs over in batches, so a burst of starts
+    /// costs one native call instead of one each. Every run gets the same
+    /// checks as `start`; one that fails is skipped and reported with its
+    /// position, the others are created. One store transaction and one
+    /// purge for the whole batch. `wake`: wake the scheduler for the pools
+    /// that got runs (not needed when the caller claims into the worker's
+    /// free slots itself right after). Answers the failures and the pools
+    /// that got runs.
+    #[allow(clippy::type_complexity)]
+    pub fn start_batch(
+        &self,
+        runs: Vec<StartRequest>,
+        wake: bool,
+    ) -> Result<(Vec<(usize, JobError)>, Vec<Arc<str>>)> {
+        let mut fx = Effects::default();
+        let mut failed = Vec::new();
+        let mut pools: Vec<Arc<str>> = Vec::new();
+        let mut latest = Millis::MIN;
+        self.store.transaction(|tx| {
+            for (i, req) in runs.into_iter().enumerate() {
+                let at = match req.preset {
+                    Some((_, at)) => clamp_time(at),
+                    None => self.now(),
+                };
+                latest = latest.max(at);
+                match self.start_in(tx, req, at, false, &mut fx) {
+                    Ok(Started::Created { pool, .. }) => {
+                        if !pools.contains(&pool) {
+                            pools.push(pool);
+                        }
+                    }
+                    Ok(Started::Row(_)) => {}
+                    Err(e) => failed.push((i, e)),
+                }
+            }
+            if latest != Millis::MIN {
+                self.purge(tx, latest);
+            }
+            Ok(())
+        })?;
+        // Later engine times must not fall behind the times handed out.
+        if latest != Millis::MIN {
+            self.clock.observe(latest);
+        }
+        self.deliver(fx);
+        if wake {
+            for pool in &pools {
+                self.wake_worker_for(pool);
+            }
+        }
+        Ok((failed, pools))
+    }
+
     fn start_in(
         &self,
         tx: &mut S::Tx<'_>,
@@ -657,7 +712,15 @@ impl<S: Store> Engine<S> {
         }
 
         // 6. Create.
-        let id = Uuid::new_v4();
+        let id = match req.preset {
+            Some((id, _)) if tx.run(&id).is_some() => {
+                return Err(JobError::JobInputInvalid {
+                    reason: format!("run id {id} is already taken"),
+                })
+            }
+            Some((id, _)) => id,
+            None => Uuid::new_v4(),
+        };
         let root_run_id = parent.as_ref().map_or(id, |(_, root, _)| *root);
         let (scope_entity_type, scope_entity_id) = match (&req.scope, &def.scope_entity_type) {
             (Some((t, e)), _) => (Some(t.as_str().into()), Some(e.as_str().into())),
@@ -907,6 +970,48 @@ impl<S: Store> Engine<S> {
             }
         }
         result
+    }
+
+    /// A worker slot's turn: applies an attempt's outcome (if any) and,
+    /// with `claim`, claims the pool's next due run with its attempt
+    /// opened, in one store transaction. The rest is `finish_attempt`'s.
+    /// O(log n) + O(cascade).
+    pub fn finish_and_claim(
+        &self,
+        run_id: &RunId,
+        epoch: u32,
+        outcome: Option<AttemptOutcome>,
+        pool: &str,
+        claim: bool,
+    ) -> Result<Option<AttemptTicket>> {
+        let now = self.now();
+        let mut fx = Effects::default();
+        let mut finished = false;
+        let mut wake = false;
+        let next = self.store.transaction(|tx| {
+            if let Some(o) = outcome {
+                let row = self.finish_in(tx, run_id, epoch, o, now, &mut fx)?;
+                finished = true;
+                wake = row.is_some_and(|r| {
+                    r.concurrency_key().is_some() || r.status == RunStatus::Pending
+                });
+                self.purge(tx, now);
+            }
+            let mut out = Vec::new();
+            if claim {
+                Self::claim_into(tx, pool, 1, now, &mut out);
+            }
+            Ok(out.pop())
+        })?;
+        if finished {
+            self.end_in_flight(run_id, epoch);
+            let wake = fx.wake || wake;
+            self.deliver(fx);
+            if wake {
+                self.wake_worker();
+            }
+        }
+        Ok(next)
     }
 
     fn finish_in(
@@ -1379,6 +1484,12 @@ impl<S: Store> Engine<S> {
     // ── queries ────────────────────────────────────────────────────────
 
     /// O(1).
+    /// A run's row with no tenant gate, for the process that holds the run
+    /// (a handler reading `ctx.run`).
+    pub fn run_row(&self, id: &RunId) -> Option<RunRow> {
+        self.store.read(|tx| Ok(tx.run(id).cloned())).ok().flatten()
+    }
+
     pub fn find_by_id(&self, run_id: &str, tenant: &TenantArg) -> Result<Option<RunRow>> {
         let filter = self.gate("findById", tenant)?;
         let Some(id) = parse_run_id(run_id) else {

@@ -556,6 +556,9 @@ pub struct StartRequest {
     pub parent_run_id: Option<String>,
     pub concurrency_key: Option<String>,
     pub dedupe_key: Option<String>,
+    /// Id and creation time chosen by the caller (a JS start buffered and
+    /// flushed in a batch, see `Engine::start_batch`); `None` = the engine's.
+    pub preset: Option<(RunId, Millis)>,
 }
 
 /// What became of a handler invocation.

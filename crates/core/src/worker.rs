@@ -15,7 +15,7 @@
 
 use crate::engine::{AttemptTicket, Engine};
 use crate::error::Result;
-use crate::model::{AttemptOutcome, Millis, RunId, RunRow};
+use crate::model::{AttemptOutcome, Millis, RunId};
 use crate::store::Store;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -209,30 +209,27 @@ impl<S: Store> Worker<S> {
         epoch: u32,
         outcome: Option<AttemptOutcome>,
         pool: &str,
-    ) -> Result<(Option<RunRow>, Option<AttemptTicket>)> {
-        let row = match outcome {
-            Some(o) => self.engine.finish_attempt(run_id, epoch, o)?,
-            None => None,
-        };
-        let Some(p) = self.pool(pool) else {
-            return Ok((row, None));
-        };
-        if self.is_stopping() {
+    ) -> Result<Option<AttemptTicket>> {
+        let slot = self.pool(pool);
+        let stopping = self.is_stopping();
+        // Keep the slot: hand it straight to the next due run, if any (in
+        // the transaction that records the outcome).
+        let claim = slot.is_some() && !stopping;
+        let next = self
+            .engine
+            .finish_and_claim(run_id, epoch, outcome, pool, claim)?;
+        if let (Some(p), None) = (slot, &next) {
             p.release(1);
-            return Ok((row, None));
-        }
-        // Keep the slot: hand it straight to the next due run, if any.
-        let next = self.engine.claim_attempts(pool, 1)?.pop();
-        if next.is_none() {
-            p.release(1);
-            // The slot is free: a start wakes the scheduler from now on, and
-            // if a run of this pool falls due later, the scheduler re-arms
-            // its timer for it (no wake-up when there is none).
-            self.engine.set_worker_hungry(true);
-            if self.engine.next_due(pool).is_some() {
-                self.engine.wake_worker();
+            if !stopping {
+                // The slot is free: a start wakes the scheduler from now on,
+                // and if a run of this pool falls due later, the scheduler
+                // re-arms its timer for it (no wake-up when there is none).
+                self.engine.set_worker_hungry(true);
+                if self.engine.next_due(pool).is_some() {
+                    self.engine.wake_worker();
+                }
             }
         }
-        Ok((row, next))
+        Ok(next)
     }
 }

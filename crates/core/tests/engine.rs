@@ -478,3 +478,48 @@ fn retention_purges_finished_runs_and_reuses_their_slots() {
     let order: Vec<RunId> = std::iter::from_fn(|| claim_id(&e, "batch")).collect();
     assert_eq!(order, vec![replayed.id, fresh.id, again.id]);
 }
+
+#[test]
+fn start_batch_creates_runs_with_their_preset_ids_and_reports_the_rest() {
+    let e = engine(false);
+    e.register(spec("a")).unwrap();
+    let at = e.now();
+    let taken = e.start(req("a", "{}")).unwrap().id;
+    let fresh: Vec<RunId> = (0..3).map(|_| RunId::new_v4()).collect();
+    let preset = |t: &str, id: RunId| StartRequest {
+        preset: Some((id, at + 5)),
+        ..req(t, r#"{"k":1}"#)
+    };
+    let (failed, pools) = e
+        .start_batch(
+            vec![
+                preset("a", fresh[0]),
+                preset("nope", fresh[1]),
+                preset("a", taken),
+                preset("a", fresh[2]),
+            ],
+            false,
+        )
+        .unwrap();
+    // The unknown type and the id already in use are reported by position;
+    // the others are created, in order, with the caller's id and time.
+    let positions: Vec<usize> = failed.iter().map(|(i, _)| *i).collect();
+    assert_eq!(positions, vec![1, 2]);
+    assert!(matches!(failed[0].1, JobError::JobTypeNotFound { .. }));
+    assert!(matches!(failed[1].1, JobError::JobInputInvalid { .. }));
+    assert_eq!(pools.len(), 1);
+    for id in [fresh[0], fresh[2]] {
+        let row = e.run_row(&id).expect("created");
+        assert_eq!(row.created_at, at + 5);
+        assert_eq!(row.status, RunStatus::Pending);
+        assert_eq!(row.input.get(), r#"{"k":1}"#);
+    }
+    assert!(e.run_row(&fresh[1]).is_none());
+    e.store().verify_indexes().unwrap();
+    // Created order follows the batch: the earlier start first, then 0, 2.
+    e.advance_time(10);
+    assert_eq!(claim_id(&e, "batch"), Some(taken));
+    assert_eq!(claim_id(&e, "batch"), Some(fresh[0]));
+    assert_eq!(claim_id(&e, "batch"), Some(fresh[2]));
+    assert_eq!(claim_id(&e, "batch"), None);
+}

@@ -1179,3 +1179,40 @@ test('control: without stop() a running worker keeps the process alive', async (
   t.regex(res.stdout, /DONE /);
   t.true(res.killed, 'the child exited although its worker was still running');
 });
+
+// ── buffered plain starts ──────────────────────────────────────────────
+
+test('plain starts answered in JS: every read sees them at once, in start order, with the rows start returned', async (t) => {
+  const o = system();
+  o.registerHandler('plain', {}, async () => undefined);
+  const rows: JobRun[] = [];
+  // More than one hand-over batch (256), and no turn of the event loop.
+  for (let i = 0; i < 600; i++) rows.push(await o.start('plain', { i, s: `v${i}` }));
+  t.is(new Set(rows.map((r) => r.id)).size, 600);
+  const stored = await o.findById(rows[599].id);
+  t.deepEqual(stored, rows[599]);
+  const counts = await o.countByPoolAndStatus();
+  t.is(counts.find((c) => c.pool === 'batch' && c.status === 'pending')?.count, 600);
+  for (let i = 0; i < 600; i++) {
+    const claimed = await o.claimNext('batch');
+    t.is(claimed?.id, rows[i].id);
+  }
+});
+
+test('ctx.run of a worker ticket is read on first use and shows the running attempt', async (t) => {
+  const o = system();
+  const seen = deferred<JobRun>();
+  o.registerHandler('reads-run', {}, async (ctx) => {
+    seen.resolve(ctx.run);
+  });
+  const w = startW(t, o);
+  const run = await o.start('reads-run', { a: 1 });
+  const inside = await seen.promise;
+  t.is(inside.id, run.id);
+  t.is(inside.status, 'running');
+  t.is(inside.attempts, 0);
+  t.deepEqual(inside.input, { a: 1 });
+  t.truthy(inside.claimedAt);
+  await o.waitForRun(run.id, { timeoutMs: 5000 });
+  await w.stop();
+});

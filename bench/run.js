@@ -209,10 +209,15 @@ async function pointStartClaim(impl, n, want) {
   const lastFrom = n - lastWindow;
   const t0 = now();
   let tLast = t0;
+  let last = null;
   for (let i = 0; i < n; i++) {
     if (i === lastFrom) tLast = now();
-    await o.start(NOOP, { n: i });
+    last = await o.start(NOOP, { n: i });
   }
+  // jobforge answers plain starts in JS and hands them to the engine in
+  // batches; a read makes it hand over the rest, so the timed section ends
+  // with every run in the engine (the baseline's are in its store already).
+  if (impl.name === 'jobforge') await o.findById(last.id);
   const t1 = now();
   const out = {};
   if (want.start) {

@@ -4,7 +4,8 @@ use jobforge_core::*;
 use serde_json::value::RawValue;
 use std::time::Instant;
 
-fn main() {
+/// A fresh engine with one job type `t` (pool `batch`).
+fn engine() -> Engine<MemoryStore> {
     let e = Engine::new(
         MemoryStore::new(),
         EngineOptions {
@@ -18,6 +19,11 @@ fn main() {
         ..DefinitionSpec::default()
     })
     .unwrap();
+    e
+}
+
+fn main() {
+    let e = engine();
     let n: u32 = std::env::var("N")
         .ok()
         .and_then(|v| v.parse().ok())
@@ -61,19 +67,7 @@ fn main() {
     let rounds = 200u32;
     let mut total = std::time::Duration::ZERO;
     for _ in 0..rounds {
-        let e = Engine::new(
-            MemoryStore::new(),
-            EngineOptions {
-                multi_tenant: false,
-                clock: ClockKind::System,
-                retention: Default::default(),
-            },
-        );
-        e.register(DefinitionSpec {
-            job_type: "t".into(),
-            ..DefinitionSpec::default()
-        })
-        .unwrap();
+        let e = engine();
         let at = e.now();
         let batches: Vec<Vec<StartRequest>> = (0..4)
             .map(|_| {

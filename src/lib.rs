@@ -237,6 +237,10 @@ struct OutcomeWire {
 }
 
 fn parse_outcome(text: &str) -> AttemptOutcome {
+    // What a handler that returns nothing reports (most do): no parse.
+    if text == r#"{"status":"completed","output":{}}"# {
+        return AttemptOutcome::Completed(None);
+    }
     let wire: OutcomeWire = match serde_json::from_str(text) {
         Ok(v) => v,
         Err(e) => {
@@ -764,7 +768,7 @@ impl NativeEngine {
             // moment ago): claim into every free slot, as `start_batch` with
             // `fed` does. Cheap when none is free.
             let mut extra = String::new();
-            self.fill_into(&mut extra)?;
+            self.fill_into(&mut extra, Some(&pools))?;
             if !extra.is_empty() {
                 out.push('\n');
                 out.push_str(&extra);
@@ -799,11 +803,12 @@ impl NativeEngine {
         Ok((problems, pools))
     }
 
-    /// Claims into the worker's free slots; appends one ticket per line.
-    fn fill_into(&self, out: &mut String) -> Result<()> {
+    /// Claims into the worker's free slots (of `only`'s pools, if given);
+    /// appends one ticket per line.
+    fn fill_into(&self, out: &mut String, only: Option<&[Arc<str>]>) -> Result<()> {
         let worker = self.worker.lock().ok().and_then(|w| w.clone());
         if let Some(w) = worker {
-            for t in w.fill().map_err(to_napi)? {
+            for t in w.fill_only(only).map_err(to_napi)? {
                 if !out.is_empty() {
                     out.push('\n');
                 }
@@ -858,10 +863,10 @@ impl NativeEngine {
     /// `!<line index> <message>` for each run that could not be created.
     #[napi(catch_unwind)]
     pub fn start_batch(&self, batch: String, fed: bool) -> Result<String> {
-        let (problems, _) = self.create_buffered(&batch, !fed)?;
+        let (problems, pools) = self.create_buffered(&batch, !fed)?;
         let mut out = String::new();
         if fed {
-            self.fill_into(&mut out)?;
+            self.fill_into(&mut out, Some(&pools))?;
         }
         push_lines(&mut out, &problems);
         Ok(out)

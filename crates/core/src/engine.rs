@@ -169,6 +169,31 @@ struct Effects {
 
 /// A claim: running from `now`, with a new epoch so outcomes of earlier
 /// attempts can no longer apply; `executing` when the attempt opens at once.
+/// An attempt outcome `finish_in` applied.
+struct Finished {
+    /// The updated row, when the caller asked for it (or it was copied anyway).
+    row: Option<RunRow>,
+    /// The run is in a concurrency lane (its end may free the next member).
+    lane: bool,
+    /// The run went back to pending for a retry.
+    pending: bool,
+}
+
+impl Finished {
+    fn of(row: RunRow) -> Self {
+        Finished {
+            lane: row.concurrency_key().is_some(),
+            pending: row.status == RunStatus::Pending,
+            row: Some(row),
+        }
+    }
+
+    /// Whether the scheduler may have something new to claim.
+    fn frees_lane_or_retries(&self) -> bool {
+        self.lane || self.pending
+    }
+}
+
 fn mark_claimed(r: &mut RunRow, now: Millis, executing: bool) {
     r.status = RunStatus::Running;
     r.claimed_at = now.into();
@@ -953,23 +978,20 @@ impl<S: Store> Engine<S> {
         let now = self.now();
         let mut fx = Effects::default();
         let result = self.store.transaction(|tx| {
-            let out = self.finish_in(tx, run_id, epoch, outcome, now, &mut fx);
+            let out = self.finish_in(tx, (run_id, epoch), outcome, now, true, &mut fx);
             self.purge(tx, now);
             out
         });
         // A failed transaction changed nothing: the attempt is still live.
-        if let Ok(row) = &result {
+        if let Ok(done) = &result {
             self.end_in_flight(run_id, epoch);
-            let wake = fx.wake
-                || row.as_ref().is_some_and(|r| {
-                    r.concurrency_key().is_some() || r.status == RunStatus::Pending
-                });
+            let wake = fx.wake || done.as_ref().is_some_and(Finished::frees_lane_or_retries);
             self.deliver(fx);
             if wake {
                 self.wake_worker();
             }
         }
-        result
+        result.map(|done| done.and_then(|d| d.row))
     }
 
     /// A worker slot's turn: applies an attempt's outcome (if any) and,
@@ -990,11 +1012,9 @@ impl<S: Store> Engine<S> {
         let mut wake = false;
         let next = self.store.transaction(|tx| {
             if let Some(o) = outcome {
-                let row = self.finish_in(tx, run_id, epoch, o, now, &mut fx)?;
+                let done = self.finish_in(tx, (run_id, epoch), o, now, false, &mut fx)?;
                 finished = true;
-                wake = row.is_some_and(|r| {
-                    r.concurrency_key().is_some() || r.status == RunStatus::Pending
-                });
+                wake = done.is_some_and(|d| d.frees_lane_or_retries());
                 self.purge(tx, now);
             }
             let mut out = Vec::new();
@@ -1017,12 +1037,12 @@ impl<S: Store> Engine<S> {
     fn finish_in(
         &self,
         tx: &mut S::Tx<'_>,
-        run_id: &RunId,
-        epoch: u32,
+        (run_id, epoch): (&RunId, u32),
         outcome: AttemptOutcome,
         now: Millis,
+        want_row: bool,
         fx: &mut Effects,
-    ) -> Result<Option<RunRow>> {
+    ) -> Result<Option<Finished>> {
         {
             let Some(run) = tx.run(run_id) else {
                 return Ok(None);
@@ -1037,7 +1057,11 @@ impl<S: Store> Engine<S> {
                 .unwrap_or_default();
             let (info, final_status) = match outcome {
                 AttemptOutcome::Completed(output) => {
+                    // The row is copied out only for a caller or an event
+                    // that wants it (not on a worker's path).
+                    let copy = want_row || self.wants_event(run_id);
                     let mut out = None;
+                    let mut lane = false;
                     let mut output = Some(output.unwrap_or_else(empty_object));
                     tx.update_run(run_id, &mut |r| {
                         r.status = RunStatus::Completed;
@@ -1048,12 +1072,19 @@ impl<S: Store> Engine<S> {
                         r.updated_at = now;
                         r.attempts = attempts;
                         r.executing = false;
-                        out = Some(r.clone());
+                        lane = r.concurrency_key().is_some();
+                        if copy {
+                            out = Some(r.clone());
+                        }
                     });
                     if self.wants_event(run_id) {
                         fx.transitions.extend(out.clone());
                     }
-                    return Ok(out);
+                    return Ok(Some(Finished {
+                        row: out,
+                        lane,
+                        pending: false,
+                    }));
                 }
                 AttemptOutcome::Failed(info) => (info, RunStatus::Failed),
                 AttemptOutcome::TimedOut { timeout_ms } => (
@@ -1115,12 +1146,12 @@ impl<S: Store> Engine<S> {
                 }
                 // A failed run takes its descendants down (not itself again).
                 self.cancel_tree(tx, *run_id, true, false, now, fx);
-                return Ok(out);
+                return Ok(out.map(Finished::of));
             }
             if self.wants_event(run_id) {
                 fx.transitions.extend(out.clone());
             }
-            Ok(out)
+            Ok(out.map(Finished::of))
         }
     }
 
@@ -1187,7 +1218,7 @@ impl<S: Store> Engine<S> {
             for (id, epoch, outcome) in finished {
                 if let Some(o) = outcome {
                     if self
-                        .finish_in(tx, id, *epoch, o.clone(), now, &mut fx)?
+                        .finish_in(tx, (id, *epoch), o.clone(), now, false, &mut fx)?
                         .is_some()
                     {
                         applied += 1;

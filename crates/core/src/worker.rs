@@ -114,11 +114,20 @@ impl<S: Store> Worker<S> {
     /// calls it when woken; JS calls it right after a `start` while the
     /// worker has idle slots, which saves the thread hand-off.
     pub fn fill(&self) -> Result<Vec<AttemptTicket>> {
+        self.fill_only(None)
+    }
+
+    /// `fill` for the named pools only (`None`: every pool): after runs
+    /// were created in those, the others have nothing new to claim.
+    pub fn fill_only(&self, only: Option<&[Arc<str>]>) -> Result<Vec<AttemptTicket>> {
         if self.is_stopping() {
             return Ok(Vec::new());
         }
         let mut batch = Vec::new();
         for pool in &self.pools {
+            if only.is_some_and(|names| !names.contains(&pool.name)) {
+                continue;
+            }
             let reserved = pool.reserve(usize::MAX);
             if reserved == 0 {
                 continue;

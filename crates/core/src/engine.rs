@@ -765,6 +765,7 @@ impl<S: Store> Engine<S> {
             concurrency_key: concurrency_key.map(String::into_boxed_str),
             dedupe_key: dedupe_key.map(String::into_boxed_str),
             trigger_ref: req.trigger_ref.map(String::into_boxed_str),
+            lane_seq: None,
         };
         let row = RunRow {
             id,
@@ -792,7 +793,6 @@ impl<S: Store> Engine<S> {
             created_at: now,
             updated_at: now,
             seq,
-            lane_seq: seq,
             claim_epoch: 0,
             executing: false,
         };
@@ -1502,7 +1502,7 @@ impl<S: Store> Engine<S> {
                 r.claimed_at = OptMillis::NONE;
                 r.set_result(None, None);
                 r.updated_at = now;
-                r.lane_seq = lane_seq;
+                r.set_lane_seq(lane_seq);
                 r.executing = false;
                 out = Some(r.clone());
             });

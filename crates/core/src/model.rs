@@ -249,6 +249,10 @@ pub struct RunExtras {
     pub concurrency_key: Option<Box<str>>,
     pub dedupe_key: Option<Box<str>>,
     pub trigger_ref: Option<Box<str>>,
+    /// Position in the concurrency lane when a replay moved the run to the
+    /// lane's tail (`None`: its `seq`). Only lane members (runs with a key,
+    /// which have extras anyway) have a lane position that matters.
+    pub lane_seq: Option<u64>,
 }
 
 impl RunExtras {
@@ -261,6 +265,7 @@ impl RunExtras {
             && self.concurrency_key.is_none()
             && self.dedupe_key.is_none()
             && self.trigger_ref.is_none()
+            && self.lane_seq.is_none()
     }
 
     /// `None` when every field is empty (no allocation for a plain run).
@@ -296,9 +301,6 @@ pub struct RunRow {
     pub extras: Option<Box<RunExtras>>,
     /// Created order; breaks claim ties. Not part of the JS row.
     pub seq: u64,
-    /// Position in the concurrency lane (re-assigned when a replayed run
-    /// rejoins at the tail). Not part of the JS row.
-    pub lane_seq: u64,
     /// Incremented on every claim so a late outcome of an earlier attempt
     /// cannot be applied to a later one. Not part of the JS row.
     pub claim_epoch: u32,
@@ -346,6 +348,26 @@ impl RunRow {
     pub fn tags(&self) -> Option<&RawValue> {
         self.extras.as_ref().and_then(|x| x.tags.as_deref())
     }
+    /// Position in the concurrency lane: `seq`, unless a replay moved the
+    /// run to the lane's tail. Not part of the JS row.
+    pub fn lane_seq(&self) -> u64 {
+        self.extras
+            .as_ref()
+            .and_then(|e| e.lane_seq)
+            .unwrap_or(self.seq)
+    }
+
+    /// Moves the run in its lane (a replay). A run without a concurrency
+    /// key is in no lane: its position stays `seq`.
+    pub fn set_lane_seq(&mut self, lane_seq: u64) {
+        let seq = self.seq;
+        if let Some(e) = self.extras.as_mut() {
+            if e.concurrency_key.is_some() {
+                e.lane_seq = (lane_seq != seq).then_some(lane_seq);
+            }
+        }
+    }
+
     pub fn concurrency_key(&self) -> Option<&str> {
         self.extras
             .as_ref()

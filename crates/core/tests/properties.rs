@@ -1186,7 +1186,7 @@ impl Harness {
             if members.len() > 1 {
                 self.note("claimed a lane head with waiters");
             }
-            if b.lane_seq != b.seq {
+            if b.lane_seq() != b.seq {
                 self.note("claimed a replayed lane run");
             }
             ensure!(
@@ -1730,7 +1730,7 @@ impl Harness {
             // Terminal rows change only through replay.
             if b.status.is_terminal() && change != Some(&Change::Replay) {
                 ensure!(
-                    a.to_json() == b.to_json() && a.lane_seq == b.lane_seq,
+                    a.to_json() == b.to_json() && a.lane_seq() == b.lane_seq(),
                     "terminal run {} changed without replay:\n{}\n{}",
                     b.id,
                     b.to_json(),
@@ -1740,7 +1740,7 @@ impl Harness {
             let Some(change) = change else {
                 ensure!(
                     a.to_json() == b.to_json()
-                        && a.lane_seq == b.lane_seq
+                        && a.lane_seq() == b.lane_seq()
                         && a.claim_epoch == b.claim_epoch,
                     "run {} changed but the operation may not touch it:\n{}\n{}",
                     b.id,
@@ -1749,7 +1749,7 @@ impl Harness {
                 );
                 continue;
             };
-            let same_lane = a.lane_seq == b.lane_seq;
+            let same_lane = a.lane_seq() == b.lane_seq();
             let err = |e: &Option<&RunError>| e.map(|e| (e.retryable, e.attempt));
             let ok = match change {
                 Change::Claim => {
@@ -1807,7 +1807,8 @@ impl Harness {
                         && a.claimed_at.get().is_none()
                         && a.error().is_none()
                         && a.output().is_none()
-                        && a.lane_seq > b.lane_seq
+                        // Only a lane member has a lane position to move.
+                        && (a.concurrency_key().is_none() || a.lane_seq() > b.lane_seq())
                 }
                 Change::Release => {
                     b.status == Running
@@ -1949,7 +1950,7 @@ impl Harness {
                 );
             }
             let mut by_engine = members.clone();
-            by_engine.sort_by_key(|i| rows[*i].lane_seq);
+            by_engine.sort_by_key(|i| rows[*i].lane_seq());
             ensure!(
                 by_engine == members,
                 "engine lane order of {k:?} differs from start/replay order"

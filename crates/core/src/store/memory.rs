@@ -161,7 +161,7 @@ impl IndexView {
             pool: r.pool.clone(),
             priority: r.priority,
             run_at: r.run_at,
-            lane_seq: r.lane_seq,
+            lane_seq: r.lane_seq(),
         }
     }
 }
@@ -435,7 +435,10 @@ impl MemoryState {
             }
             if let Some(k) = lane_key(r) {
                 if !r.status.is_terminal() {
-                    lanes.entry(k).or_default().insert(r.lane_seq, h as Handle);
+                    lanes
+                        .entry(k)
+                        .or_default()
+                        .insert(r.lane_seq(), h as Handle);
                 }
             }
         }
@@ -603,7 +606,7 @@ impl StoreTx for MemoryTx<'_> {
                 .push(h);
         }
         let lane = lane_key(&row);
-        let lane_seq = row.lane_seq;
+        let lane_seq = row.lane_seq();
         let pending = row.status == RunStatus::Pending;
         // Query indexes.
         let key = created_key(&row, h);

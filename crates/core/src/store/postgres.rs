@@ -318,8 +318,9 @@ fn run_from_row(r: &Row) -> std::result::Result<RunRow, postgres::Error> {
         concurrency_key: boxed(12)?,
         dedupe_key: boxed(13)?,
         trigger_ref: boxed(19)?,
+        lane_seq: None,
     };
-    Ok(RunRow {
+    let mut row = RunRow {
         id,
         job_type: Arc::from(r.try_get::<_, &str>(1)?),
         job_version: r.try_get(2)?,
@@ -344,10 +345,11 @@ fn run_from_row(r: &Row) -> std::result::Result<RunRow, postgres::Error> {
         created_at: r.try_get::<_, Ms>(25)?.0,
         updated_at: r.try_get::<_, Ms>(26)?.0,
         seq: r.try_get::<_, i64>(27)?.max(0) as u64,
-        lane_seq: r.try_get::<_, i64>(28)?.max(0) as u64,
         claim_epoch: r.try_get::<_, i32>(29)? as u32,
         executing: r.try_get(30)?,
-    })
+    };
+    row.set_lane_seq(r.try_get::<_, i64>(28)?.max(0) as u64);
+    Ok(row)
 }
 
 fn step_from_row(r: &Row) -> std::result::Result<StepRow, postgres::Error> {
@@ -911,7 +913,7 @@ impl PgTx<'_> {
             let error = r.error().map(error_json);
             let status = r.status.as_str();
             let attempts = r.attempts as i32;
-            let lane_seq = r.lane_seq as i64;
+            let lane_seq = r.lane_seq() as i64;
             let epoch = r.claim_epoch as i32;
             let pool: &str = &r.pool;
             self.exec(
@@ -955,7 +957,7 @@ impl PgTx<'_> {
         let claimed: Vec<Option<Ms>> = rows.iter().map(|r| r.claimed_at.get().map(Ms)).collect();
         let attempts: Vec<i32> = rows.iter().map(|r| r.attempts as i32).collect();
         let updated: Vec<Ms> = rows.iter().map(|r| Ms(r.updated_at)).collect();
-        let lane_seq: Vec<i64> = rows.iter().map(|r| r.lane_seq as i64).collect();
+        let lane_seq: Vec<i64> = rows.iter().map(|r| r.lane_seq() as i64).collect();
         let epoch: Vec<i32> = rows.iter().map(|r| r.claim_epoch as i32).collect();
         let executing: Vec<bool> = rows.iter().map(|r| r.executing).collect();
         let priority: Vec<i32> = rows.iter().map(|r| r.priority).collect();
@@ -1040,7 +1042,7 @@ impl StoreTx for PgTx<'_> {
         let error = row.error().map(error_json);
         let attempts = row.attempts as i32;
         let seq = row.seq as i64;
-        let lane_seq = row.lane_seq as i64;
+        let lane_seq = row.lane_seq() as i64;
         let epoch = row.claim_epoch as i32;
         let jt: &str = &row.job_type;
         let pool: &str = &row.pool;
@@ -1097,9 +1099,9 @@ impl StoreTx for PgTx<'_> {
             return;
         };
         let before_status = row.status;
-        let before_lane = row.lane_seq;
+        let before_lane = row.lane_seq();
         f(row);
-        let lane_moved = row.lane_seq != before_lane;
+        let lane_moved = row.lane_seq() != before_lane;
         let key = row.concurrency_key().map(str::to_owned);
         let tenant = row.tenant_id.clone();
         if before_status == RunStatus::Running && row.status == RunStatus::Canceled {
@@ -1123,7 +1125,7 @@ impl StoreTx for PgTx<'_> {
                 let rows = self.query(SQL_NEXTVAL, &[], None);
                 let seq = rows.first().and_then(|r| r.try_get::<_, i64>(0).ok());
                 if let (Some(seq), Some(row)) = (seq, self.runs.as_mut().get_mut(id)) {
-                    row.lane_seq = seq.max(0) as u64;
+                    row.set_lane_seq(seq.max(0) as u64);
                 }
             }
         }

@@ -1739,12 +1739,15 @@ export class JobOrchestrator {
         outputText = j.text;
       } catch (err) {
         const failure = JSON.stringify(describeFailure(err));
+        const failedAt = this.local.now();
         const delay = pg
           ? await db(pg.stepFail(runId, epoch, stepId, failure, policyText))
           : call(() => this.native.stepFail(runId, epoch, stepId, failure, policyText));
         if (delay === null || attempt.aborted) throw err;
-        // Back off in engine time; a cancel or timeout ends the wait early.
-        const pause = this.sleep(delay);
+        // Back off in engine time, counted from the failure (not from the
+        // end of the database round trip that recorded it); a cancel or
+        // timeout ends the wait early.
+        const pause = this.sleep(Math.max(0, failedAt + delay - this.local.now()));
         await Promise.race([pause.promise, attempt.whenAborted()]);
         pause.cancel();
         if (attempt.aborted) throw err;

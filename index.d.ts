@@ -23,15 +23,6 @@ export declare class NativeEngine {
    * options (with any function-evaluated keys). Returns the row JSON.
    */
   start(jobType: string, inputJson: string, optsJson?: string | undefined | null): string
-  /**
-   * `start` with no options, for a caller that builds the new row
-   * itself: answers `<id>,<createdAt ms>` for a new run, or the row JSON
-   * (`[...]`) for a dedupe hit. Skips copying and serialising the row.
-   *
-   * `fed`: the caller claims into the worker's free slots right after
-   * (`worker_fill`), so the scheduler's thread need not be woken.
-   */
-  startQuick(jobType: string, inputJson: string, fed: boolean): string
   /** Checks the tenant gate and job type only (see `Engine::start_preflight`). */
   startPreflight(jobType: string, tenantGiven: boolean, tenantId: string | undefined | null, hasParent: boolean): void
   cancel(runId: string, cascade: boolean, tenantGiven: boolean, tenantId?: string | undefined | null): void

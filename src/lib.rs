@@ -5,7 +5,7 @@
 
 use jobforge_core::engine::Retention;
 use jobforge_core::engine::{
-    json_value, AttemptTicket, EngineObserver, HandlerExecutor, Started, StepBegin,
+    json_value, AttemptTicket, EngineObserver, HandlerExecutor, StepBegin,
 };
 use jobforge_core::worker::{BatchDispatcher, Worker, WorkerPool};
 use jobforge_core::{
@@ -405,25 +405,6 @@ impl NativeEngine {
         opts_json: Option<String>,
     ) -> Result<String> {
         ops::start(&self.engine, job_type, input_json, opts_json)
-    }
-
-    /// `start` with no options, for a caller that builds the new row
-    /// itself: answers `<id>,<createdAt ms>` for a new run, or the row JSON
-    /// (`[...]`) for a dedupe hit. Skips copying and serialising the row.
-    #[napi(catch_unwind)]
-    ///
-    /// `fed`: the caller claims into the worker's free slots right after
-    /// (`worker_fill`), so the scheduler's thread need not be woken.
-    pub fn start_quick(&self, job_type: String, input_json: String, fed: bool) -> Result<String> {
-        let req = StartRequest {
-            job_type,
-            input: json_value(input_json).map_err(to_napi)?,
-            ..StartRequest::default()
-        };
-        match self.engine.start_with(req, false, !fed).map_err(to_napi)? {
-            Started::Row(row) => Ok(row.to_compact_json()),
-            Started::Created { id, at, .. } => Ok(format!("{id},{at}")),
-        }
     }
 
     /// Checks the tenant gate and job type only (see `Engine::start_preflight`).

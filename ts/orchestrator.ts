@@ -709,10 +709,8 @@ export class JobOrchestrator {
 
   /** Hands the buffered starts to the engine (claiming into idle worker slots). */
   private flushStarts(): void {
-    if (this.startCount === 0) return;
-    const text = this.startBuf;
-    this.startBuf = '';
-    this.startCount = 0;
+    const text = this.takeStarts();
+    if (text === null) return;
     const rt = this.worker;
     const fed = rt !== null && rt.running && rt.hasIdleSlot();
     let ans: string;
@@ -723,6 +721,15 @@ export class JobOrchestrator {
       return;
     }
     if (ans.length > 0) this.onReplyLines(ans, 0);
+  }
+
+  /** The buffered start lines, now owned by the caller (null when none). */
+  private takeStarts(): string | null {
+    if (this.startCount === 0) return null;
+    const text = this.startBuf;
+    this.startBuf = '';
+    this.startCount = 0;
+    return text;
   }
 
   private readonly flushLater = (): void => {
@@ -1571,12 +1578,7 @@ export class JobOrchestrator {
         let reply = '0';
         // Buffered starts ride along: one native call creates them, records
         // this outcome and claims the pool's next run.
-        let starts: string | null = null;
-        if (this.startCount > 0) {
-          starts = this.startBuf;
-          this.startBuf = '';
-          this.startCount = 0;
-        }
+        const starts = this.takeStarts();
         try {
           reply = this.engine.workerFinish(id, epoch, outcome === null ? null : outcome.text, ticket.pool, starts);
         } catch (e) {

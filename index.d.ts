@@ -85,11 +85,18 @@ export declare class NativeEngine {
    */
   startWorker(poolsJson: string, onBatch: (tickets: string) => void): void
   /**
-   * Records a worker attempt's outcome (null = canceled/released) and
-   * claims the pool's next run: returns `'0'|'1'` (notices pending) then
-   * that run's ticket, if any.
+   * Records the outcomes of several worker attempts in one call and
+   * claims into the slots they free (see `Worker::report`). `report`:
+   * one attempt per line, `<id><epoch>,<pool index>,<outcome JSON>`,
+   * where the pool index is the pool's position in `start_worker`'s list
+   * and an empty outcome means the attempt ended without one (canceled
+   * or released); outcome JSON never holds a raw newline. `starts`: as
+   * `start_batch`, created first so the freed slots can claim them.
+   * Answers `'0'|'1'` (notices pending), then one line per new ticket,
+   * `!<line> <message>` per refused start and `?<message>` per outcome
+   * that could not be recorded.
    */
-  workerFinish(runId: string, epoch: number, outcomeJson: string | undefined | null, pool: string, starts?: string | undefined | null): string
+  workerReport(report: string, starts?: string | undefined | null): string
   /**
    * Claims into the worker's free slots from the JS thread (after a
    * start): tickets one per line, or an empty string.

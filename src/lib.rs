@@ -10,8 +10,8 @@ use jobforge_core::engine::{
 use jobforge_core::worker::{BatchDispatcher, Worker, WorkerPool};
 use jobforge_core::{
     AbortReason, AttemptOutcome, ClockKind, DefinitionSpec, Engine, EngineOptions, FailureInfo,
-    JobError, MemoryStore, ParentClosePolicy, RetryPolicy, RunId, StartRequest, TenantArg,
-    TriggerSource,
+    JobError, MemoryStore, ParentClosePolicy, PlainStart, RetryPolicy, RunId, StartRequest,
+    TenantArg, TriggerSource,
 };
 use napi::bindgen_prelude::*;
 use napi::threadsafe_function::{
@@ -111,8 +111,8 @@ impl EngineObserver for JsObserver {
     }
 }
 
-/// Worker batches: a JSON array of tickets; fire and forget (JS reports
-/// each outcome with a synchronous `worker_finish`). Weak: a running worker
+/// Worker batches: tickets, one per line; fire and forget (JS reports the
+/// outcomes with synchronous `worker_report` calls). Weak: a running worker
 /// keeps Node alive from the JS side, an idle engine never does.
 type BatchFn = ThreadsafeFunction<String, UnknownReturnValue, String, Status, false, true>;
 
@@ -158,8 +158,28 @@ fn push_lines(out: &mut String, lines: &[String]) {
     }
 }
 
+/// One line of `worker_report`, see there.
+fn parse_report_line(
+    line: &str,
+) -> std::result::Result<(RunId, u32, Option<AttemptOutcome>, usize), String> {
+    let id_text = line.get(..36).ok_or("too short")?;
+    let id = id_text
+        .parse::<RunId>()
+        .map_err(|_| format!("bad run id '{id_text}'"))?;
+    let rest = &line[36..];
+    let a = rest.find(',').ok_or("no ',' after the epoch")?;
+    let epoch: u32 = rest[..a].parse().map_err(|_| "bad epoch")?;
+    let rest = &rest[a + 1..];
+    let b = rest.find(',').ok_or("no ',' after the pool index")?;
+    // Negative or huge: no slot of this worker (frees none).
+    let slot = rest[..b].parse::<usize>().unwrap_or(usize::MAX);
+    let outcome = &rest[b + 1..];
+    let outcome = (!outcome.is_empty()).then(|| parse_outcome(outcome));
+    Ok((id, epoch, outcome, slot))
+}
+
 /// One line of `start_batch`, see there.
-fn parse_batch_line(line: &str) -> std::result::Result<StartRequest, String> {
+fn parse_batch_line(line: &str) -> std::result::Result<PlainStart<'_>, String> {
     let id_text = line.get(..36).ok_or("too short")?;
     let id = id_text
         .parse::<RunId>()
@@ -175,11 +195,11 @@ fn parse_batch_line(line: &str) -> std::result::Result<StartRequest, String> {
     let rest = &rest[colon + 1..];
     let (job_type, input) = (rest.get(..len).ok_or("type cut short")?, &rest[len..]);
     let input = RawValue::from_string(input.to_owned()).map_err(|e| format!("input: {e}"))?;
-    Ok(StartRequest {
-        job_type: job_type.to_owned(),
+    Ok(PlainStart {
+        id,
+        at,
+        job_type,
         input,
-        preset: Some((id, at)),
-        ..StartRequest::default()
     })
 }
 
@@ -191,30 +211,47 @@ fn ticket_json(t: &AttemptTicket) -> String {
 /// row costs more than the rest of a worker's per-run native work, and most
 /// handlers never read `ctx.run` (JS fetches it with `claimed_run` if so).
 fn ticket_text(t: &AttemptTicket, with_row: bool) -> String {
-    use std::fmt::Write;
-    // Written by hand and read by hand in JS (no JSON for the header): this
-    // is on every run's path. `<id><epoch>,<timeoutMs or nothing>,` then
-    // the job type and the pool, each as `<UTF-16 length>:<text>`, so any
-    // character may appear in them.
-    let input = t.run.input.get();
     let row = if with_row {
         t.run.to_compact_json()
     } else {
         String::new()
     };
-    let mut out = String::with_capacity(96 + input.len() + row.len());
-    let _ = write!(out, "{}{},", t.run.id, t.epoch);
+    let mut out = String::with_capacity(96 + t.run.input.get().len() + row.len());
+    write_ticket(&mut out, t);
+    out.push_str(&row);
+    out
+}
+
+/// Appends a ticket without its row (see `ticket_text`) to `out`.
+fn write_ticket(out: &mut String, t: &AttemptTicket) {
+    use std::fmt::Write;
+    // Written by hand and read by hand in JS (no JSON for the header): this
+    // is on every run's path. `<id><epoch>,<timeoutMs or nothing>,` then
+    // the job type and the pool, each as `<UTF-16 length>:<text>`, so any
+    // character may appear in them.
+    let mut id = RunId::encode_buffer();
+    out.push_str(t.run.id.hyphenated().encode_lower(&mut id));
+    let _ = write!(out, "{},", t.epoch);
     if let Some(ms) = t.timeout_ms {
         let _ = write!(out, "{ms}");
     }
     let (job_type, pool) = (&*t.run.job_type, &*t.run.pool);
     let _ = write!(
         out,
-        ",{}:{job_type}{}:{pool}\0{input}\0{row}",
-        job_type.encode_utf16().count(),
-        pool.encode_utf16().count(),
+        ",{}:{job_type}{}:{pool}\0{}\0",
+        utf16_len(job_type),
+        utf16_len(pool),
+        t.run.input.get()
     );
-    out
+}
+
+/// Length in UTF-16 units (what JS string lengths count).
+fn utf16_len(s: &str) -> usize {
+    if s.is_ascii() {
+        s.len()
+    } else {
+        s.encode_utf16().count()
+    }
 }
 
 #[derive(serde::Deserialize)]
@@ -698,64 +735,65 @@ impl NativeEngine {
         Ok(())
     }
 
-    /// Records a worker attempt's outcome (null = canceled/released) and
-    /// claims the pool's next run: returns `'0'|'1'` (notices pending) then
-    /// that run's ticket, if any.
+    /// Records the outcomes of several worker attempts in one call and
+    /// claims into the slots they free (see `Worker::report`). `report`:
+    /// one attempt per line, `<id><epoch>,<pool index>,<outcome JSON>`,
+    /// where the pool index is the pool's position in `start_worker`'s list
+    /// and an empty outcome means the attempt ended without one (canceled
+    /// or released); outcome JSON never holds a raw newline. `starts`: as
+    /// `start_batch`, created first so the freed slots can claim them.
+    /// Answers `'0'|'1'` (notices pending), then one line per new ticket,
+    /// `!<line> <message>` per refused start and `?<message>` per outcome
+    /// that could not be recorded.
     #[napi(catch_unwind)]
-    pub fn worker_finish(
-        &self,
-        run_id: String,
-        epoch: u32,
-        outcome_json: Option<String>,
-        pool: String,
-        starts: Option<String>,
-    ) -> Result<String> {
-        let Ok(id) = run_id.parse::<RunId>() else {
-            return Err(to_napi(JobError::JobRunNotFound { run_id }));
-        };
-        // Starts JS buffered ride along: created before this pool claims
-        // its next run, so they are claimable by it.
+    pub fn worker_report(&self, report: String, starts: Option<String>) -> Result<String> {
         let (problems, pools) = match &starts {
             Some(batch) => self.create_buffered(batch, false)?,
             None => (Vec::new(), Vec::new()),
         };
-        let outcome = outcome_json.as_deref().map(parse_outcome);
+        let mut finished = Vec::new();
+        let mut unread = Vec::new();
+        for line in report.split('\n') {
+            if line.is_empty() {
+                continue;
+            }
+            match parse_report_line(line) {
+                Ok(item) => finished.push(item),
+                Err(reason) => unread.push(format!("?unreadable worker report line: {reason}")),
+            }
+        }
         let worker = self.worker.lock().ok().and_then(|w| w.clone());
-        let next = match worker {
-            Some(w) => w
-                .finish_and_next(&id, epoch, outcome, &pool)
-                .map_err(to_napi)?,
+        let (tickets, error) = match worker {
+            Some(w) => w.report(finished),
             None => {
-                if let Some(o) = outcome {
-                    self.engine.finish_attempt(&id, epoch, o).map_err(to_napi)?;
-                }
-                None
+                // No worker (stopped and gone): apply the outcomes only.
+                let items = finished
+                    .into_iter()
+                    .map(|(id, e, o, _)| (id, e, o))
+                    .collect();
+                self.engine.finish_batch(items, &[])
             }
         };
-        // First character: '1' when notices wait for `take_notices` (saves
-        // JS a native call per run when there are none); then the next
-        // ticket, if any.
         let pending = self
             .pending_aborts
             .lock()
             .map(|p| !p.aborts.is_empty() || !p.events.is_empty())
             .unwrap_or(false);
-        let mut out = String::from(if pending { "1" } else { "0" });
-        if let Some(t) = next {
-            out.push_str(&ticket_text(&t, false));
+        let mut out = String::with_capacity(1 + tickets.len() * 160);
+        out.push(if pending { '1' } else { '0' });
+        for t in &tickets {
+            out.push('\n');
+            write_ticket(&mut out, t);
         }
         if !pools.is_empty() {
-            // Other slots may be idle (their loops found nothing to claim a
-            // moment ago): claim into every free slot, as `start_batch` with
-            // `fed` does. Cheap when none is free.
-            let mut extra = String::new();
-            self.fill_into(&mut extra, Some(&pools))?;
-            if !extra.is_empty() {
-                out.push('\n');
-                out.push_str(&extra);
-            }
+            // Slots of other pools may be idle: claim into them too.
+            self.fill_into(&mut out, Some(&pools))?;
         }
         push_lines(&mut out, &problems);
+        push_lines(&mut out, &unread);
+        if let Some(e) = error {
+            push_lines(&mut out, &[format!("?{e}")]);
+        }
         Ok(out)
     }
 
@@ -777,7 +815,7 @@ impl NativeEngine {
                 Err(reason) => problems.push(format!("!{i} invalid batch line: {reason}")),
             }
         }
-        let (failed, pools) = self.engine.start_batch(reqs, wake).map_err(to_napi)?;
+        let (failed, pools) = self.engine.start_plain_batch(reqs, wake).map_err(to_napi)?;
         for (k, e) in failed {
             problems.push(format!("!{} {e}", index.get(k).copied().unwrap_or(k)));
         }

@@ -201,6 +201,27 @@ const failedOutcome = (err: unknown): Outcome => ({
 const NO_HANDLER: Outcome = { status: 'no_handler', text: '{"status":"no_handler"}' };
 const COMPLETED_EMPTY: Outcome = { status: 'completed', text: '{"status":"completed","output":{}}' };
 
+/** The outcome of a handler that returned (or resolved with) `value`. */
+function outcomeOf(value: unknown): Outcome {
+  if (value === undefined || value === null) return COMPLETED_EMPTY;
+  const j = toJsonText(value, 'handler output');
+  if (!j.ok) {
+    return {
+      status: 'failed',
+      text: JSON.stringify({ status: 'failed', error: { message: j.reason, name: 'JobOutputInvalidError' } }),
+    };
+  }
+  return { status: 'completed', text: `{"status":"completed","output":${j.text}}` };
+}
+
+/** A memory-worker attempt that ended, waiting for the next report. */
+interface Reported {
+  rt: WorkerRuntime;
+  ticket: Ticket;
+  attempt: Attempt;
+  timedOut: boolean;
+}
+
 interface ManualTimer {
   deadline: number;
   resolve: () => void;
@@ -347,13 +368,23 @@ class WorkerRuntime {
   /** A running worker keeps Node alive, like a server socket would. */
   private keepAlive: NodeJS.Timeout | null = setInterval(() => undefined, 0x7fffffff);
 
+  /** Position of each pool in the list the engine's worker was given. */
+  readonly slotOf: Map<string, number>;
+
   constructor(
     private readonly capacity: Map<string, number>,
     private readonly shutdownTimeoutMs: number,
     private readonly stopNative: () => number,
     private readonly release: (runId: string, epoch: number) => boolean | Promise<boolean>,
     private readonly slotsHeld: () => number,
-  ) {}
+  ) {
+    this.slotOf = new Map([...capacity.keys()].map((name, i) => [name, i]));
+  }
+
+  /** Some attempt is executing (its report will carry buffered starts). */
+  get busy(): boolean {
+    return this.active > 0;
+  }
 
   enter(pool: string): void {
     this.active++;
@@ -750,9 +781,20 @@ export class JobOrchestrator {
         console.error(`jobforge: a buffered start was not created: ${line.slice(1)}`);
         continue;
       }
+      if (line.charCodeAt(0) === 63) {
+        console.error(`jobforge: recording a worker outcome failed: ${line.slice(1)}`);
+        continue;
+      }
+      let ticket: Ticket;
+      try {
+        ticket = new Ticket(line, this.readClaimedRow);
+      } catch (e) {
+        console.error('jobforge: unreadable worker ticket', e);
+        continue;
+      }
       const rt = this.worker;
-      if (rt && rt.running) void this.workerLoop(rt, new Ticket(line, this.readClaimedRow), false);
-      else this.releaseTicket(new Ticket(line));
+      if (rt && rt.running) this.runTicket(rt, ticket, false);
+      else this.releaseTicket(ticket);
     }
   }
 
@@ -1000,8 +1042,10 @@ export class JobOrchestrator {
     this.startBuf += `${id}${at},${plain.wire}${inputText}\n`;
     this.startCount++;
     const rt = this.worker;
-    if (this.startCount >= START_BATCH_MAX || (rt !== null && rt.running && rt.hasIdleSlot(plain.pool))) {
-      // An idle worker slot takes the run at once.
+    if (this.startCount >= START_BATCH_MAX || (rt !== null && rt.running && !rt.busy && rt.hasIdleSlot(plain.pool))) {
+      // An idle worker takes the run at once. A busy one gets it with the
+      // next report of a finishing attempt (or on the next turn of the
+      // event loop): one native call for both.
       this.flushStarts();
     } else if (!this.startFlushArmed) {
       this.startFlushArmed = true;
@@ -1506,7 +1550,7 @@ export class JobOrchestrator {
     if (!rt || !rt.running || !rt.hasIdleSlot(pool)) return;
     const lines = this.native.workerFill();
     if (lines.length === 0) return;
-    for (const line of lines.split('\n')) void this.workerLoop(rt, new Ticket(line, this.readClaimedRow), false);
+    this.onReplyLines(lines, 0);
   }
 
   /** A ticket that arrived after stop(): its run goes back to pending, its slot is freed. */
@@ -1520,7 +1564,9 @@ export class JobOrchestrator {
       return;
     }
     this.engine.releaseAttempt(ticket.id, ticket.epoch);
-    this.engine.workerFinish(ticket.id, ticket.epoch, null, ticket.pool, null);
+    // No outcome: frees the slot (a stopping worker claims nothing into it).
+    const slot = this.worker?.slotOf.get(ticket.pool) ?? -1;
+    this.engine.workerReport(`${ticket.id}${ticket.epoch},${slot},\n`, null);
   }
 
   private onWorkerBatch(runtime: WorkerRuntime, lines: string): void {
@@ -1537,64 +1583,148 @@ export class JobOrchestrator {
         this.releaseTicket(ticket);
         continue;
       }
-      void this.workerLoop(runtime, ticket, true);
+      if (this.pg) void this.pgAttempt(runtime, this.pg, ticket);
+      else this.runTicket(runtime, ticket, true);
     }
   }
 
-  /** One slot of the worker: runs a ticket, reports it, continues with the next. */
-  private async workerLoop(runtime: WorkerRuntime, first: Ticket, fromScheduler: boolean): Promise<void> {
-    const pool = first.pool;
-    runtime.enter(pool);
-    let ticket: Ticket | null = first;
+  /** Memory worker: attempts that ended since the last report, sent in one native call. */
+  private reportText = '';
+  private reportItems: Reported[] = [];
+  private reportArmed = false;
+
+  /**
+   * Memory worker: executes one ticket. Its outcome is queued and reported
+   * together with the others that end in the same turn of the microtask
+   * queue (one native call records them and claims into the freed slots).
+   * A cancel, a timeout or a stop ends the attempt at once; whatever the
+   * handler does later is ignored.
+   */
+  private runTicket(rt: WorkerRuntime, ticket: Ticket, checkLive: boolean): void {
+    const { id, epoch } = ticket;
+    rt.enter(ticket.pool);
+    rt.track(id, epoch);
+    const attempt = new Attempt();
+    // Registered first, so a cancel from now on reaches this attempt.
+    this.inFlight.set(id, attempt);
+    let settled = false;
+    let timer: { cancel(): void } | null = null;
+    const settle = (outcome: Outcome | null): void => {
+      if (settled) return;
+      settled = true;
+      attempt.onAbort = undefined;
+      if (timer !== null) timer.cancel();
+      this.queueReport(rt, ticket, attempt, outcome);
+    };
     // A ticket from the scheduler crossed threads: the run may have been
-    // canceled while it was queued. A continuation ticket was claimed in
-    // the same synchronous call that hands it over, so it cannot have been.
-    let check = fromScheduler;
+    // canceled while it was queued. Tickets from a report or a start were
+    // claimed in the synchronous call that handed them over.
+    if (checkLive && !this.native.attemptLive(id, epoch)) return settle(null);
+    attempt.onAbort = () => settle(null);
+    const { timeoutMs } = ticket;
+    if (timeoutMs !== null) {
+      const t = this.sleep(timeoutMs);
+      timer = t;
+      void t.promise.then(() => settle({ status: 'timed_out', text: `{"status":"timed_out","timeoutMs":${timeoutMs}}` }));
+    }
+    const reg = this.handlers.get(ticket.jobType);
+    if (!reg) return settle(NO_HANDLER);
+    let result: unknown;
     try {
-      while (ticket) {
-        const { id, epoch } = ticket;
-        runtime.track(id, epoch);
-        let outcome: Outcome | null;
+      const ctx = this.makeContext(ticket, attempt);
+      const h = reg.handlerClass;
+      if (isClass(h)) result = new h().run(ctx);
+      else if (typeof h === 'function') result = (h as (c: JobContext<unknown>) => unknown)(ctx);
+      else result = (h as { run(c: JobContext<unknown>): unknown }).run(ctx);
+    } catch (e) {
+      return settle(failedOutcome(e));
+    }
+    // Promise.resolve: a native promise as is; a thenable (even one whose
+    // `then` throws) or a plain value the way `await` would take it.
+    Promise.resolve(result).then(
+      (value) => {
+        // Reading the output can throw too (a proxy's trap, a getter).
+        let outcome: Outcome;
         try {
-          outcome = await this.attempt(ticket, check);
+          outcome = outcomeOf(value);
         } catch (e) {
           outcome = failedOutcome(e);
         }
-        check = false;
-        runtime.untrack(id);
-        if (runtime.released(id)) outcome = null; // put back to pending by stop()
-        if (this.pg) {
-          // Queued for the worker loop's next batch transaction; its next
-          // claims arrive as a new batch.
-          try {
-            this.pg.workerDone(id, epoch, outcome === null ? null : outcome.text, ticket.pool);
-          } catch (e) {
-            console.error('jobforge: recording a worker outcome failed', translateNativeError(e));
-          }
-          if (outcome?.status === 'timed_out') this.inFlight.get(id)?.abort('timed_out');
-          this.inFlight.delete(id);
-          break;
-        }
-        let reply = '0';
-        // Buffered starts ride along: one native call creates them, records
-        // this outcome and claims the pool's next run.
-        const starts = this.takeStarts();
-        try {
-          reply = this.engine.workerFinish(id, epoch, outcome === null ? null : outcome.text, ticket.pool, starts);
-        } catch (e) {
-          console.error('jobforge: recording a worker outcome failed', translateNativeError(e));
-        }
-        if (outcome?.status === 'timed_out') this.inFlight.get(id)?.abort('timed_out');
-        this.inFlight.delete(id);
-        // '1' = aborts or events are queued (saves a native call otherwise).
-        if (reply.charCodeAt(0) === 49) this.flushAborts();
-        // Then this pool's next ticket; after a newline, tickets for other
-        // idle slots and refused buffered starts.
-        const nl = reply.indexOf('\n');
-        const next = nl < 0 ? reply.slice(1) : reply.slice(1, nl);
-        ticket = next.length > 0 ? new Ticket(next, this.readClaimedRow) : null;
-        if (nl >= 0) this.onReplyLines(reply, nl + 1);
+        settle(outcome);
+      },
+      (e) => settle(failedOutcome(e)),
+    );
+  }
+
+  private queueReport(rt: WorkerRuntime, ticket: Ticket, attempt: Attempt, outcome: Outcome | null): void {
+    const { id, epoch } = ticket;
+    rt.untrack(id);
+    if (rt.released(id)) outcome = null; // put back to pending by stop()
+    const slot = rt.slotOf.get(ticket.pool) ?? -1;
+    this.reportText += `${id}${epoch},${slot},${outcome === null ? '' : outcome.text}\n`;
+    this.reportItems.push({ rt, ticket, attempt, timedOut: outcome !== null && outcome.status === 'timed_out' });
+    if (!this.reportArmed) {
+      this.reportArmed = true;
+      queueMicrotask(this.flushReports);
+    }
+  }
+
+  private readonly flushReports = (): void => {
+    this.reportArmed = false;
+    const text = this.reportText;
+    const items = this.reportItems;
+    this.reportText = '';
+    this.reportItems = [];
+    if (items.length === 0) return;
+    try {
+      // Buffered starts ride along: created before the freed slots claim.
+      const starts = this.takeStarts();
+      let reply = '0';
+      try {
+        reply = this.engine.workerReport(text, starts);
+      } catch (e) {
+        console.error('jobforge: recording worker outcomes failed', translateNativeError(e));
       }
+      for (const it of items) {
+        // After the outcome is recorded, so the handler sees its signal
+        // fire only once the run is timed out.
+        if (it.timedOut) it.attempt.abort('timed_out');
+        const id = it.ticket.id;
+        if (this.inFlight.get(id) === it.attempt) this.inFlight.delete(id);
+        it.rt.leave(it.ticket.pool);
+      }
+      // '1' = aborts or events are queued (saves a native call otherwise).
+      if (reply.charCodeAt(0) === 49) this.flushAborts();
+      if (reply.length > 1) this.onReplyLines(reply, 1);
+    } catch (e) {
+      console.error('jobforge: worker report failed', e);
+    }
+  };
+
+  /**
+   * Postgres worker: runs one ticket and queues its outcome for the worker
+   * loop's next batch transaction (whose claims arrive as a new batch).
+   */
+  private async pgAttempt(runtime: WorkerRuntime, pg: PgEngine, ticket: Ticket): Promise<void> {
+    const { id, epoch, pool } = ticket;
+    runtime.enter(pool);
+    try {
+      runtime.track(id, epoch);
+      let outcome: Outcome | null;
+      try {
+        outcome = await this.attempt(ticket);
+      } catch (e) {
+        outcome = failedOutcome(e);
+      }
+      runtime.untrack(id);
+      if (runtime.released(id)) outcome = null; // put back to pending by stop()
+      try {
+        pg.workerDone(id, epoch, outcome === null ? null : outcome.text, pool);
+      } catch (e) {
+        console.error('jobforge: recording a worker outcome failed', translateNativeError(e));
+      }
+      if (outcome?.status === 'timed_out') this.inFlight.get(id)?.abort('timed_out');
+      this.inFlight.delete(id);
     } finally {
       runtime.leave(pool);
     }
@@ -1627,14 +1757,15 @@ export class JobOrchestrator {
     return outcome.text;
   }
 
-  /** Runs the handler racing the attempt's timeout and a cancel; null = canceled. */
-  private async attempt(ticket: Ticket, checkLive = false): Promise<Outcome | null> {
+  /**
+   * Postgres worker: runs the handler racing the attempt's timeout and a
+   * cancel; null = canceled. (Its tickets come straight from a committed
+   * claim; an outcome for a run canceled since is ignored by the engine.)
+   */
+  private async attempt(ticket: Ticket): Promise<Outcome | null> {
     const attempt = new Attempt();
-    this.inFlight.set(ticket.id, attempt);
     // Registered first, so a cancel from now on reaches this attempt.
-    // (Postgres tickets come straight from a committed claim; an outcome for
-    // a run canceled since is ignored by the engine.)
-    if (checkLive && !this.pg && !this.native.attemptLive(ticket.id, ticket.epoch)) return null;
+    this.inFlight.set(ticket.id, attempt);
     const { timeoutMs } = ticket;
     if (timeoutMs === null) {
       // The common case: race the handler against a cancel with one promise.
@@ -1676,15 +1807,7 @@ export class JobOrchestrator {
     } catch (e) {
       return failedOutcome(e);
     }
-    if (value === undefined || value === null) return COMPLETED_EMPTY;
-    const j = toJsonText(value, 'handler output');
-    if (!j.ok) {
-      return {
-        status: 'failed',
-        text: JSON.stringify({ status: 'failed', error: { message: j.reason, name: 'JobOutputInvalidError' } }),
-      };
-    }
-    return { status: 'completed', text: `{"status":"completed","output":${j.text}}` };
+    return outcomeOf(value);
   }
 
   private makeContext(ticket: Ticket, attempt: Attempt): JobContext<unknown> {

@@ -606,6 +606,113 @@ impl<S: Store> Engine<S> {
         Ok((failed, pools))
     }
 
+    /// `start_batch` for the shape JS buffers: starts with no options, each
+    /// with its preset id and time. A run of a *plain* type (no dedupe or
+    /// concurrency key, no scope entity, single tenant: nothing to look up
+    /// or evaluate) is built straight from its definition, the row `start`
+    /// would build; any other type goes through the full `start_in` rules.
+    /// O(log n) per run.
+    #[allow(clippy::type_complexity)]
+    pub fn start_plain_batch<'a>(
+        &self,
+        runs: impl IntoIterator<Item = PlainStart<'a>>,
+        wake: bool,
+    ) -> Result<(Vec<(usize, JobError)>, Vec<Arc<str>>)> {
+        let mut fx = Effects::default();
+        let mut failed = Vec::new();
+        let mut pools: Vec<Arc<str>> = Vec::new();
+        let mut latest = Millis::MIN;
+        self.store.transaction(|tx| {
+            // Consecutive starts are usually of one type: look it up once.
+            let mut last: Option<Arc<JobDefinition>> = None;
+            for (i, run) in runs.into_iter().enumerate() {
+                let at = clamp_time(run.at);
+                latest = latest.max(at);
+                let def = match &last {
+                    Some(d) if *d.job_type == *run.job_type => Some(d.clone()),
+                    _ => tx.definition(run.job_type),
+                };
+                let plain = def.as_ref().filter(|d| {
+                    !self.multi_tenant
+                        && d.dedupe_key_template.is_none()
+                        && d.concurrency_key_template.is_none()
+                        && d.scope_entity_type.is_none()
+                });
+                let Some(def) = plain else {
+                    let req = StartRequest {
+                        job_type: run.job_type.to_owned(),
+                        input: run.input,
+                        preset: Some((run.id, run.at)),
+                        ..StartRequest::default()
+                    };
+                    match self.start_in(tx, req, at, false, &mut fx) {
+                        Ok(Started::Created { pool, .. }) => {
+                            if !pools.contains(&pool) {
+                                pools.push(pool);
+                            }
+                        }
+                        Ok(Started::Row(_)) => {}
+                        Err(e) => failed.push((i, e)),
+                    }
+                    continue;
+                };
+                if tx.run(&run.id).is_some() {
+                    failed.push((
+                        i,
+                        JobError::JobInputInvalid {
+                            reason: format!("run id {} is already taken", run.id),
+                        },
+                    ));
+                    continue;
+                }
+                if !pools.contains(&def.pool) {
+                    pools.push(def.pool.clone());
+                }
+                let seq = tx.next_seq();
+                tx.insert_run(RunRow {
+                    id: run.id,
+                    job_type: def.job_type.clone(),
+                    job_version: def.version,
+                    parent_close_policy: ParentClosePolicy::Terminate,
+                    tenant_id: None,
+                    pool: def.pool.clone(),
+                    priority: def.priority_default,
+                    status: RunStatus::Pending,
+                    input: run.input,
+                    result: None,
+                    trigger_source: TriggerSource::Manual,
+                    run_at: at,
+                    started_at: OptMillis::NONE,
+                    finished_at: OptMillis::NONE,
+                    claimed_at: OptMillis::NONE,
+                    attempts: 0,
+                    extras: None,
+                    created_at: at,
+                    updated_at: at,
+                    seq,
+                    claim_epoch: 0,
+                    executing: false,
+                    index_group: 0,
+                });
+                last = Some(def.clone());
+            }
+            if latest != Millis::MIN {
+                self.purge(tx, latest);
+            }
+            Ok(())
+        })?;
+        if latest != Millis::MIN {
+            self.clock.observe(latest);
+        }
+        self.deliver(fx);
+        if wake {
+            for pool in &pools {
+                self.wake_worker_for(pool);
+            }
+        }
+        Ok((failed, pools))
+    }
+
     fn start_in(
         &self,
         tx: &mut S::Tx<'_>,
@@ -795,6 +902,7 @@ impl<S: Store> Engine<S> {
             seq,
             claim_epoch: 0,
             executing: false,
+            index_group: 0,
         };
         let out = if want_row {
             Started::Row(Box::new(row.clone()))
@@ -994,44 +1102,57 @@ impl<S: Store> Engine<S> {
         result.map(|done| done.and_then(|d| d.row))
     }
 
-    /// A worker slot's turn: applies an attempt's outcome (if any) and,
-    /// with `claim`, claims the pool's next due run with its attempt
-    /// opened, in one store transaction. The rest is `finish_attempt`'s.
-    /// O(log n) + O(cascade).
-    pub fn finish_and_claim(
+    /// A worker's report of several attempts, in one store transaction:
+    /// applies each outcome (`None` = the attempt ended without one:
+    /// canceled or released), then claims up to `want` due runs per pool
+    /// (the slots the reported attempts free). One lock, one clock read and
+    /// one purge for the batch instead of one per run. O(k log n) +
+    /// O(cascades). An outcome that cannot be applied is skipped (its error
+    /// is returned after the others are applied).
+    pub fn finish_batch(
         &self,
-        run_id: &RunId,
-        epoch: u32,
-        outcome: Option<AttemptOutcome>,
-        pool: &str,
-        claim: bool,
-    ) -> Result<Option<AttemptTicket>> {
+        finished: Vec<(RunId, u32, Option<AttemptOutcome>)>,
+        claims: &[(Arc<str>, usize)],
+    ) -> (Vec<AttemptTicket>, Option<JobError>) {
         let now = self.now();
         let mut fx = Effects::default();
-        let mut finished = false;
         let mut wake = false;
-        let next = self.store.transaction(|tx| {
-            if let Some(o) = outcome {
-                let done = self.finish_in(tx, (run_id, epoch), o, now, false, &mut fx)?;
-                finished = true;
-                wake = done.is_some_and(|d| d.frees_lane_or_retries());
-                self.purge(tx, now);
+        let mut first_error = None;
+        let mut ended = Vec::with_capacity(finished.len());
+        let tickets = self.store.transaction(|tx| {
+            for (id, epoch, outcome) in finished {
+                let Some(o) = outcome else { continue };
+                match self.finish_in(tx, (&id, epoch), o, now, false, &mut fx) {
+                    Ok(done) => {
+                        wake |= done.is_some_and(|d| d.frees_lane_or_retries());
+                        ended.push((id, epoch));
+                    }
+                    Err(e) => {
+                        first_error.get_or_insert(e);
+                    }
+                }
             }
+            self.purge(tx, now);
             let mut out = Vec::new();
-            if claim {
-                Self::claim_into(tx, pool, 1, now, &mut out);
+            for (pool, want) in claims {
+                if *want > 0 {
+                    Self::claim_into(tx, pool, *want, now, &mut out);
+                }
             }
-            Ok(out.pop())
-        })?;
-        if finished {
-            self.end_in_flight(run_id, epoch);
-            let wake = fx.wake || wake;
-            self.deliver(fx);
-            if wake {
-                self.wake_worker();
-            }
+            Ok(out)
+        });
+        for (id, epoch) in &ended {
+            self.end_in_flight(id, *epoch);
         }
-        Ok(next)
+        let wake = fx.wake || wake;
+        self.deliver(fx);
+        if wake {
+            self.wake_worker();
+        }
+        match tickets {
+            Ok(t) => (t, first_error),
+            Err(e) => (Vec::new(), first_error.or(Some(e))),
+        }
     }
 
     fn finish_in(

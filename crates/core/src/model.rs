@@ -306,6 +306,11 @@ pub struct RunRow {
     pub claim_epoch: u32,
     /// True while a `tick` is executing the current claim.
     pub executing: bool,
+    /// Store-private: the memory store's index group of this run's
+    /// (tenant, pool), so a transition finds its sets without hashing
+    /// strings. Fits in padding (the row stays 176 bytes); other stores
+    /// leave it 0. Not part of the JS row.
+    pub index_group: u32,
 }
 
 impl RunRow {
@@ -581,6 +586,17 @@ pub struct StartRequest {
     /// Id and creation time chosen by the caller (a JS start buffered and
     /// flushed in a batch, see `Engine::start_batch`); `None` = the engine's.
     pub preset: Option<(RunId, Millis)>,
+}
+
+/// A start with no options and a caller-chosen id and time: what JS
+/// buffers for `Engine::start_plain_batch`.
+#[derive(Debug)]
+pub struct PlainStart<'a> {
+    pub id: RunId,
+    pub at: Millis,
+    pub job_type: &'a str,
+    /// Validated JSON text of the input.
+    pub input: Box<RawValue>,
 }
 
 /// What became of a handler invocation.

@@ -6,8 +6,9 @@
 //!   notification (a start, a finished lane head, a cancel, a replay) and on
 //!   a timer set to the earliest due time of a pool with a free slot; when
 //!   woken it claims a batch per pool and dispatches it in one call;
-//! - a **finishing attempt** claims its pool's next run in the same call
-//!   that records its outcome ([`Worker::finish_and_next`]), so a backlog
+//! - **finished attempts** claim their pools' next runs in the call that
+//!   records their outcomes ([`Worker::report`], one call for all attempts
+//!   that ended in the same turn of JS's microtask queue), so a backlog
 //!   drains without any thread hand-off.
 //!
 //! Slots are reserved with a compare-and-swap before claiming, so the two
@@ -209,36 +210,59 @@ impl<S: Store> Worker<S> {
         self.engine.set_worker_hungry(false);
     }
 
-    /// Records an attempt's outcome (`None` = it ended without one: canceled
-    /// or released) and, unless stopping, claims the pool's next run into the
-    /// freed slot. Returns the applied row (if any) and the next ticket.
-    pub fn finish_and_next(
+    /// Records the outcomes of several attempts (`None` = the attempt ended
+    /// without one) and, unless stopping, claims into the slots they free,
+    /// all in one transaction ([`Engine::finish_batch`]). `slot` is the
+    /// index of the attempt's pool in [`Worker::pools`]; an index out of
+    /// range frees no slot. Returns the new tickets, and the first outcome
+    /// that could not be applied (the others were).
+    pub fn report(
         &self,
-        run_id: &RunId,
-        epoch: u32,
-        outcome: Option<AttemptOutcome>,
-        pool: &str,
-    ) -> Result<Option<AttemptTicket>> {
-        let slot = self.pool(pool);
+        finished: Vec<(RunId, u32, Option<AttemptOutcome>, usize)>,
+    ) -> (Vec<AttemptTicket>, Option<crate::error::JobError>) {
         let stopping = self.is_stopping();
-        // Keep the slot: hand it straight to the next due run, if any (in
-        // the transaction that records the outcome).
-        let claim = slot.is_some() && !stopping;
-        let next = self
-            .engine
-            .finish_and_claim(run_id, epoch, outcome, pool, claim)?;
-        if let (Some(p), None) = (slot, &next) {
-            p.release(1);
+        let mut freed = vec![0usize; self.pools.len()];
+        let mut items = Vec::with_capacity(finished.len());
+        for (id, epoch, outcome, slot) in finished {
+            if let Some(n) = freed.get_mut(slot) {
+                *n += 1;
+            }
+            items.push((id, epoch, outcome));
+        }
+        // Freed slots go straight to the next due runs of their pools.
+        let claims: Vec<(Arc<str>, usize)> = if stopping {
+            Vec::new()
+        } else {
+            self.pools
+                .iter()
+                .zip(&freed)
+                .filter(|(_, n)| **n > 0)
+                .map(|(p, n)| (p.name.clone(), *n))
+                .collect()
+        };
+        let (tickets, error) = self.engine.finish_batch(items, &claims);
+        let mut refilled = vec![0usize; self.pools.len()];
+        for t in &tickets {
+            if let Some(i) = self.pools.iter().position(|p| p.name == t.run.pool) {
+                refilled[i] += 1;
+            }
+        }
+        for (i, p) in self.pools.iter().enumerate() {
+            let idle = freed[i].saturating_sub(refilled[i]);
+            if idle == 0 {
+                continue;
+            }
+            p.release(idle);
             if !stopping {
                 // The slot is free: a start wakes the scheduler from now on,
                 // and if a run of this pool falls due later, the scheduler
                 // re-arms its timer for it (no wake-up when there is none).
                 self.engine.set_worker_hungry(true);
-                if self.engine.next_due(pool).is_some() {
+                if self.engine.next_due(&p.name).is_some() {
                     self.engine.wake_worker();
                 }
             }
         }
-        Ok(next)
+        (tickets, error)
     }
 }

@@ -523,3 +523,62 @@ fn start_batch_creates_runs_with_their_preset_ids_and_reports_the_rest() {
     assert_eq!(claim_id(&e, "batch"), Some(fresh[2]));
     assert_eq!(claim_id(&e, "batch"), None);
 }
+
+#[test]
+fn plain_batch_builds_the_row_start_builds_and_keeps_the_rules_for_other_types() {
+    let e = engine(false);
+    let mut a = spec("a");
+    a.pool = Some("p".into());
+    a.priority_default = Some(3);
+    e.register(a).unwrap();
+    let mut keyed = spec("keyed");
+    keyed.dedupe_key = Some("{{k}}".into());
+    keyed.dedupe_window_ms = Some(60_000);
+    e.register(keyed).unwrap();
+    let at = e.now();
+    let by_start = e.start(req("a", r#"{"k":1}"#)).unwrap();
+    let first_keyed = e.start(req("keyed", r#"{"k":1}"#)).unwrap();
+    let ids: Vec<RunId> = (0..4).map(|_| RunId::new_v4()).collect();
+    let plain = |id: RunId, t: &'static str| PlainStart {
+        id,
+        at,
+        job_type: t,
+        input: raw(r#"{"k":1}"#),
+    };
+    let (failed, pools) = e
+        .start_plain_batch(
+            vec![
+                plain(ids[0], "a"),
+                plain(ids[1], "keyed"),
+                plain(ids[2], "nope"),
+                plain(by_start.id, "a"),
+                plain(ids[3], "a"),
+            ],
+            false,
+        )
+        .unwrap();
+    assert_eq!(
+        failed.iter().map(|(i, _)| *i).collect::<Vec<_>>(),
+        vec![2, 3]
+    );
+    assert!(matches!(failed[0].1, JobError::JobTypeNotFound { .. }));
+    assert!(matches!(failed[1].1, JobError::JobInputInvalid { .. }));
+    assert_eq!(pools.iter().map(|p| &**p).collect::<Vec<_>>(), vec!["p"]);
+    // The plain run's row is the one `start` built, id aside.
+    let row = e.run_row(&ids[0]).expect("created");
+    let same = by_start
+        .to_compact_json()
+        .replace(&by_start.id.to_string(), "ID");
+    assert_eq!(
+        row.to_compact_json().replace(&ids[0].to_string(), "ID"),
+        same
+    );
+    // The keyed type went through the rules: deduplicated onto the first run.
+    assert!(e.run_row(&ids[1]).is_none());
+    assert_eq!(status(&e, &first_keyed.id), RunStatus::Pending);
+    e.store().verify_indexes().unwrap();
+    // Priority and created order hold across both paths.
+    assert_eq!(claim_id(&e, "p"), Some(by_start.id));
+    assert_eq!(claim_id(&e, "p"), Some(ids[0]));
+    assert_eq!(claim_id(&e, "p"), Some(ids[3]));
+}

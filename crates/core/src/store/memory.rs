@@ -3,6 +3,7 @@
 //! | structure | serves | cost |
 //! |---|---|---|
 //! | `runs: Vec<RunRow>` + `ids: IdIndex` (slot per id hash) | lookup by id | O(1) |
+//! | per (tenant, pool) group: a `BTreeSet<(createdAt, id)>` and a count per status | queries, counts | O(log n) per transition |
 //! | per pool `ready: BTreeSet<(−priority, runAt, seq)>` | claim | O(log n) |
 //! | per pool `future: BTreeSet<(runAt, seq)>` | not-yet-due claimables | O(log n) per move, each run moves once |
 //! | `lanes: HashMap<(tenant, key), BTreeMap<laneSeq, run>>` | lane head, reject/replace | O(log k) |
@@ -50,7 +51,10 @@ pub struct MemoryState {
     definitions: HashMap<Arc<str>, Arc<JobDefinition>>,
     runs: Vec<RunRow>,
     ids: IdIndex,
-    pools: HashMap<Arc<str>, PoolIndex>,
+    /// Claim index per pool name, found through `claim_ids` (by name) or
+    /// through a run's group (no string hashing on a transition).
+    claim: Vec<PoolIndex>,
+    claim_ids: HashMap<Arc<str>, u32>,
     lanes: HashMap<LaneKey, BTreeMap<u64, Handle>>,
     dedupe: HashMap<DedupeKey, Vec<Handle>>,
     children: HashMap<Handle, Vec<Handle>>,
@@ -66,11 +70,48 @@ pub struct MemoryState {
 }
 
 /// `(createdAt, id)`: the keyset order of `listJobRuns` (newest first).
-/// The id as big-endian bytes orders like the number but aligns to 1, so a
-/// key is 32 bytes instead of 48 (a `u128` forces 16-byte alignment).
-type CreatedKey = (Millis, [u8; 16], Handle);
+/// The id as two u64 halves orders like the number and compares as two
+/// integers, with 8-byte alignment, so a key is 32 bytes instead of 48 (a
+/// `u128` forces 16-byte alignment).
+type CreatedKey = (Millis, IdKey, Handle);
+type IdKey = (u64, u64);
 type Tenant = Option<Arc<str>>;
-type PoolStatusKey = (Tenant, Arc<str>, RunStatus);
+
+fn id_key(id: u128) -> IdKey {
+    ((id >> 64) as u64, id as u64)
+}
+
+/// Position of a status in a group's per-status arrays.
+fn si(s: RunStatus) -> usize {
+    match s {
+        RunStatus::Pending => 0,
+        RunStatus::Running => 1,
+        RunStatus::Waiting => 2,
+        RunStatus::Completed => 3,
+        RunStatus::Failed => 4,
+        RunStatus::TimedOut => 5,
+        RunStatus::Canceled => 6,
+    }
+}
+
+/// The runs of one (tenant, pool): what the queries and counts read. A run
+/// names its group in `RunRow::index_group`, so a status change moves it
+/// between two sets of one group without hashing a string.
+struct Group {
+    tenant: Tenant,
+    pool: Arc<str>,
+    /// The pool's claim index in `MemoryState::claim`.
+    claim: u32,
+    by_status: [BTreeSet<CreatedKey>; 7],
+    counts: [u64; 7],
+}
+
+impl Group {
+    fn holds(&self, r: &RunRow) -> bool {
+        (Arc::ptr_eq(&self.pool, &r.pool) || *self.pool == *r.pool)
+            && self.tenant.as_deref() == r.tenant_id.as_deref()
+    }
+}
 
 const ALL_STATUSES: [RunStatus; 7] = [
     RunStatus::Pending,
@@ -123,23 +164,38 @@ impl IdIndex {
 /// `(createdAt, id)` so a page is a range walk: O(log n + k).
 #[derive(Default)]
 struct QueryIndex {
-    /// One set per (tenant, pool, status): a page filtered by pool, status
-    /// or both merges at most one set per status or per pool, so every
-    /// filter combination is O(log n + k) with a small constant factor.
-    by_pool_status: HashMap<PoolStatusKey, BTreeSet<CreatedKey>>,
-    /// Pools that have (had) runs, per tenant: the sets a status filter merges.
-    pools_of: HashMap<Tenant, BTreeSet<Arc<str>>>,
+    /// One set per (tenant, pool, status), in groups: a page filtered by
+    /// pool, status or both merges at most one set per status or per pool,
+    /// so every filter combination is O(log n + k) with a small constant
+    /// factor. Groups are never removed (there is one per pool and tenant
+    /// that ever had a run).
+    groups: Vec<Group>,
+    group_ids: hashbrown::HashTable<u32>,
+    group_hasher: ahash::RandomState,
+    /// Groups of each tenant: the sets a status filter merges.
+    pools_of: HashMap<Tenant, Vec<u32>>,
     /// Failed runs by `(finishedAt, id)`, for `listRecentFailed`.
     failed: HashMap<Tenant, BTreeSet<CreatedKey>>,
     /// Runs of a scope in created order.
     scope: HashMap<(Tenant, Box<str>, Box<str>), Vec<Handle>>,
     /// Every descendant of a root, in created order (the root excluded).
     tree: HashMap<Handle, Vec<Handle>>,
-    counts: HashMap<(Tenant, Arc<str>, RunStatus), u64>,
+}
+
+impl QueryIndex {
+    fn find_group(&self, tenant: Option<&str>, pool: &str) -> Option<u32> {
+        let groups = &self.groups;
+        self.group_ids
+            .find(self.group_hasher.hash_one((tenant, pool)), |&g| {
+                let x = &groups[g as usize];
+                x.tenant.as_deref() == tenant && *x.pool == *pool
+            })
+            .copied()
+    }
 }
 
 fn created_key(r: &RunRow, h: Handle) -> CreatedKey {
-    (r.created_at, *r.id.as_bytes(), h)
+    (r.created_at, id_key(r.id.as_u128()), h)
 }
 
 /// The fields whose change requires re-indexing.
@@ -147,18 +203,19 @@ fn created_key(r: &RunRow, h: Handle) -> CreatedKey {
 struct IndexView {
     status: RunStatus,
     finished_at: Option<Millis>,
-    pool: Arc<str>,
+    group: u32,
     priority: i32,
     run_at: Millis,
     lane_seq: u64,
 }
 
 impl IndexView {
+    /// `r.index_group` must be current (see `MemoryState::group_of_run`).
     fn of(r: &RunRow) -> Self {
         IndexView {
             status: r.status,
             finished_at: r.finished_at.get(),
-            pool: r.pool.clone(),
+            group: r.index_group,
             priority: r.priority,
             run_at: r.run_at,
             lane_seq: r.lane_seq(),
@@ -175,14 +232,9 @@ impl MemoryState {
     /// Removes a terminal run and its steps from the store and every index;
     /// its slot is reused. O(log n + k) for the short lists it sits in.
     fn purge(&mut self, h: Handle) {
+        let g = self.group_of_run(h);
         let r = &self.runs[h as usize];
-        let (id, key, t, pool, status) = (
-            r.id,
-            created_key(r, h),
-            r.tenant_id.clone(),
-            r.pool.clone(),
-            r.status,
-        );
+        let (id, key, t, status) = (r.id, created_key(r, h), r.tenant_id.clone(), r.status);
         let parent = r.parent_run_id();
         let root = r.root_run_id();
         let dedupe = r
@@ -210,20 +262,13 @@ impl MemoryState {
             drop_from(&mut self.dedupe, &k, h);
         }
         let q = &mut self.q;
-        let ps_key = (t.clone(), pool.clone(), status);
-        if let Some(set) = q.by_pool_status.get_mut(&ps_key) {
-            set.remove(&key);
-            if set.is_empty() {
-                q.by_pool_status.remove(&ps_key);
-            }
-        }
+        let grp = &mut q.groups[g as usize];
+        grp.by_status[si(status)].remove(&key);
+        grp.counts[si(status)] = grp.counts[si(status)].saturating_sub(1);
         if status == RunStatus::Failed {
             if let Some(set) = q.failed.get_mut(&t) {
                 set.remove(&(finished_at, key.1, h));
             }
-        }
-        if let Some(c) = q.counts.get_mut(&(t, pool, status)) {
-            *c = c.saturating_sub(1);
         }
         if let Some(k) = scope {
             drop_from(&mut q.scope, &k, h);
@@ -241,6 +286,53 @@ impl MemoryState {
         self.ids.get(&self.runs, id)
     }
 
+    /// The group of (tenant, pool), created on first use. O(1).
+    fn group_for(&mut self, tenant: &Tenant, pool: &Arc<str>) -> u32 {
+        if let Some(g) = self.q.find_group(tenant.as_deref(), pool) {
+            return g;
+        }
+        let claim = match self.claim_ids.get(pool) {
+            Some(c) => *c,
+            None => {
+                let c = self.claim.len() as u32;
+                self.claim.push(PoolIndex::default());
+                self.claim_ids.insert(pool.clone(), c);
+                c
+            }
+        };
+        let q = &mut self.q;
+        let g = q.groups.len() as u32;
+        q.groups.push(Group {
+            tenant: tenant.clone(),
+            pool: pool.clone(),
+            claim,
+            by_status: Default::default(),
+            counts: [0; 7],
+        });
+        let (groups, hasher) = (&q.groups, &q.group_hasher);
+        q.group_ids
+            .insert_unique(hasher.hash_one((tenant.as_deref(), &**pool)), g, |&x| {
+                let x = &groups[x as usize];
+                hasher.hash_one((x.tenant.as_deref(), &*x.pool))
+            });
+        q.pools_of.entry(tenant.clone()).or_default().push(g);
+        g
+    }
+
+    /// The run's group, checked against its tenant and pool (a rule may
+    /// have changed them): O(1), a string hash only after such a change.
+    fn group_of_run(&mut self, h: Handle) -> u32 {
+        let r = &self.runs[h as usize];
+        let g = r.index_group;
+        if self.q.groups.get(g as usize).is_some_and(|x| x.holds(r)) {
+            return g;
+        }
+        let (t, p) = (r.tenant_id.clone(), r.pool.clone());
+        let g = self.group_for(&t, &p);
+        self.runs[h as usize].index_group = g;
+        g
+    }
+
     fn is_lane_head(&self, h: Handle) -> bool {
         let r = &self.runs[h as usize];
         match lane_key(r) {
@@ -255,7 +347,8 @@ impl MemoryState {
 
     fn claim_index_insert(&mut self, h: Handle) {
         let r = &self.runs[h as usize];
-        let pool = self.pools.entry(r.pool.clone()).or_default();
+        let c = self.q.groups[r.index_group as usize].claim;
+        let pool = &mut self.claim[c as usize];
         // Due already (every transition stamps updated_at with the
         // transaction's time): straight to ready, so a backlog started
         // before any claim is not moved one by one by the first claim.
@@ -268,10 +361,10 @@ impl MemoryState {
 
     fn claim_index_remove(&mut self, h: Handle, v: &IndexView) {
         let seq = self.runs[h as usize].seq;
-        if let Some(pool) = self.pools.get_mut(&v.pool) {
-            if !pool.ready.remove(&(Reverse(v.priority), v.run_at, seq, h)) {
-                pool.future.remove(&(v.run_at, seq, h));
-            }
+        let c = self.q.groups[v.group as usize].claim;
+        let pool = &mut self.claim[c as usize];
+        if !pool.ready.remove(&(Reverse(v.priority), v.run_at, seq, h)) {
+            pool.future.remove(&(v.run_at, seq, h));
         }
     }
 
@@ -300,27 +393,14 @@ impl MemoryState {
         let key = created_key(r, h);
         let t = r.tenant_id.clone();
         let q = &mut self.q;
-        if before.status != after.status {
-            let old = (t.clone(), before.pool.clone(), before.status);
-            if let Some(set) = q.by_pool_status.get_mut(&old) {
-                set.remove(&key);
-                if set.is_empty() {
-                    q.by_pool_status.remove(&old);
-                }
-            }
-            q.by_pool_status
-                .entry((t.clone(), after.pool.clone(), after.status))
-                .or_default()
-                .insert(key);
-            if let Some(c) = q
-                .counts
-                .get_mut(&(t.clone(), before.pool.clone(), before.status))
-            {
-                *c = c.saturating_sub(1);
-            }
-            *q.counts
-                .entry((t.clone(), after.pool.clone(), after.status))
-                .or_default() += 1;
+        if before.status != after.status || before.group != after.group {
+            let (b, a) = (si(before.status), si(after.status));
+            let old = &mut q.groups[before.group as usize];
+            old.by_status[b].remove(&key);
+            old.counts[b] = old.counts[b].saturating_sub(1);
+            let new = &mut q.groups[after.group as usize];
+            new.by_status[a].insert(key);
+            new.counts[a] += 1;
         }
         if before.status == RunStatus::Failed {
             if let Some(set) = q.failed.get_mut(&t) {
@@ -336,11 +416,15 @@ impl MemoryState {
     }
 
     fn reindex(&mut self, h: Handle, before: IndexView) {
+        self.group_of_run(h);
         let after = IndexView::of(&self.runs[h as usize]);
         if before == after {
             return;
         }
-        if before.status != after.status || before.finished_at != after.finished_at {
+        if before.status != after.status
+            || before.finished_at != after.finished_at
+            || before.group != after.group
+        {
             self.reindex_status(h, &before, &after);
         }
         let lane = lane_key(&self.runs[h as usize]);
@@ -380,6 +464,7 @@ impl MemoryState {
                 }
                 if let Some(oh) = old_head {
                     if oh != h && Some(oh) != new_head {
+                        self.group_of_run(oh);
                         let v = IndexView::of(&self.runs[oh as usize]);
                         if v.status == RunStatus::Pending {
                             self.claim_index_remove(oh, &v);
@@ -453,7 +538,8 @@ impl MemoryState {
             }
         }
         let mut indexed: BTreeSet<Handle> = BTreeSet::new();
-        for (name, pool) in &self.pools {
+        for (name, c) in &self.claim_ids {
+            let pool = &self.claim[*c as usize];
             for &(Reverse(p), at, seq, h) in &pool.ready {
                 let r = &self.runs[h as usize];
                 if (r.priority, r.run_at, r.seq, &*r.pool) != (p, at, seq, &**name) {
@@ -486,26 +572,22 @@ impl MemoryState {
                     .collect::<Vec<_>>()
             ));
         }
-        // Counts and status/pool/tenant sets.
-        let mut counts: HashMap<(Tenant, Arc<str>, RunStatus), u64> = HashMap::default();
-        let mut by_pool_status: HashMap<PoolStatusKey, BTreeSet<CreatedKey>> = HashMap::default();
+        // Counts and status/pool/tenant sets: every live run in the set of
+        // its group and status, every group's sets and counts exactly those.
+        type Sets = HashMap<(Tenant, Arc<str>), [BTreeSet<CreatedKey>; 7]>;
+        let mut sets: Sets = HashMap::default();
         let mut failed: HashMap<Tenant, BTreeSet<CreatedKey>> = HashMap::default();
         for &(h, r) in runs.iter() {
             let t = r.tenant_id.clone();
             let k = created_key(r, h as Handle);
-            *counts
-                .entry((t.clone(), r.pool.clone(), r.status))
-                .or_default() += 1;
-            by_pool_status
-                .entry((t.clone(), r.pool.clone(), r.status))
-                .or_default()
-                .insert(k);
-            if !self.q.pools_of.get(&t).is_some_and(|p| p.contains(&r.pool)) {
+            let g = self.q.find_group(t.as_deref(), &r.pool);
+            if g != Some(r.index_group) {
                 return Err(format!(
-                    "pool '{}' missing from its tenant's pool list",
-                    r.pool
+                    "run {} names group {} of {:?}",
+                    r.id, r.index_group, g
                 ));
             }
+            sets.entry((t.clone(), r.pool.clone())).or_default()[si(r.status)].insert(k);
             if r.status == RunStatus::Failed {
                 failed.entry(t).or_default().insert((
                     r.finished_at.get().unwrap_or(0),
@@ -514,21 +596,41 @@ impl MemoryState {
                 ));
             }
         }
-        let nonzero = |m: &HashMap<(Tenant, Arc<str>, RunStatus), u64>| -> HashMap<(Tenant, Arc<str>, RunStatus), u64> {
-            m.iter().filter(|(_, c)| **c > 0).map(|(k, c)| (k.clone(), *c)).collect()
-        };
-        if nonzero(&counts) != nonzero(&self.q.counts) {
-            return Err("status counts differ from the rows".into());
+        for (i, grp) in self.q.groups.iter().enumerate() {
+            if self.q.find_group(grp.tenant.as_deref(), &grp.pool) != Some(i as u32) {
+                return Err(format!(
+                    "group {i} ('{}') is not found by its name",
+                    grp.pool
+                ));
+            }
+            if !self
+                .q
+                .pools_of
+                .get(&grp.tenant)
+                .is_some_and(|p| p.contains(&(i as u32)))
+            {
+                return Err(format!(
+                    "pool '{}' missing from its tenant's group list",
+                    grp.pool
+                ));
+            }
+            let want = sets
+                .remove(&(grp.tenant.clone(), grp.pool.clone()))
+                .unwrap_or_default();
+            for st in ALL_STATUSES {
+                if grp.by_status[si(st)] != want[si(st)] {
+                    return Err(format!(
+                        "pool/status index differs from the rows ({}, {st:?})",
+                        grp.pool
+                    ));
+                }
+                if grp.counts[si(st)] != want[si(st)].len() as u64 {
+                    return Err("status counts differ from the rows".into());
+                }
+            }
         }
-        let nonempty = |m: &HashMap<PoolStatusKey, BTreeSet<CreatedKey>>| {
-            m.values().filter(|s| !s.is_empty()).count()
-        };
-        let same = by_pool_status
-            .iter()
-            .all(|(k, v)| self.q.by_pool_status.get(k).is_some_and(|w| w == v))
-            && nonempty(&by_pool_status) == nonempty(&self.q.by_pool_status);
-        if !same {
-            return Err("pool/status index differs from the rows".into());
+        if !sets.is_empty() {
+            return Err("runs of a pool without a group".into());
         }
         let failed_ok = failed.iter().all(|(k, v)| self.q.failed.get(k) == Some(v))
             && self.q.failed.values().filter(|s| !s.is_empty()).count() == failed.len();
@@ -605,23 +707,18 @@ impl StoreTx for MemoryTx<'_> {
                 .or_default()
                 .push(h);
         }
+        let mut row = row;
         let lane = lane_key(&row);
         let lane_seq = row.lane_seq();
         let pending = row.status == RunStatus::Pending;
         // Query indexes.
         let key = created_key(&row, h);
         let t = row.tenant_id.clone();
-        s.q.by_pool_status
-            .entry((t.clone(), row.pool.clone(), row.status))
-            .or_default()
-            .insert(key);
-        let pools = s.q.pools_of.entry(t.clone()).or_default();
-        if !pools.contains(&row.pool) {
-            pools.insert(row.pool.clone());
-        }
-        *s.q.counts
-            .entry((t.clone(), row.pool.clone(), row.status))
-            .or_default() += 1;
+        let g = s.group_for(&t, &row.pool);
+        row.index_group = g;
+        let grp = &mut s.q.groups[g as usize];
+        grp.by_status[si(row.status)].insert(key);
+        grp.counts[si(row.status)] += 1;
         if let (Some(et), Some(eid)) = (row.scope_entity_type(), row.scope_entity_id()) {
             s.q.scope
                 .entry((t, Box::from(et), Box::from(eid)))
@@ -650,6 +747,7 @@ impl StoreTx for MemoryTx<'_> {
     fn update_run(&mut self, id: &RunId, f: &mut dyn FnMut(&mut RunRow)) {
         let s = &mut *self.0;
         let Some(h) = s.handle(id) else { return };
+        s.group_of_run(h);
         let before = IndexView::of(&s.runs[h as usize]);
         f(&mut s.runs[h as usize]);
         s.reindex(h, before);
@@ -698,7 +796,8 @@ impl StoreTx for MemoryTx<'_> {
 
     fn next_claimable(&mut self, pool: &str, now: Millis) -> Option<RunId> {
         let s = &mut *self.0;
-        let idx = s.pools.get_mut(pool)?;
+        let c = *s.claim_ids.get(pool)?;
+        let idx = &mut s.claim[c as usize];
         if now > idx.promoted_until {
             idx.promoted_until = now;
         }
@@ -714,7 +813,8 @@ impl StoreTx for MemoryTx<'_> {
     }
 
     fn next_due(&mut self, pool: &str, now: Millis) -> Option<Millis> {
-        let idx = self.0.pools.get(pool)?;
+        let s = &*self.0;
+        let idx = &s.claim[*s.claim_ids.get(pool)? as usize];
         if !idx.ready.is_empty() {
             return Some(now);
         }
@@ -844,13 +944,19 @@ impl StoreTx for MemoryTx<'_> {
     }
 
     fn status_counts(&self, tenant: TenantRef<'_>) -> Vec<(Arc<str>, RunStatus, u64)> {
-        let mut out: Vec<(Arc<str>, RunStatus, u64)> = self
-            .0
-            .q
-            .counts
-            .iter()
-            .filter(|((t, _, _), c)| t.as_deref() == tenant && **c > 0)
-            .map(|((_, pool, status), c)| (pool.clone(), *status, *c))
+        let q = &self.0.q;
+        let mut out: Vec<(Arc<str>, RunStatus, u64)> = q
+            .pools_of
+            .get(&tenant.map(Arc::from))
+            .into_iter()
+            .flatten()
+            .flat_map(|g| {
+                let grp = &q.groups[*g as usize];
+                ALL_STATUSES
+                    .iter()
+                    .filter(|st| grp.counts[si(**st)] > 0)
+                    .map(|st| (grp.pool.clone(), *st, grp.counts[si(*st)]))
+            })
             .collect();
         out.sort_by(|a, b| a.0.cmp(&b.0).then(a.1.as_str().cmp(b.1.as_str())));
         out
@@ -879,7 +985,7 @@ impl StoreTx for MemoryTx<'_> {
                 && q.status.is_none_or(|st| r.status == st)
                 && r.tenant_id.as_deref() == q.tenant
         };
-        let before = q.before.map(|(t, id)| (t, id.to_be_bytes(), Handle::MAX));
+        let before = q.before.map(|(t, id)| (t, id_key(id), Handle::MAX));
         let in_range =
             |k: &CreatedKey| before.is_none_or(|b| (k.0, k.1) < (b.0, b.1)) && k.0 >= q.since;
         let mut out = Vec::new();
@@ -907,31 +1013,26 @@ impl StoreTx for MemoryTx<'_> {
         // The sets whose union is exactly the filtered rows: one for no
         // filter or both, one per status for a pool, one per pool for a status.
         let sets: Vec<&BTreeSet<CreatedKey>> = match (q.pool, q.status) {
-            // No filter: every (pool, status) set of the tenant (a separate
+            // No filter: every set of every group of the tenant (a separate
             // per-tenant set would cost ~40 bytes per run for this alone).
             (None, None) => {
                 s.q.pools_of
                     .get(&tenant)
                     .into_iter()
                     .flatten()
-                    .flat_map(|p| {
-                        ALL_STATUSES.iter().filter_map(|st| {
-                            s.q.by_pool_status.get(&(tenant.clone(), p.clone(), *st))
-                        })
-                    })
+                    .flat_map(|g| s.q.groups[*g as usize].by_status.iter())
                     .collect()
             }
             (Some(p), Some(st)) => {
-                s.q.by_pool_status
-                    .get(&(tenant, Arc::from(p), st))
+                s.q.find_group(q.tenant, p)
+                    .map(|g| &s.q.groups[g as usize].by_status[si(st)])
                     .into_iter()
                     .collect()
             }
             (Some(p), None) => {
-                let p: Arc<str> = Arc::from(p);
-                ALL_STATUSES
-                    .iter()
-                    .filter_map(|st| s.q.by_pool_status.get(&(tenant.clone(), p.clone(), *st)))
+                s.q.find_group(q.tenant, p)
+                    .into_iter()
+                    .flat_map(|g| s.q.groups[g as usize].by_status.iter())
                     .collect()
             }
             (None, Some(st)) => {
@@ -939,7 +1040,7 @@ impl StoreTx for MemoryTx<'_> {
                     .get(&tenant)
                     .into_iter()
                     .flatten()
-                    .filter_map(|p| s.q.by_pool_status.get(&(tenant.clone(), p.clone(), st)))
+                    .map(|g| &s.q.groups[*g as usize].by_status[si(st)])
                     .collect()
             }
         };

@@ -1,0 +1,120 @@
+//! The worker's slot accounting when JS reports finished attempts in batches.
+
+use jobforge_core::worker::{Worker, WorkerPool};
+use jobforge_core::*;
+use serde_json::value::RawValue;
+use std::sync::Arc;
+
+fn setup() -> (
+    Arc<Engine<MemoryStore>>,
+    Arc<Worker<MemoryStore>>,
+    Vec<RunId>,
+) {
+    let e = Arc::new(Engine::new(
+        MemoryStore::new(),
+        EngineOptions {
+            multi_tenant: false,
+            clock: ClockKind::Manual,
+            retention: Default::default(),
+        },
+    ));
+    e.register(DefinitionSpec {
+        job_type: "t".into(),
+        pool: Some("a".into()),
+        ..DefinitionSpec::default()
+    })
+    .unwrap();
+    let ids = (0..5)
+        .map(|i| {
+            e.start(StartRequest {
+                job_type: "t".into(),
+                input: RawValue::from_string(format!("{{\"i\":{i}}}")).unwrap(),
+                ..StartRequest::default()
+            })
+            .unwrap()
+            .id
+        })
+        .collect();
+    let w = Worker::new(
+        e.clone(),
+        vec![WorkerPool::new("a", 2), WorkerPool::new("b", 1)],
+    );
+    (e, w, ids)
+}
+
+fn done() -> Option<AttemptOutcome> {
+    Some(AttemptOutcome::Completed(None))
+}
+
+#[test]
+fn a_report_refills_the_slots_it_frees_and_no_more() {
+    let (e, w, ids) = setup();
+    let first = w.fill().unwrap();
+    let claimed: Vec<RunId> = first.iter().map(|t| t.run.id).collect();
+    assert_eq!(claimed, ids[..2]);
+    assert_eq!(w.pools()[0].in_flight(), 2);
+
+    // Two finished in pool 0: both slots go to the next two runs.
+    let (next, err) = w.report(
+        first
+            .iter()
+            .map(|t| (t.run.id, t.epoch, done(), 0))
+            .collect(),
+    );
+    assert!(err.is_none());
+    assert_eq!(next.iter().map(|t| t.run.id).collect::<Vec<_>>(), ids[2..4]);
+    assert_eq!(w.pools()[0].in_flight(), 2);
+    for id in &ids[..2] {
+        assert_eq!(e.run_row(id).unwrap().status, RunStatus::Completed);
+    }
+
+    // One frees its slot; one names no pool of this worker (frees none).
+    let (next2, _) = w.report(vec![
+        (next[0].run.id, next[0].epoch, done(), 0),
+        (next[1].run.id, next[1].epoch, done(), 99),
+    ]);
+    assert_eq!(
+        next2.iter().map(|t| t.run.id).collect::<Vec<_>>(),
+        ids[4..5]
+    );
+    assert_eq!(w.pools()[0].in_flight(), 2);
+
+    // An attempt that ended without an outcome (canceled): its slot is
+    // freed, nothing is left to claim, the run is not touched.
+    e.cancel(&ids[4].to_string(), true, &TenantArg::Missing)
+        .unwrap();
+    let (none, _) = w.report(vec![(ids[4], next2[0].epoch, None, 0)]);
+    assert!(none.is_empty());
+    assert_eq!(w.pools()[0].in_flight(), 1);
+    assert_eq!(e.run_row(&ids[4]).unwrap().status, RunStatus::Canceled);
+    e.store().verify_indexes().unwrap();
+}
+
+#[test]
+fn a_stopping_worker_records_outcomes_but_claims_nothing() {
+    let (e, w, ids) = setup();
+    let first = w.fill().unwrap();
+    w.stop();
+    let (next, err) = w.report(
+        first
+            .iter()
+            .map(|t| (t.run.id, t.epoch, done(), 0))
+            .collect(),
+    );
+    assert!(err.is_none());
+    assert!(next.is_empty());
+    assert_eq!(w.pools()[0].in_flight(), 0);
+    assert_eq!(e.run_row(&ids[0]).unwrap().status, RunStatus::Completed);
+    assert_eq!(e.run_row(&ids[2]).unwrap().status, RunStatus::Pending);
+}
+
+#[test]
+fn a_stale_outcome_is_ignored_and_still_frees_its_slot() {
+    let (e, w, ids) = setup();
+    let first = w.fill().unwrap();
+    // Epoch of an earlier attempt: not applied, the run stays running.
+    let (next, _) = w.report(vec![(first[0].run.id, first[0].epoch + 7, done(), 0)]);
+    assert_eq!(e.run_row(&ids[0]).unwrap().status, RunStatus::Running);
+    assert_eq!(next.len(), 1);
+    assert_eq!(w.pools()[0].in_flight(), 2);
+}

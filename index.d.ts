@@ -88,9 +88,10 @@ export declare class NativeEngine {
    * Records the outcomes of several worker attempts in one call and
    * claims into the slots they free (see `Worker::report`). `report`:
    * one attempt per line, `<id><epoch>,<pool index>,<outcome JSON>`,
-   * where the pool index is the pool's position in `start_worker`'s list
-   * and an empty outcome means the attempt ended without one (canceled
-   * or released); outcome JSON never holds a raw newline. `starts`: as
+   * where the pool index is the pool's position in `start_worker`'s list,
+   * an empty outcome means the attempt ended without one (canceled or
+   * released) and `.` a completion with no output; outcome JSON never
+   * holds a raw newline. `starts`: as
    * `start_batch`, created first so the freed slots can claim them.
    * Answers `'0'|'1'` (notices pending), then one line per new ticket,
    * `!<line> <message>` per refused start and `?<message>` per outcome

@@ -173,8 +173,12 @@ fn parse_report_line(
     let b = rest.find(',').ok_or("no ',' after the pool index")?;
     // Negative or huge: no slot of this worker (frees none).
     let slot = rest[..b].parse::<usize>().unwrap_or(usize::MAX);
-    let outcome = &rest[b + 1..];
-    let outcome = (!outcome.is_empty()).then(|| parse_outcome(outcome));
+    let outcome = match &rest[b + 1..] {
+        "" => None,
+        // Completed with no output: the common case, one character.
+        "." => Some(AttemptOutcome::Completed(None)),
+        text => Some(parse_outcome(text)),
+    };
     Ok((id, epoch, outcome, slot))
 }
 
@@ -738,9 +742,10 @@ impl NativeEngine {
     /// Records the outcomes of several worker attempts in one call and
     /// claims into the slots they free (see `Worker::report`). `report`:
     /// one attempt per line, `<id><epoch>,<pool index>,<outcome JSON>`,
-    /// where the pool index is the pool's position in `start_worker`'s list
-    /// and an empty outcome means the attempt ended without one (canceled
-    /// or released); outcome JSON never holds a raw newline. `starts`: as
+    /// where the pool index is the pool's position in `start_worker`'s list,
+    /// an empty outcome means the attempt ended without one (canceled or
+    /// released) and `.` a completion with no output; outcome JSON never
+    /// holds a raw newline. `starts`: as
     /// `start_batch`, created first so the freed slots can claim them.
     /// Answers `'0'|'1'` (notices pending), then one line per new ticket,
     /// `!<line> <message>` per refused start and `?<message>` per outcome

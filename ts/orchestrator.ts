@@ -227,6 +227,11 @@ interface ManualTimer {
   resolve: () => void;
 }
 
+/** The type-and-pool part of the last ticket read, and its two strings. */
+let lastHead = '';
+let lastHeadType = '';
+let lastHeadPool = '';
+
 /**
  * One attempt handed to JS by the engine: `header \0 input \0 row`. The
  * header and input are parsed at once; the run row only when a handler
@@ -258,14 +263,29 @@ class Ticket {
     if (a < 0 || b < 0) throw new Error(`unreadable ticket: ${line.slice(0, 80)}`);
     this.epoch = +line.slice(36, a);
     this.timeoutMs = b === a + 1 ? null : +line.slice(a + 1, b);
-    const c = line.indexOf(':', b + 1);
-    const typeEnd = c + 1 + +line.slice(b + 1, c);
-    this.jobType = line.slice(c + 1, typeEnd);
-    const d = line.indexOf(':', typeEnd);
-    const poolEnd = d + 1 + +line.slice(typeEnd, d);
-    this.pool = line.slice(d + 1, poolEnd);
+    // Type and pool repeat from ticket to ticket: reuse the strings of the
+    // previous ticket when its `<n>:<type><m>:<pool>` matches (no new
+    // strings to allocate and hash for the Map lookups keyed by them).
+    let poolEnd: number;
+    const head = lastHead;
+    if (head.length > 0 && line.startsWith(head, b + 1) && line.charCodeAt(b + 1 + head.length) === 0) {
+      this.jobType = lastHeadType;
+      this.pool = lastHeadPool;
+      poolEnd = b + 1 + head.length;
+    } else {
+      const c = line.indexOf(':', b + 1);
+      const typeEnd = c + 1 + +line.slice(b + 1, c);
+      this.jobType = line.slice(c + 1, typeEnd);
+      const d = line.indexOf(':', typeEnd);
+      poolEnd = d + 1 + +line.slice(typeEnd, d);
+      this.pool = line.slice(d + 1, poolEnd);
+      if (c < 0 || d < 0 || line.charCodeAt(poolEnd) !== 0) throw new Error(`unreadable ticket: ${line.slice(0, 80)}`);
+      lastHead = line.slice(b + 1, poolEnd);
+      lastHeadType = this.jobType;
+      lastHeadPool = this.pool;
+    }
     const e = line.indexOf('\0', poolEnd + 1);
-    if (c < 0 || d < 0 || line.charCodeAt(poolEnd) !== 0 || e < 0) throw new Error(`unreadable ticket: ${line.slice(0, 80)}`);
+    if (e < 0) throw new Error(`unreadable ticket: ${line.slice(0, 80)}`);
     this.input = JSON.parse(line.slice(poolEnd + 1, e));
     this.rowText = line.slice(e + 1);
   }
@@ -289,15 +309,29 @@ class Ticket {
 class RunContext implements JobContext<unknown> {
   readonly input: unknown;
   private cachedLogger?: JobLogger;
+  private stepFn?: JobContext<unknown>['step'];
+  private spawnFn?: JobContext<unknown>['spawnChild'];
 
   constructor(
     private readonly ticket: Ticket,
     private readonly attempt: Attempt,
-    private readonly loggerFactory: (run: JobRun) => JobLogger,
-    readonly step: JobContext<unknown>['step'],
-    readonly spawnChild: JobContext<unknown>['spawnChild'],
+    private readonly host: ContextHost,
   ) {
     this.input = ticket.input;
+  }
+
+  /**
+   * `step` and `spawnChild` are functions bound to this run, made on first
+   * read (most handlers use neither), so destructuring `ctx` works.
+   */
+  get step(): JobContext<unknown>['step'] {
+    return (this.stepFn ??= <T>(stepId: string, fn: () => Promise<T> | T, opts?: StepOptions) =>
+      this.host.step(this.ticket, this.attempt, stepId, fn, opts));
+  }
+
+  get spawnChild(): JobContext<unknown>['spawnChild'] {
+    return (this.spawnFn ??= (type: string, input: unknown, opts?: SpawnChildOptions) =>
+      this.host.spawnChild(this.ticket.id, type, input, opts));
   }
 
   get run(): JobRun {
@@ -310,8 +344,15 @@ class RunContext implements JobContext<unknown> {
 
   /** Built on first use: most handlers never log. */
   get logger(): JobLogger {
-    return (this.cachedLogger ??= this.loggerFactory(this.ticket.run));
+    return (this.cachedLogger ??= this.host.loggerFactory(this.ticket.run));
   }
+}
+
+/** What a `ctx` calls back into (one per orchestrator). */
+interface ContextHost {
+  loggerFactory: (run: JobRun) => JobLogger;
+  step<T>(ticket: Ticket, attempt: Attempt, stepId: string, fn: () => Promise<T> | T, opts?: StepOptions): Promise<T>;
+  spawnChild(parentId: string, type: string, input: unknown, opts?: SpawnChildOptions): Promise<JobRun>;
 }
 
 /**
@@ -325,6 +366,9 @@ class Attempt {
   private waiters?: (() => void)[];
   /** Set by `attempt()` to stop racing the handler. */
   onAbort?: () => void;
+  /** The worker executing this attempt, and its claim epoch (worker attempts only). */
+  worker?: WorkerRuntime;
+  epoch = 0;
 
   get aborted(): boolean {
     return this.reason !== undefined;
@@ -361,7 +405,8 @@ class WorkerRuntime {
   private active = 0;
   /** JS loops per pool (a loop keeps its pool: continuations come from it). */
   private readonly activeIn = new Map<string, number>();
-  private readonly attempts = new Map<string, number>();
+  /** Attempts executing (they sit in the orchestrator's in-flight map). */
+  private executing = 0;
   private readonly releasedRuns = new Set<string>();
   private idle: (() => void)[] = [];
   private stopping: Promise<void> | null = null;
@@ -407,16 +452,23 @@ class WorkerRuntime {
     if (this.active === 0) for (const f of this.idle.splice(0)) f();
   }
 
-  track(runId: string, epoch: number): void {
-    this.attempts.set(runId, epoch);
+  /** `attempt` of this worker begins (for stop() to find it). */
+  track(attempt: Attempt, epoch: number): void {
+    attempt.worker = this;
+    attempt.epoch = epoch;
+    this.executing++;
   }
 
-  untrack(runId: string): void {
-    this.attempts.delete(runId);
+  untrack(attempt: Attempt): void {
+    if (attempt.worker === this) {
+      attempt.worker = undefined;
+      this.executing--;
+    }
   }
 
+  /** Whether stop() put the run back to pending (its outcome is dropped). */
   released(runId: string): boolean {
-    return this.releasedRuns.delete(runId);
+    return this.releasedRuns.size > 0 && this.releasedRuns.delete(runId);
   }
 
   private drained(): Promise<void> {
@@ -432,7 +484,7 @@ class WorkerRuntime {
         return rt.running;
       },
       get inFlight() {
-        return rt.attempts.size;
+        return rt.executing;
       },
     };
   }
@@ -449,7 +501,9 @@ class WorkerRuntime {
       cancelTimer();
       if (timedOut) {
         // Still running after the grace period: back to pending, then abort.
-        for (const [runId, epoch] of this.attempts) {
+        const mine = [...inFlight].filter(([, a]) => a.worker === this);
+        for (const [runId, a] of mine) {
+          const epoch = a.epoch;
           let released = false;
           try {
             released = await this.release(runId, epoch);
@@ -457,7 +511,7 @@ class WorkerRuntime {
             console.error('jobforge: releasing a run at shutdown failed (the lease sweeper will)', e);
           }
           if (released) this.releasedRuns.add(runId);
-          inFlight.get(runId)?.abort('shutdown');
+          a.abort('shutdown');
         }
         await this.drained();
       }
@@ -1171,7 +1225,7 @@ export class JobOrchestrator {
     const pg = this.pg;
     if (pg) await this.ready();
     const ticket = new Ticket(pg ? await db(pg.beginAttempt(runId)) : call(() => this.native.beginAttempt(runId)));
-    const outcome = await this.attempt(ticket);
+    const outcome = await this.attempt(ticket, new Attempt());
     if (outcome === null) return; // canceled meanwhile: nothing to apply
     const applied = pg
       ? await db(pg.finishAttempt(ticket.id, ticket.epoch, outcome.text))
@@ -1603,24 +1657,25 @@ export class JobOrchestrator {
   private runTicket(rt: WorkerRuntime, ticket: Ticket, checkLive: boolean): void {
     const { id, epoch } = ticket;
     rt.enter(ticket.pool);
-    rt.track(id, epoch);
     const attempt = new Attempt();
+    rt.track(attempt, epoch);
     // Registered first, so a cancel from now on reaches this attempt.
     this.inFlight.set(id, attempt);
     let settled = false;
     let timer: { cancel(): void } | null = null;
-    const settle = (outcome: Outcome | null): void => {
+    // Also the abort hook: called with no argument, the attempt has no outcome.
+    const settle = (outcome?: Outcome | null): void => {
       if (settled) return;
       settled = true;
       attempt.onAbort = undefined;
       if (timer !== null) timer.cancel();
-      this.queueReport(rt, ticket, attempt, outcome);
+      this.queueReport(rt, ticket, attempt, outcome ?? null);
     };
     // A ticket from the scheduler crossed threads: the run may have been
     // canceled while it was queued. Tickets from a report or a start were
     // claimed in the synchronous call that handed them over.
     if (checkLive && !this.native.attemptLive(id, epoch)) return settle(null);
-    attempt.onAbort = () => settle(null);
+    attempt.onAbort = settle;
     const { timeoutMs } = ticket;
     if (timeoutMs !== null) {
       const t = this.sleep(timeoutMs);
@@ -1658,10 +1713,12 @@ export class JobOrchestrator {
 
   private queueReport(rt: WorkerRuntime, ticket: Ticket, attempt: Attempt, outcome: Outcome | null): void {
     const { id, epoch } = ticket;
-    rt.untrack(id);
+    rt.untrack(attempt);
     if (rt.released(id)) outcome = null; // put back to pending by stop()
     const slot = rt.slotOf.get(ticket.pool) ?? -1;
-    this.reportText += `${id}${epoch},${slot},${outcome === null ? '' : outcome.text}\n`;
+    // '.' = completed with no output, by far the most common outcome.
+    const text = outcome === null ? '' : outcome === COMPLETED_EMPTY ? '.' : outcome.text;
+    this.reportText += `${id}${epoch},${slot},${text}\n`;
     this.reportItems.push({ rt, ticket, attempt, timedOut: outcome !== null && outcome.status === 'timed_out' });
     if (!this.reportArmed) {
       this.reportArmed = true;
@@ -1709,14 +1766,15 @@ export class JobOrchestrator {
     const { id, epoch, pool } = ticket;
     runtime.enter(pool);
     try {
-      runtime.track(id, epoch);
+      const attempt = new Attempt();
+      runtime.track(attempt, epoch);
       let outcome: Outcome | null;
       try {
-        outcome = await this.attempt(ticket);
+        outcome = await this.attempt(ticket, attempt);
       } catch (e) {
         outcome = failedOutcome(e);
       }
-      runtime.untrack(id);
+      runtime.untrack(attempt);
       if (runtime.released(id)) outcome = null; // put back to pending by stop()
       try {
         pg.workerDone(id, epoch, outcome === null ? null : outcome.text, pool);
@@ -1758,12 +1816,12 @@ export class JobOrchestrator {
   }
 
   /**
-   * Postgres worker: runs the handler racing the attempt's timeout and a
-   * cancel; null = canceled. (Its tickets come straight from a committed
-   * claim; an outcome for a run canceled since is ignored by the engine.)
+   * `tick` and the Postgres worker: runs the handler racing the attempt's
+   * timeout and a cancel; null = canceled. (Postgres tickets come straight
+   * from a committed claim; an outcome for a run canceled since is ignored
+   * by the engine.)
    */
-  private async attempt(ticket: Ticket): Promise<Outcome | null> {
-    const attempt = new Attempt();
+  private async attempt(ticket: Ticket, attempt: Attempt): Promise<Outcome | null> {
     // Registered first, so a cancel from now on reaches this attempt.
     this.inFlight.set(ticket.id, attempt);
     const { timeoutMs } = ticket;
@@ -1811,24 +1869,23 @@ export class JobOrchestrator {
   }
 
   private makeContext(ticket: Ticket, attempt: Attempt): JobContext<unknown> {
-    const { id, epoch } = ticket;
-    return new RunContext(
-      ticket,
-      attempt,
-      this.loggerFactory,
-      <T>(stepId: string, fn: () => Promise<T> | T, opts?: StepOptions) => this.runStep(id, epoch, attempt, stepId, fn, opts),
-      (type: string, input: unknown, opts?: SpawnChildOptions) =>
-        this.start(type, input, {
-          parentRunId: id,
-          parentClosePolicy: opts?.closePolicy,
-          runAt: opts?.runAt,
-          priority: opts?.priority,
-          tags: opts?.tags,
-          triggerSource: 'parent',
-          triggerRef: id,
-        }),
-    );
+    return new RunContext(ticket, attempt, this.contextHost);
   }
+
+  private readonly contextHost: ContextHost = {
+    loggerFactory: (run) => this.loggerFactory(run),
+    step: (ticket, attempt, stepId, fn, opts) => this.runStep(ticket.id, ticket.epoch, attempt, stepId, fn, opts),
+    spawnChild: (id, type, input, opts) =>
+      this.start(type, input, {
+        parentRunId: id,
+        parentClosePolicy: opts?.closePolicy,
+        runAt: opts?.runAt,
+        priority: opts?.priority,
+        tags: opts?.tags,
+        triggerSource: 'parent',
+        triggerRef: id,
+      }),
+  };
 
   private async runStep<T>(
     runId: string,

@@ -227,6 +227,17 @@ interface ManualTimer {
   resolve: () => void;
 }
 
+/** The decimal number in `s[from, to)`, read without a substring. */
+function digits(s: string, from: number, to: number): number {
+  let n = 0;
+  for (let i = from; i < to; i++) {
+    const d = s.charCodeAt(i) - 48;
+    if (d < 0 || d > 9) throw new Error(`unreadable ticket: ${s.slice(0, 80)}`);
+    n = n * 10 + d;
+  }
+  return n;
+}
+
 /** The type-and-pool part of the last ticket read, and its two strings. */
 let lastHead = '';
 let lastHeadType = '';
@@ -261,8 +272,8 @@ class Ticket {
     const a = line.indexOf(',', 36);
     const b = line.indexOf(',', a + 1);
     if (a < 0 || b < 0) throw new Error(`unreadable ticket: ${line.slice(0, 80)}`);
-    this.epoch = +line.slice(36, a);
-    this.timeoutMs = b === a + 1 ? null : +line.slice(a + 1, b);
+    this.epoch = digits(line, 36, a);
+    this.timeoutMs = b === a + 1 ? null : digits(line, a + 1, b);
     // Type and pool repeat from ticket to ticket: reuse the strings of the
     // previous ticket when its `<n>:<type><m>:<pool>` matches (no new
     // strings to allocate and hash for the Map lookups keyed by them).
@@ -402,8 +413,9 @@ class WorkerRuntime {
   running = true;
   /** True once stop() has drained (or released) every attempt. */
   stopped = false;
+  /** Slots held on the JS side: attempts executing or not yet reported. */
   private active = 0;
-  /** JS loops per pool (a loop keeps its pool: continuations come from it). */
+  /** The same, per pool (a hint for feeding idle slots at once). */
   private readonly activeIn = new Map<string, number>();
   /** Attempts executing (they sit in the orchestrator's in-flight map). */
   private executing = 0;
@@ -659,6 +671,15 @@ function isClass(h: unknown): h is new () => { run(ctx: JobContext<unknown>): un
 
 /** Buffered starts handed to the engine in one call at most this many at a time. */
 const START_BATCH_MAX = 256;
+
+/**
+ * A finished attempt is reported this many microtask turns after it ends,
+ * so the outcomes (and buffered starts) of async chains running side by
+ * side share one native call. Each turn costs tens of nanoseconds; the
+ * native call costs ~0.6 µs. Measured in bench/worker.js: 2 runs per call
+ * at 1 turn, 4 at 3; 244k jobs/s at 1 turn, 283-290k at 3, less at 5.
+ */
+const REPORT_TURNS = 3;
 
 export class JobOrchestrator {
   /**
@@ -1722,9 +1743,18 @@ export class JobOrchestrator {
     this.reportItems.push({ rt, ticket, attempt, timedOut: outcome !== null && outcome.status === 'timed_out' });
     if (!this.reportArmed) {
       this.reportArmed = true;
-      queueMicrotask(this.flushReports);
+      this.reportTurns = REPORT_TURNS;
+      queueMicrotask(this.reportTurn);
     }
   }
+
+  /** Microtask turns left before the queued outcomes are reported. */
+  private reportTurns = 0;
+
+  private readonly reportTurn = (): void => {
+    if (--this.reportTurns > 0) queueMicrotask(this.reportTurn);
+    else this.flushReports();
+  };
 
   private readonly flushReports = (): void => {
     this.reportArmed = false;

@@ -1172,10 +1172,6 @@ impl<S: Store> Engine<S> {
                 return Ok(None);
             }
             let attempts = run.attempts + 1;
-            let policy = tx
-                .definition(&run.job_type)
-                .map(|d| d.retry_policy.clone())
-                .unwrap_or_default();
             let (info, final_status) = match outcome {
                 AttemptOutcome::Completed(output) => {
                     // The row is copied out only for a caller or an event
@@ -1225,6 +1221,12 @@ impl<S: Store> Engine<S> {
                     RunStatus::Failed,
                 ),
             };
+            // Only a failure needs the retry policy (a completion is the hot path).
+            let policy = tx
+                .run(run_id)
+                .and_then(|r| tx.definition(&r.job_type))
+                .map(|d| d.retry_policy.clone())
+                .unwrap_or_default();
             let no_handler = info.name.is_none()
                 && info.code.is_none()
                 && info.message.starts_with("No handler registered");

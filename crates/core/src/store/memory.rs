@@ -170,6 +170,10 @@ struct QueryIndex {
     /// factor. Groups are never removed (there is one per pool and tenant
     /// that ever had a run).
     groups: Vec<Group>,
+    /// The group `group_for` answered last: runs come in streams of one
+    /// pool, whose `Arc` is the definition's, so a pointer compare usually
+    /// saves the hash.
+    last_group: u32,
     group_ids: hashbrown::HashTable<u32>,
     group_hasher: ahash::RandomState,
     /// Groups of each tenant: the sets a status filter merges.
@@ -288,7 +292,14 @@ impl MemoryState {
 
     /// The group of (tenant, pool), created on first use. O(1).
     fn group_for(&mut self, tenant: &Tenant, pool: &Arc<str>) -> u32 {
+        let last = self.q.last_group;
+        if let Some(x) = self.q.groups.get(last as usize) {
+            if Arc::ptr_eq(&x.pool, pool) && x.tenant.as_deref() == tenant.as_deref() {
+                return last;
+            }
+        }
         if let Some(g) = self.q.find_group(tenant.as_deref(), pool) {
+            self.q.last_group = g;
             return g;
         }
         let claim = match self.claim_ids.get(pool) {
@@ -316,6 +327,7 @@ impl MemoryState {
                 hasher.hash_one((x.tenant.as_deref(), &*x.pool))
             });
         q.pools_of.entry(tenant.clone()).or_default().push(g);
+        q.last_group = g;
         g
     }
 

@@ -115,7 +115,7 @@ export declare class NativeEngine {
   claimedRun(runId: string): string | null
   /**
    * Creates runs JS has already answered `start` for (see
-   * `Engine::start_batch`). `batch`: one run per line,
+   * `Engine::start_plain_batch`). `batch`: one run per line,
    * `<id><createdAt ms>,<type byte length>:<type><input JSON>` (input
    * JSON text never holds a raw newline). `fed`: claim into the worker's
    * free slots in the same call. Answers one line per ticket claimed, and

@@ -62,30 +62,33 @@ fn main() {
     }
     println!("claim+finish: {:?}/op", t0.elapsed() / n);
 
-    // `start_batch` of 250-run batches into fresh engines of 1,000 runs
+    // `start_plain_batch` of 250-run batches into fresh engines of 1,000 runs
     // (the shape JS hands buffered starts over in).
     let rounds = 200u32;
     let mut total = std::time::Duration::ZERO;
     for _ in 0..rounds {
         let e = engine();
         let at = e.now();
-        let batches: Vec<Vec<StartRequest>> = (0..4)
+        let batches: Vec<Vec<PlainStart>> = (0..4)
             .map(|_| {
                 (0..250)
-                    .map(|i| StartRequest {
-                        job_type: "t".into(),
+                    .map(|i| PlainStart {
+                        id: uuid::Uuid::new_v4(),
+                        at,
+                        job_type: "t",
                         input: RawValue::from_string(format!("{{\"i\":{i}}}")).unwrap(),
-                        preset: Some((uuid::Uuid::new_v4(), at)),
-                        ..StartRequest::default()
                     })
                     .collect()
             })
             .collect();
         let t0 = Instant::now();
         for b in batches {
-            std::hint::black_box(e.start_batch(b, false).unwrap());
+            std::hint::black_box(e.start_plain_batch(b, false).unwrap());
         }
         total += t0.elapsed();
     }
-    println!("start_batch into 1k: {:?}/run", total / (rounds * 1000));
+    println!(
+        "start_plain_batch into 1k: {:?}/run",
+        total / (rounds * 1000)
+    );
 }

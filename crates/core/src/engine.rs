@@ -551,66 +551,15 @@ impl<S: Store> Engine<S> {
         Ok(started)
     }
 
-    /// Creates runs a caller started ahead of the engine: JS answers a
-    /// plain `start` (no options, no keys) at once with an id and time of
-    /// its own and hands the runs over in batches, so a burst of starts
-    /// costs one native call instead of one each. Every run gets the same
-    /// checks as `start`; one that fails is skipped and reported with its
-    /// position, the others are created. One store transaction and one
-    /// purge for the whole batch. `wake`: wake the scheduler for the pools
-    /// that got runs (not needed when the caller claims into the worker's
-    /// free slots itself right after). Answers the failures and the pools
-    /// that got runs.
-    #[allow(clippy::type_complexity)]
-    pub fn start_batch(
-        &self,
-        runs: Vec<StartRequest>,
-        wake: bool,
-    ) -> Result<(Vec<(usize, JobError)>, Vec<Arc<str>>)> {
-        let mut fx = Effects::default();
-        let mut failed = Vec::new();
-        let mut pools: Vec<Arc<str>> = Vec::new();
-        let mut latest = Millis::MIN;
-        self.store.transaction(|tx| {
-            for (i, req) in runs.into_iter().enumerate() {
-                let at = match req.preset {
-                    Some((_, at)) => clamp_time(at),
-                    None => self.now(),
-                };
-                latest = latest.max(at);
-                match self.start_in(tx, req, at, false, &mut fx) {
-                    Ok(Started::Created { pool, .. }) => {
-                        if !pools.contains(&pool) {
-                            pools.push(pool);
-                        }
-                    }
-                    Ok(Started::Row(_)) => {}
-                    Err(e) => failed.push((i, e)),
-                }
-            }
-            if latest != Millis::MIN {
-                self.purge(tx, latest);
-            }
-            Ok(())
-        })?;
-        // Later engine times must not fall behind the times handed out.
-        if latest != Millis::MIN {
-            self.clock.observe(latest);
-        }
-        self.deliver(fx);
-        if wake {
-            for pool in &pools {
-                self.wake_worker_for(pool);
-            }
-        }
-        Ok((failed, pools))
-    }
-
-    /// `start_batch` for the shape JS buffers: starts with no options, each
-    /// with its preset id and time. A run of a *plain* type (no dedupe or
-    /// concurrency key, no scope entity, single tenant: nothing to look up
-    /// or evaluate) is built straight from its definition, the row `start`
-    /// would build; any other type goes through the full `start_in` rules.
+    /// Creates runs JS has already answered `start` for: starts with no
+    /// options, each with its preset id and time, in one store transaction
+    /// and one purge. A run of a *plain* type (no dedupe or concurrency
+    /// key, no scope entity, single tenant: nothing to look up or evaluate)
+    /// is built straight from its definition, the row `start` would build;
+    /// any other type goes through the full `start_in` rules. `wake`: wake
+    /// the scheduler for the pools that got runs (not needed when the
+    /// caller claims into the worker's free slots itself right after).
+    /// Answers the failures (by position) and the pools that got runs.
     /// O(log n) per run.
     #[allow(clippy::type_complexity)]
     pub fn start_plain_batch<'a>(

@@ -584,7 +584,7 @@ pub struct StartRequest {
     pub concurrency_key: Option<String>,
     pub dedupe_key: Option<String>,
     /// Id and creation time chosen by the caller (a JS start buffered and
-    /// flushed in a batch, see `Engine::start_batch`); `None` = the engine's.
+    /// flushed in a batch, see `Engine::start_plain_batch`); `None` = the engine's.
     pub preset: Option<(RunId, Millis)>,
 }
 

@@ -486,12 +486,14 @@ fn start_batch_creates_runs_with_their_preset_ids_and_reports_the_rest() {
     let at = e.now();
     let taken = e.start(req("a", "{}")).unwrap().id;
     let fresh: Vec<RunId> = (0..3).map(|_| RunId::new_v4()).collect();
-    let preset = |t: &str, id: RunId| StartRequest {
-        preset: Some((id, at + 5)),
-        ..req(t, r#"{"k":1}"#)
+    let preset = |t: &'static str, id: RunId| PlainStart {
+        id,
+        at: at + 5,
+        job_type: t,
+        input: raw(r#"{"k":1}"#),
     };
     let (failed, pools) = e
-        .start_batch(
+        .start_plain_batch(
             vec![
                 preset("a", fresh[0]),
                 preset("nope", fresh[1]),

@@ -565,6 +565,27 @@ async function breakdown(impls) {
     const nat = o.native;
     await tryItem('  input check + JSON text (`toJsonText`)', async () => timeSync((i) => toJsonText({ n: i }, 'input')));
     await tryItem('  a bare napi call (native `now()`, returns a number)', async () => timeSync(() => nat.now()));
+    await tryItem('  native hand-over of buffered starts (`startBatch` of 256 lines into a new engine, per run)', async () => {
+      // What a plain start costs in the engine: JS answers the start and
+      // queues a line; the lines reach the engine 256 at a time.
+      let ns = 0;
+      let runs = 0;
+      for (let r = 0; r < 40; r++) {
+        const fresh = impls.jobforge.create().o;
+        const eng = fresh.engine;
+        for (let b = 0; b < 4; b++) {
+          const ids = eng.newRunIds(256);
+          const at = eng.now();
+          let text = '';
+          for (let i = 0; i < 256; i++) text += `${ids.slice(i * 36, i * 36 + 36)}${at},${NOOP.length}:${NOOP}{"n":${i}}\n`;
+          const t0 = now();
+          eng.startBatch(text, false);
+          ns += now() - t0;
+          runs += 256;
+        }
+      }
+      return ns / runs;
+    });
     let row = '';
     await tryItem('  native `start` (napi call, engine, row JSON out)', async () => timeSync(() => (row = nat.start(NOOP, '{"n":1}', null))));
     await tryItem(`  parse of the returned row (\`parseRun\`, ${row.length} chars of JSON)`, async () => timeSync(() => parseRun(row)));

@@ -1216,3 +1216,63 @@ test('ctx.run of a worker ticket is read on first use and shows the running atte
   await o.waitForRun(run.id, { timeoutMs: 5000 });
   await w.stop();
 });
+
+test('attempts that end in the same turn are recorded in one report, each with its own outcome', async (t) => {
+  const o = system();
+  const gate = deferred();
+  let running = 0;
+  const after = async <T>(f: () => T): Promise<T> => {
+    running++;
+    await gate.promise;
+    return f();
+  };
+  o.registerHandler('value', {}, (ctx) => after(() => ({ v: input<{ i: number }>(ctx).i })));
+  o.registerHandler('nothing', {}, () => after(() => undefined));
+  o.registerHandler('throws', {}, () =>
+    after(() => {
+      throw new RangeError('no');
+    }),
+  );
+  o.registerHandler('bigint', {}, () => after(() => 1n));
+  o.registerHandler('retried', { retry: { attempts: 2, backoff: 'fixed', baseMs: 0 } }, (ctx) =>
+    after(() => {
+      if (ctx.run.attempts === 0) throw new Error('first attempt fails');
+      return { second: true };
+    }),
+  );
+  // Count what each native report carries (one line per attempt).
+  const engine = (o as unknown as { engine: { workerReport(report: string, starts: string | null): string } }).engine;
+  const report = engine.workerReport.bind(engine);
+  const sizes: number[] = [];
+  engine.workerReport = (text, starts) => {
+    sizes.push(text.split('\n').filter((l) => l.length > 0).length);
+    return report(text, starts);
+  };
+  startW(t, o, { pools: { batch: { concurrency: 8 } } });
+  const runs = [
+    await o.start('value', { i: 7 }),
+    await o.start('nothing', {}),
+    await o.start('throws', {}),
+    await o.start('bigint', {}),
+    await o.start('retried', {}),
+    await o.start('value', { i: 8 }),
+  ];
+  await waitFor(() => running === runs.length, 'every handler running');
+  gate.resolve();
+  const done = await Promise.all(runs.map((r) => o.waitForRun(r.id, { timeoutMs: 2000 })));
+  // The six ended in one turn: one report recorded them all.
+  t.is(sizes[0], runs.length);
+  t.deepEqual(done[0].output, { v: 7 });
+  t.is(done[0].status, 'completed');
+  t.is(done[1].status, 'completed');
+  t.deepEqual(done[1].output, {});
+  t.is(done[2].status, 'failed');
+  t.is(done[2].error?.message, 'no');
+  t.is(done[3].status, 'failed');
+  t.regex(done[3].error!.message, /handler output/);
+  t.is(done[4].status, 'completed');
+  t.is(done[4].attempts, 2);
+  t.deepEqual(done[4].output, { second: true });
+  t.deepEqual(done[5].output, { v: 8 });
+  t.is(done.filter((r) => r.attempts === 1).length, 5);
+});

@@ -158,15 +158,20 @@ fn push_lines(out: &mut String, lines: &[String]) {
     }
 }
 
-/// One line of `worker_report`, see there.
-fn parse_report_line(
-    line: &str,
-) -> std::result::Result<(RunId, u32, Option<AttemptOutcome>, usize), String> {
+/// The run id every report and batch line starts with, and the rest.
+fn split_run_id(line: &str) -> std::result::Result<(RunId, &str), String> {
     let id_text = line.get(..36).ok_or("too short")?;
     let id = id_text
         .parse::<RunId>()
         .map_err(|_| format!("bad run id '{id_text}'"))?;
-    let rest = &line[36..];
+    Ok((id, &line[36..]))
+}
+
+/// One line of `worker_report`, see there.
+fn parse_report_line(
+    line: &str,
+) -> std::result::Result<(RunId, u32, Option<AttemptOutcome>, usize), String> {
+    let (id, rest) = split_run_id(line)?;
     let a = rest.find(',').ok_or("no ',' after the epoch")?;
     let epoch: u32 = rest[..a].parse().map_err(|_| "bad epoch")?;
     let rest = &rest[a + 1..];
@@ -184,11 +189,7 @@ fn parse_report_line(
 
 /// One line of `start_batch`, see there.
 fn parse_batch_line(line: &str) -> std::result::Result<PlainStart<'_>, String> {
-    let id_text = line.get(..36).ok_or("too short")?;
-    let id = id_text
-        .parse::<RunId>()
-        .map_err(|_| format!("bad run id '{id_text}'"))?;
-    let rest = &line[36..];
+    let (id, rest) = split_run_id(line)?;
     let comma = rest.find(',').ok_or("no ',' after the time")?;
     let at: i64 = rest[..comma]
         .parse()

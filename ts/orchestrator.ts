@@ -1682,6 +1682,19 @@ export class JobOrchestrator {
     rt.track(attempt, epoch);
     // Registered first, so a cancel from now on reaches this attempt.
     this.inFlight.set(id, attempt);
+    // A ticket from the scheduler crossed threads: the run may have been
+    // canceled while it was queued. Tickets from a report or a start were
+    // claimed in the synchronous call that handed them over.
+    if (checkLive && !this.native.attemptLive(id, epoch)) return this.queueReport(rt, ticket, attempt, null);
+    this.runHandler(ticket, attempt, (outcome) => this.queueReport(rt, ticket, attempt, outcome));
+  }
+
+  /**
+   * Runs the handler of `ticket`, racing its `timeoutMs` and a cancel (the
+   * attempt's abort); `done` gets the outcome exactly once, null when the
+   * attempt was aborted first. Whatever the handler does later is ignored.
+   */
+  private runHandler(ticket: Ticket, attempt: Attempt, done: (outcome: Outcome | null) => void): void {
     let settled = false;
     let timer: { cancel(): void } | null = null;
     // Also the abort hook: called with no argument, the attempt has no outcome.
@@ -1690,12 +1703,8 @@ export class JobOrchestrator {
       settled = true;
       attempt.onAbort = undefined;
       if (timer !== null) timer.cancel();
-      this.queueReport(rt, ticket, attempt, outcome ?? null);
+      done(outcome ?? null);
     };
-    // A ticket from the scheduler crossed threads: the run may have been
-    // canceled while it was queued. Tickets from a report or a start were
-    // claimed in the synchronous call that handed them over.
-    if (checkLive && !this.native.attemptLive(id, epoch)) return settle(null);
     attempt.onAbort = settle;
     const { timeoutMs } = ticket;
     if (timeoutMs !== null) {
@@ -1707,11 +1716,7 @@ export class JobOrchestrator {
     if (!reg) return settle(NO_HANDLER);
     let result: unknown;
     try {
-      const ctx = this.makeContext(ticket, attempt);
-      const h = reg.handlerClass;
-      if (isClass(h)) result = new h().run(ctx);
-      else if (typeof h === 'function') result = (h as (c: JobContext<unknown>) => unknown)(ctx);
-      else result = (h as { run(c: JobContext<unknown>): unknown }).run(ctx);
+      result = this.invokeHandler(reg, ticket, attempt);
     } catch (e) {
       return settle(failedOutcome(e));
     }
@@ -1730,6 +1735,15 @@ export class JobOrchestrator {
       },
       (e) => settle(failedOutcome(e)),
     );
+  }
+
+  /** Calls the registered handler (class, function or object) with a new `ctx`. */
+  private invokeHandler(reg: HandlerRegistration, ticket: Ticket, attempt: Attempt): unknown {
+    const ctx = this.makeContext(ticket, attempt);
+    const h = reg.handlerClass;
+    if (isClass(h)) return new h().run(ctx);
+    if (typeof h === 'function') return (h as (c: JobContext<unknown>) => unknown)(ctx);
+    return (h as { run(c: JobContext<unknown>): unknown }).run(ctx);
   }
 
   private queueReport(rt: WorkerRuntime, ticket: Ticket, attempt: Attempt, outcome: Outcome | null): void {
@@ -1851,47 +1865,19 @@ export class JobOrchestrator {
    * from a committed claim; an outcome for a run canceled since is ignored
    * by the engine.)
    */
-  private async attempt(ticket: Ticket, attempt: Attempt): Promise<Outcome | null> {
+  private attempt(ticket: Ticket, attempt: Attempt): Promise<Outcome | null> {
     // Registered first, so a cancel from now on reaches this attempt.
     this.inFlight.set(ticket.id, attempt);
-    const { timeoutMs } = ticket;
-    if (timeoutMs === null) {
-      // The common case: race the handler against a cancel with one promise.
-      return new Promise<Outcome | null>((resolve) => {
-        attempt.onAbort = () => resolve(null);
-        this.execute(ticket, attempt).then(resolve, (e) => resolve(failedOutcome(e)));
-      }).finally(() => {
-        attempt.onAbort = undefined;
-      });
-    }
-    const canceled = new Promise<null>((resolve) => {
-      attempt.onAbort = () => resolve(null);
-    });
-    const timer = this.sleep(timeoutMs);
-    const racers: Promise<Outcome | null>[] = [this.execute(ticket, attempt), canceled];
-    {
-      racers.push(
-        timer.promise.then((): Outcome => ({ status: 'timed_out', text: `{"status":"timed_out","timeoutMs":${timeoutMs}}` })),
-      );
-    }
-    try {
-      return await Promise.race(racers);
-    } finally {
-      timer.cancel();
-      attempt.onAbort = undefined;
-    }
+    return new Promise((resolve) => this.runHandler(ticket, attempt, resolve));
   }
 
+  /** The bridge's execution (the engine enforces the timeout there): the handler's outcome. */
   private async execute(ticket: Ticket, attempt: Attempt): Promise<Outcome> {
     const reg = this.handlers.get(ticket.jobType);
     if (!reg) return NO_HANDLER;
-    const ctx = this.makeContext(ticket, attempt);
     let value: unknown;
     try {
-      const h = reg.handlerClass;
-      if (isClass(h)) value = await new h().run(ctx);
-      else if (typeof h === 'function') value = await (h as (c: JobContext<unknown>) => unknown)(ctx);
-      else value = await (h as { run(c: JobContext<unknown>): unknown }).run(ctx);
+      value = await this.invokeHandler(reg, ticket, attempt);
     } catch (e) {
       return failedOutcome(e);
     }

@@ -1172,8 +1172,7 @@ impl<S: Store> Engine<S> {
             };
             // Only a failure needs the retry policy (a completion is the hot path).
             let policy = tx
-                .run(run_id)
-                .and_then(|r| tx.definition(&r.job_type))
+                .definition(&run.job_type)
                 .map(|d| d.retry_policy.clone())
                 .unwrap_or_default();
             let no_handler = info.name.is_none()

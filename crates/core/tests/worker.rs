@@ -1,5 +1,6 @@
 //! The worker's slot accounting when JS reports finished attempts in batches.
 
+use jobforge_core::engine::AttemptTicket;
 use jobforge_core::worker::{Worker, WorkerPool};
 use jobforge_core::*;
 use serde_json::value::RawValue;
@@ -46,6 +47,14 @@ fn done() -> Option<AttemptOutcome> {
     Some(AttemptOutcome::Completed(None))
 }
 
+/// Every ticket completed, reported from pool 0.
+fn completed(tickets: &[AttemptTicket]) -> Vec<(RunId, u32, Option<AttemptOutcome>, usize)> {
+    tickets
+        .iter()
+        .map(|t| (t.run.id, t.epoch, done(), 0))
+        .collect()
+}
+
 #[test]
 fn a_report_refills_the_slots_it_frees_and_no_more() {
     let (e, w, ids) = setup();
@@ -55,12 +64,7 @@ fn a_report_refills_the_slots_it_frees_and_no_more() {
     assert_eq!(w.pools()[0].in_flight(), 2);
 
     // Two finished in pool 0: both slots go to the next two runs.
-    let (next, err) = w.report(
-        first
-            .iter()
-            .map(|t| (t.run.id, t.epoch, done(), 0))
-            .collect(),
-    );
+    let (next, err) = w.report(completed(&first));
     assert!(err.is_none());
     assert_eq!(next.iter().map(|t| t.run.id).collect::<Vec<_>>(), ids[2..4]);
     assert_eq!(w.pools()[0].in_flight(), 2);
@@ -95,12 +99,7 @@ fn a_stopping_worker_records_outcomes_but_claims_nothing() {
     let (e, w, ids) = setup();
     let first = w.fill().unwrap();
     w.stop();
-    let (next, err) = w.report(
-        first
-            .iter()
-            .map(|t| (t.run.id, t.epoch, done(), 0))
-            .collect(),
-    );
+    let (next, err) = w.report(completed(&first));
     assert!(err.is_none());
     assert!(next.is_empty());
     assert_eq!(w.pools()[0].in_flight(), 0);

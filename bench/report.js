@@ -565,6 +565,40 @@ function breakdownTable(results) {
   return mdTable(['implementation', 'call', 'cost per call', 'note'], rows);
 }
 
+/** The accounting of scenario 1 at n = 1k (see `startAccounting` in run.js). */
+function startAccountingSection(a) {
+  if (!a || !Number.isFinite(a.jobforgeNs)) return null;
+  const rows = [
+    ['jobforge, the scenario 1 loop (public API)', fmtNs(a.jobforgeNs)],
+    ['  of which the native hand-over of the buffered runs (`startBatch`, timed inside the loop)', fmtNs(a.handOverNs)],
+    ['jobforge with the hand-over replaced by a no-op: its JS side alone (runs never created)', fmtNs(a.jsOnlyNs)],
+  ];
+  if (Number.isFinite(a.baselineNs)) rows.push(['baseline, the same loop', fmtNs(a.baselineNs)]);
+  const lines = [
+    `The loop of scenario 1 at n = ${fmtN(a.n)} (a fresh orchestrator, ${fmtN(a.n)} awaited starts, then one \`findById\`), ` +
+      `run ${a.reps} times for each line, alternating; medians per start.`,
+    '',
+    mdTable(['measurement', 'per start'], rows),
+  ];
+  if (Number.isFinite(a.baselineNs)) {
+    lines.push(
+      '',
+      `jobforge/baseline in this measurement: ${fmtRatio(a.baselineNs / a.jobforgeNs)}. ` +
+        `Were creating the runs in the engine free, it would be at most ${fmtRatio(a.baselineNs / a.jsOnlyNs)} (baseline ÷ JS side alone).`,
+    );
+  }
+  return lines.join('\n');
+}
+
+/** One console line for the same accounting. */
+function startAccountingLine(a) {
+  if (!a || !Number.isFinite(a.jobforgeNs)) return null;
+  const base = Number.isFinite(a.baselineNs)
+    ? `; baseline ${fmtNs(a.baselineNs)} → ratio ${fmtRatio(a.baselineNs / a.jobforgeNs)}, at most ${fmtRatio(a.baselineNs / a.jsOnlyNs)} with a free engine`
+    : '';
+  return `start at n = ${fmtN(a.n)}: jobforge ${fmtNs(a.jobforgeNs)}/start (native hand-over ${fmtNs(a.handOverNs)}, JS side alone ${fmtNs(a.jsOnlyNs)})${base}`;
+}
+
 function workerSection(results) {
   const w = results.worker;
   if (!w) return '_bench/worker.js was not run (`--only` excluded it)._';
@@ -680,6 +714,13 @@ function renderMarkdown(results, { resultsFile, chartFile }) {
     out.push('### Per-call costs (diagnostic, not a target)');
     out.push('');
     out.push(bd);
+    out.push('');
+  }
+  const acct = startAccountingSection(results.breakdown?.start1k);
+  if (acct) {
+    out.push(`### Unkeyed \`start\` at n = ${fmtN(results.breakdown.start1k.n)}: where the time goes (diagnostic)`);
+    out.push('');
+    out.push(acct);
     out.push('');
   }
   return out.join('\n');
@@ -912,6 +953,7 @@ module.exports = {
   fmtS,
   renderMarkdown,
   renderSvg,
+  startAccountingLine,
   updateBenchmarksMd,
   verdict,
 };

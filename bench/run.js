@@ -626,6 +626,7 @@ async function breakdown(impls) {
     items.push(...parseRows);
     out.jobforge = items;
   }
+  out.start1k = await startAccounting(impls);
   await fullGc();
   if (impls.baseline) {
     const inst = impls.baseline.create();
@@ -638,6 +639,62 @@ async function breakdown(impls) {
   }
   await fullGc();
   return out;
+}
+
+/**
+ * Where the time of scenario 1 at n = 1k goes (the point whose target is
+ * missed): the same loop as `pointStartClaim`, repeated, three ways
+ * alternating: jobforge as it is, with the time of its native hand-overs
+ * (`startBatch`) summed inside the loop; jobforge with the hand-over
+ * replaced by a no-op (its JS side alone, which no engine work can go
+ * below; the runs are never created); and the baseline. Medians.
+ */
+async function startAccounting(impls, n = 1000, reps = 21) {
+  const kinds = ['jobforge', 'jsOnly', ...(impls.baseline ? ['baseline'] : [])];
+  const samples = Object.fromEntries(kinds.map((k) => [k, []]));
+  const handOver = [];
+  const once = async (kind) => {
+    const inst = (kind === 'baseline' ? impls.baseline : impls.jobforge).create();
+    const o = inst.o;
+    let inNative = 0;
+    if (kind !== 'baseline') {
+      const eng = o.engine; // private: the in-memory NativeEngine
+      if (typeof eng?.startBatch !== 'function') throw new Error('internals changed: no engine.startBatch');
+      const real = eng.startBatch.bind(eng);
+      eng.startBatch =
+        kind === 'jsOnly'
+          ? () => ''
+          : (text, fed) => {
+              const t = now();
+              const r = real(text, fed);
+              inNative += now() - t;
+              return r;
+            };
+    }
+    await fullGc();
+    const t0 = now();
+    let last = null;
+    for (let i = 0; i < n; i++) last = await o.start(NOOP, { n: i });
+    if (kind !== 'baseline') await o.findById(last.id);
+    const ns = (now() - t0) / n;
+    return { ns, inNative: inNative / n };
+  };
+  for (const k of kinds) await once(k); // warm-up
+  for (let r = 0; r < reps; r++) {
+    for (const k of r % 2 ? [...kinds].reverse() : kinds) {
+      const { ns, inNative } = await once(k);
+      samples[k].push(ns);
+      if (k === 'jobforge') handOver.push(inNative);
+    }
+  }
+  return {
+    n,
+    reps,
+    jobforgeNs: medianOf(samples.jobforge),
+    handOverNs: medianOf(handOver),
+    jsOnlyNs: medianOf(samples.jsOnly),
+    baselineNs: impls.baseline ? medianOf(samples.baseline) : null,
+  };
 }
 
 // ── machine ────────────────────────────────────────────────────────────
@@ -825,6 +882,8 @@ async function main(args) {
     process.stdout.write('per-call breakdown… ');
     results.breakdown = await breakdown(impls);
     console.log('done');
+    const line = report.startAccountingLine(results.breakdown.start1k);
+    if (line) console.log(line);
   }
 
   if (on('memory')) {

@@ -672,6 +672,19 @@ function isClass(h: unknown): h is new () => { run(ctx: JobContext<unknown>): un
 /** Buffered starts handed to the engine in one call at most this many at a time. */
 const START_BATCH_MAX = 256;
 
+/** The outcome the engine gets for a handler nobody can run (the scratch engine, or an orchestrator already collected). */
+const GONE_OUTCOME = '{"status":"no_handler"}';
+
+/**
+ * Callbacks of the Postgres backend's scratch engine, which never runs
+ * handlers. Module-level: a closure made in the constructor would hold the
+ * orchestrator (see `engineCallbacks`).
+ */
+const SCRATCH_CALLBACKS = {
+  dispatch: async (): Promise<string> => GONE_OUTCOME,
+  onNotice: (): void => undefined,
+};
+
 /**
  * A finished attempt is reported this many microtask turns after it ends,
  * so the outcomes (and buffered starts) of async chains running side by
@@ -765,6 +778,7 @@ export class JobOrchestrator {
       positive(pgo.maxConnections, 'maxConnections');
       positive(pgo.leaseMs, 'leaseMs');
       positive(pgo.pollMs, 'pollMs');
+      const cb = JobOrchestrator.engineCallbacks(new WeakRef(this));
       this.pg = call(
         () =>
           new PgEngine(
@@ -779,18 +793,19 @@ export class JobOrchestrator {
               leaseMs: pgo.leaseMs,
               pollMs: pgo.pollMs,
             },
-            () => this.flushAborts(),
+            cb.onNotice,
           ),
       );
       this.local = this.pg;
       // Validates definitions synchronously; never holds runs.
       this.engine = new NativeEngine(
         { multiTenant: this.multiTenant, clock },
-        async () => '{"status":"no_handler"}',
-        () => undefined,
+        SCRATCH_CALLBACKS.dispatch,
+        SCRATCH_CALLBACKS.onNotice,
       );
       return;
     }
+    const cb = JobOrchestrator.engineCallbacks(new WeakRef(this));
     this.engine = call(
       () =>
         new NativeEngine(
@@ -800,11 +815,30 @@ export class JobOrchestrator {
             retainCompletedMs: options.retention?.completedMs,
             retainFailedMs: options.retention?.failedMs,
           },
-          (payload) => this.dispatch(payload),
-          () => this.flushAborts(),
+          cb.dispatch,
+          cb.onNotice,
         ),
     );
     this.local = this.engine;
+  }
+
+  /**
+   * The callbacks an engine holds. It holds them through threadsafe
+   * functions, which the garbage collector cannot see through, so a
+   * callback that kept the orchestrator alive would keep it, its engine
+   * and every run in it, forever. These reach it through a WeakRef, and are
+   * made in a static method: a closure made in the constructor shares the
+   * constructor's context, which holds `this` as soon as any arrow function
+   * there uses it.
+   */
+  private static engineCallbacks(ref: WeakRef<JobOrchestrator>): {
+    dispatch: (payload: string) => Promise<string>;
+    onNotice: () => void;
+  } {
+    return {
+      dispatch: (payload) => ref.deref()?.dispatch(payload) ?? Promise.resolve(GONE_OUTCOME),
+      onNotice: () => ref.deref()?.flushAborts(),
+    };
   }
 
   /** The engine, after handing it the buffered starts. */

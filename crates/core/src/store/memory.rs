@@ -499,6 +499,14 @@ impl MemoryStore {
         Self::default()
     }
 
+    /// Runs held (every status): what the binding reports to V8 as the
+    /// engine's native memory, so the JS collector knows an unreachable
+    /// orchestrator is worth collecting. O(1).
+    pub fn live_runs(&self) -> usize {
+        let s = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        s.runs.len() - s.free.len()
+    }
+
     /// Recomputes every index from the rows and compares: the check the
     /// property tests run after each operation. A full scan, so never on a
     /// serving path. Returns the first disagreement found.

@@ -142,3 +142,43 @@ test('[memory] without forced GC, V8 collects dropped orchestrators because it i
   const grewMb = (at100 - at30) / 1048576;
   t.true(grewMb < 200, `RSS grew by ${grewMb.toFixed(0)} MB from the 30th to the 100th orchestrator`);
 });
+
+test('[memory] a Nest app closed and dropped leaves its orchestrator collectable', (t) => {
+  // JobsModule with its worker: app.close() stops the worker, and nothing
+  // Nest or the module keeps may hold the orchestrator afterwards.
+  const script = `
+    require('reflect-metadata');
+    const { Test } = require('@nestjs/testing');
+    const nest = require(${JSON.stringify(path.join(DIST, 'nest'))});
+    let collected = 0;
+    const registry = new FinalizationRegistry(() => collected++);
+    async function one() {
+      const mod = await Test.createTestingModule({ imports: [nest.JobsModule.forRoot({ worker: true })] }).compile();
+      const app = mod.createNestApplication();
+      await app.init();
+      const jobs = app.get(nest.JOB_ORCHESTRATOR);
+      registry.register(jobs, 1);
+      if (!(await jobs.countByPoolAndStatus())) throw new Error('orchestrator not usable');
+      await app.close();
+    }
+    (async () => {
+      for (let k = 0; k < 4; k++) await one();
+      for (let i = 0; i < 8; i++) {
+        gc();
+        await new Promise((r) => setTimeout(r, 20));
+      }
+      process.stdout.write(String(collected));
+      process.exit(0);
+    })().catch((e) => {
+      process.stderr.write(String((e && e.stack) || e));
+      process.exit(1);
+    });
+  `;
+  const res = spawnSync(process.execPath, ['--expose-gc', '-e', script], {
+    cwd: path.resolve(__dirname, '..'),
+    encoding: 'utf8',
+    timeout: 60_000,
+  });
+  t.is(res.status, 0, res.stderr);
+  t.is(Number(res.stdout), 4);
+});

@@ -451,6 +451,7 @@ fn retention_purges_finished_runs_and_reuses_their_slots() {
         }
     }
     e.store().verify_indexes().unwrap();
+    assert_eq!(e.store().live_runs(), 4);
     e.advance_time(50);
     e.replay(&replayed.id.to_string()).unwrap();
     e.advance_time(50);
@@ -466,9 +467,12 @@ fn retention_purges_finished_runs_and_reuses_their_slots() {
     );
     assert!(find(&replayed.id).is_some(), "a replayed run is live again");
     assert!(find(&fresh.id).is_some());
+    // Held runs (what the binding reports to V8): failing, replayed, fresh.
+    assert_eq!(e.store().live_runs(), 3);
     // A purged run no longer dedupes; the new run takes a reused slot.
     let again = e.start(req("t", r#"{"k":"p"}"#)).unwrap();
     assert_ne!(again.id, parent.id);
+    assert_eq!(e.store().live_runs(), 4);
     e.store().verify_indexes().unwrap();
     assert!(e
         .list_steps(&parent.id.to_string(), &TenantArg::Missing)

@@ -492,6 +492,8 @@ impl MemoryState {
 #[derive(Default)]
 pub struct MemoryStore {
     state: Mutex<MemoryState>,
+    /// Runs held, as of the last transaction: read without the lock.
+    live: std::sync::atomic::AtomicUsize,
 }
 
 impl MemoryStore {
@@ -503,8 +505,7 @@ impl MemoryStore {
     /// engine's native memory, so the JS collector knows an unreachable
     /// orchestrator is worth collecting. O(1).
     pub fn live_runs(&self) -> usize {
-        let s = self.state.lock().unwrap_or_else(|p| p.into_inner());
-        s.runs.len() - s.free.len()
+        self.live.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// Recomputes every index from the rows and compares: the check the
@@ -694,7 +695,10 @@ impl Store for MemoryStore {
         // A panic inside a rule must not wedge the engine: recover the guard.
         let guard = self.state.lock().unwrap_or_else(|p| p.into_inner());
         let mut tx = MemoryTx(guard);
-        f(&mut tx)
+        let out = f(&mut tx);
+        let live = tx.0.runs.len() - tx.0.free.len();
+        self.live.store(live, std::sync::atomic::Ordering::Relaxed);
+        out
     }
 }
 

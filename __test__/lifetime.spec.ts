@@ -80,14 +80,20 @@ interface Report {
   rss: number[];
 }
 
-function runChild(options: object, way: string, count: number, runs: number, collectEach = false): Report {
-  const arg = JSON.stringify({ options, way, count, runs, collectEach });
-  const res = spawnSync(process.execPath, ['--expose-gc', '-e', CHILD, arg], {
+/** Runs `script` in a child Node (from the project root) and returns its stdout; throws if it fails. */
+function runNode(flags: string[], script: string, ...args: string[]): string {
+  const res = spawnSync(process.execPath, [...flags, '-e', script, ...args], {
+    cwd: path.resolve(__dirname, '..'),
     encoding: 'utf8',
     timeout: 90_000,
   });
   if (res.status !== 0) throw new Error(`child failed (${String(res.status ?? res.signal)}): ${res.stderr || res.stdout}`);
-  return JSON.parse(res.stdout) as Report;
+  return res.stdout;
+}
+
+function runChild(options: object, way: string, count: number, runs: number, collectEach = false): Report {
+  const arg = JSON.stringify({ options, way, count, runs, collectEach });
+  return JSON.parse(runNode(['--expose-gc'], CHILD, arg)) as Report;
 }
 
 for (const way of ['plain', 'tick', 'worker', 'events']) {
@@ -136,9 +142,7 @@ test('[memory] without forced GC, V8 collects dropped orchestrators because it i
       process.stdout.write(JSON.stringify(rss));
     })();
   `;
-  const res = spawnSync(process.execPath, ['-e', script], { encoding: 'utf8', timeout: 90_000 });
-  t.is(res.status, 0, res.stderr);
-  const [at30, at100] = JSON.parse(res.stdout) as number[];
+  const [at30, at100] = JSON.parse(runNode([], script)) as number[];
   const grewMb = (at100 - at30) / 1048576;
   t.true(grewMb < 200, `RSS grew by ${grewMb.toFixed(0)} MB from the 30th to the 100th orchestrator`);
 });
@@ -174,11 +178,5 @@ test('[memory] a Nest app closed and dropped leaves its orchestrator collectable
       process.exit(1);
     });
   `;
-  const res = spawnSync(process.execPath, ['--expose-gc', '-e', script], {
-    cwd: path.resolve(__dirname, '..'),
-    encoding: 'utf8',
-    timeout: 60_000,
-  });
-  t.is(res.status, 0, res.stderr);
-  t.is(Number(res.stdout), 4);
+  t.is(Number(runNode(['--expose-gc'], script)), 4);
 });

@@ -22,6 +22,18 @@ fn engine() -> Engine<MemoryStore> {
     e
 }
 
+/// 250 plain starts of type `t` created at `at`, inputs `{"i":…}`.
+fn batch(at: i64) -> Vec<PlainStart<'static>> {
+    (0..250)
+        .map(|i| PlainStart {
+            id: uuid::Uuid::new_v4(),
+            at,
+            job_type: "t",
+            input: RawValue::from_string(format!("{{\"i\":{i}}}")).unwrap(),
+        })
+        .collect()
+}
+
 fn main() {
     let e = engine();
     let n: u32 = std::env::var("N")
@@ -69,18 +81,7 @@ fn main() {
     for _ in 0..rounds {
         let e = engine();
         let at = e.now();
-        let batches: Vec<Vec<PlainStart>> = (0..4)
-            .map(|_| {
-                (0..250)
-                    .map(|i| PlainStart {
-                        id: uuid::Uuid::new_v4(),
-                        at,
-                        job_type: "t",
-                        input: RawValue::from_string(format!("{{\"i\":{i}}}")).unwrap(),
-                    })
-                    .collect()
-            })
-            .collect();
+        let batches: Vec<Vec<PlainStart>> = (0..4).map(|_| batch(at)).collect();
         let t0 = Instant::now();
         for b in batches {
             std::hint::black_box(e.start_plain_batch(b, false).unwrap());
@@ -101,14 +102,7 @@ fn main() {
         let e = engine();
         let at = e.now();
         for _ in 0..4 {
-            let b: Vec<PlainStart> = (0..250)
-                .map(|i| PlainStart {
-                    id: uuid::Uuid::new_v4(),
-                    at,
-                    job_type: "t",
-                    input: RawValue::from_string(format!("{{\"i\":{i}}}")).unwrap(),
-                })
-                .collect();
+            let b = batch(at);
             for (k, byte) in other.iter_mut().enumerate().step_by(64) {
                 *byte = byte.wrapping_add((k as u32 ^ r) as u8);
             }

@@ -98,6 +98,45 @@ postgresOnly('an expired lease is swept back to pending and run by another worke
   await worker.stop();
 });
 
+postgresOnly('connections the server ends (restart, failover, pg_terminate_backend) are replaced without failing a call', async (t, make) => {
+  const opts = make.options({ loggerFactory: () => silentLogger, postgres: { url: PG_URL, maxConnections: 3 } });
+  const app = `jobforge:${opts.postgres?.schema}`; // what the pool names its connections
+  const o = new JobOrchestrator(opts);
+  t.teardown(() => o.close());
+  await o.migrate();
+  o.registerHandler('job', {}, async (ctx) => ({ n: (ctx.input as { n: number }).n }));
+  // Concurrent calls fill the pool with idle connections.
+  const first = await Promise.all([0, 1, 2, 3, 4, 5].map((n) => o.start('job', { n })));
+  t.is(first.length, 6);
+
+  // eslint-disable-next-line @typescript-eslint/no-require-imports
+  const { Client } = require('pg') as typeof import('pg');
+  const admin = new Client({ connectionString: PG_URL });
+  await admin.connect();
+  t.teardown(() => admin.end());
+  const pids = (await admin.query<{ pid: number }>('SELECT pid FROM pg_stat_activity WHERE application_name = $1', [app])).rows.map((r) => r.pid);
+  t.true(pids.length >= 2, `the pool holds ${pids.length} connections named ${app}`);
+  await admin.query('SELECT pg_terminate_backend(pid) FROM unnest($1::int[]) AS pid', [pids]);
+  // Once they are gone, each idle pooled connection has the server's FATAL waiting on it.
+  await until('the ended backends to exit', async () => {
+    const left = await admin.query<{ n: number }>('SELECT count(*)::int AS n FROM pg_stat_activity WHERE pid = ANY($1::int[])', [pids]);
+    return left.rows[0].n === 0;
+  });
+
+  // Reads and writes right after: none fails (before, each dead connection
+  // failed one call with a JobStoreError).
+  t.is((await o.findById(first[0].id))?.status, 'pending');
+  t.deepEqual(await o.countByPoolAndStatus(), [{ pool: 'batch', status: 'pending', count: 6 }]);
+  const second = await Promise.all([10, 11, 12].map((n) => o.start('job', { n })));
+  const worker = o.startWorker({ pools: { batch: { concurrency: 2 } } });
+  t.teardown(() => worker.stop());
+  for (const r of [...first, ...second]) {
+    const done = await o.waitForRun(r.id, { timeoutMs: 10_000 });
+    t.is(done.status, 'completed');
+    t.deepEqual(done.output, { n: (r.input as { n: number }).n });
+  }
+});
+
 postgresOnly('handlers registered before migrate() on a fresh schema are stored by migrate()', async (t, make) => {
   const o = new JobOrchestrator(make.options({ loggerFactory: () => silentLogger }));
   t.teardown(() => o.close());

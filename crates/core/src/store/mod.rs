@@ -27,8 +27,9 @@ pub trait Store: Send + Sync + 'static {
     /// Runs `f` atomically with respect to every other transaction.
     fn transaction<R>(&self, f: impl FnOnce(&mut Self::Tx<'_>) -> Result<R>) -> Result<R>;
 
-    /// A transaction that only reads: a networked store skips row locks.
-    fn read<R>(&self, f: impl FnOnce(&mut Self::Tx<'_>) -> Result<R>) -> Result<R> {
+    /// A transaction that only reads: a networked store skips row locks
+    /// and may run `f` again on another connection (so `Fn`, not `FnOnce`).
+    fn read<R>(&self, f: impl Fn(&mut Self::Tx<'_>) -> Result<R>) -> Result<R> {
         self.transaction(f)
     }
 }

@@ -66,8 +66,10 @@ impl PgConfig {
 fn db_err(e: postgres::Error) -> JobError {
     let retryable = e.code().is_some_and(|c| {
         let c = c.code();
-        // serialization_failure, deadlock_detected
-        c == "40001" || c == "40P01"
+        // serialization_failure, deadlock_detected; connection exceptions;
+        // the server shutting down or ending the backend (admin_shutdown,
+        // crash_shutdown, cannot_connect_now).
+        c == "40001" || c == "40P01" || c.starts_with("08") || c.starts_with("57P0")
     }) || e.is_closed();
     // The outer message is terse ("db error"); the cause says what happened.
     let mut message = e.to_string();
@@ -428,7 +430,7 @@ fn lock_key(kind: u8, tenant: TenantRef<'_>, a: &str, b: &str) -> i64 {
 impl PgStore {
     /// Connects lazily: the first transaction opens the first connection.
     pub fn new(config: PgConfig) -> Result<Self> {
-        let pg: postgres::Config = config.url.parse().map_err(|e: postgres::Error| {
+        let mut pg: postgres::Config = config.url.parse().map_err(|e: postgres::Error| {
             JobError::invalid(format!(
                 "postgres.url is not a valid connection string: {e}"
             ))
@@ -437,6 +439,11 @@ impl PgStore {
             return Err(JobError::invalid(
                 "postgres.schema must be a non-empty string",
             ));
+        }
+        // Names the connections in `pg_stat_activity` (which store, which
+        // schema) unless the URL already names them.
+        if pg.get_application_name().is_none() {
+            pg.application_name(&format!("jobforge:{}", config.schema));
         }
         let schema_sql = quote_ident(&config.schema);
         let channel = format!("jobforge_{}", config.schema);
@@ -569,16 +576,38 @@ impl PgStore {
         Ok(())
     }
 
-    fn run_tx<R>(&self, lock: bool, f: impl FnOnce(&mut PgTx<'_>) -> Result<R>) -> Result<R> {
+    /// One transaction (`lock`) or one autocommit read on a pooled
+    /// connection. `dead`: set when the call failed because the server had
+    /// ended the connection (restart, failover, `pg_terminate_backend`, an
+    /// idle timeout); the pool only learns that by using it.
+    fn run_tx<R>(
+        &self,
+        lock: bool,
+        dead: &mut bool,
+        f: impl FnOnce(&mut PgTx<'_>) -> Result<R>,
+    ) -> Result<R> {
         let mut lease = self.pool.get()?;
+        // A read runs its statements in autocommit (read committed either
+        // way): no BEGIN/COMMIT round trips. A BEGIN that fails on a dead
+        // connection ran nothing, so it is tried again on another one;
+        // every connection of the pool may have died at once.
+        let mut tries = 0;
+        while let (true, Some(conn)) = (lock, lease.conn.as_mut()) {
+            match conn.client.batch_execute("BEGIN") {
+                Ok(()) => break,
+                // The error may be the server's FATAL (a db error) rather
+                // than "connection closed": ask the client.
+                Err(_) if conn.client.is_closed() && tries <= self.pool.max => {
+                    tries += 1;
+                    drop(lease); // a closed connection leaves the pool
+                    lease = self.pool.get()?;
+                }
+                Err(e) => return Err(db_err(e)),
+            }
+        }
         let Some(conn) = lease.conn.as_mut() else {
             return Err(JobError::invalid("connection pool is closed"));
         };
-        // A read runs its statements in autocommit (read committed either
-        // way): no BEGIN/COMMIT round trips.
-        if lock {
-            conn.client.batch_execute("BEGIN").map_err(db_err)?;
-        }
         let mut tx = PgTx {
             store: self,
             conn: RefCell::new(conn),
@@ -602,7 +631,10 @@ impl PgStore {
         let conn = conn.into_inner();
         if !lock {
             return match failure {
-                Some(e) => Err(db_err(e)),
+                Some(e) => {
+                    *dead = conn.client.is_closed();
+                    Err(db_err(e))
+                }
                 None => out,
             };
         }
@@ -639,12 +671,23 @@ impl Store for PgStore {
     type Tx<'a> = PgTx<'a>;
 
     fn transaction<R>(&self, f: impl FnOnce(&mut PgTx<'_>) -> Result<R>) -> Result<R> {
-        self.run_tx(true, f)
+        self.run_tx(true, &mut false, f)
     }
 
-    /// Read-only: rows are not locked, so readers never hold up claims.
-    fn read<R>(&self, f: impl FnOnce(&mut PgTx<'_>) -> Result<R>) -> Result<R> {
-        self.run_tx(false, f)
+    /// Read-only: rows are not locked, so readers never hold up claims. A
+    /// read changes nothing, so one that met a connection the server had
+    /// ended runs again on another (at most once per pooled connection).
+    fn read<R>(&self, f: impl Fn(&mut PgTx<'_>) -> Result<R>) -> Result<R> {
+        let mut tries = 0;
+        loop {
+            let mut dead = false;
+            let out = self.run_tx(false, &mut dead, &f);
+            if out.is_err() && dead && tries < self.pool.max {
+                tries += 1;
+                continue;
+            }
+            return out;
+        }
     }
 }
 

@@ -84,6 +84,7 @@ export {
   JobRunStateError,
   JobStepConflictError,
   JobStepTimeoutError,
+  JobStoreError,
   JobTemplateFieldMissingError,
   JobTypeNotFoundError,
   JobWaitTimeoutError,

@@ -17,7 +17,7 @@ import {
   type OptionalFactoryDependency,
   type Provider,
 } from '@nestjs/common';
-import { ModuleRef } from '@nestjs/core';
+import { ModuleRef, ModulesContainer } from '@nestjs/core';
 import { JobOrchestrator } from '../index';
 import type { JobLogger, JobOrchestratorOptions, JobPoolDef, JobRun, WorkerHandle, WorkerOptions } from '../index';
 import { JobHandlerNotProviderError, JobPoolNotConfiguredError } from './errors';
@@ -126,13 +126,25 @@ export function moduleRefResolver(moduleRef: ModuleRef): HandlerResolver & {
   return resolve;
 }
 
+/** How one registration's lifecycle module reaches its worker. */
+interface WorkerLink {
+  /** Distinct per registration, so module ids hashed from metadata differ too. */
+  readonly id: number;
+  worker: JobsWorker | null;
+}
+const WORKER_LINK = Symbol('jobforge.nest.worker-link');
+let linkCount = 0;
+
 /**
  * Owns the worker of the module's orchestrator: upserts the registered
- * handlers on init, starts the worker on bootstrap (unless `worker: false`),
- * and drains it on `onModuleDestroy` (`app.close()`).
+ * handlers on init (JobsModule is global, so that is before any other
+ * module's `onModuleInit` may start runs); `JobsWorkerLifecycle` starts it
+ * once the application has bootstrapped (unless `worker: false`) and
+ * drains it on `app.close()` before any other module is destroyed; the
+ * orchestrator is closed with this module, last.
  */
 @Injectable()
-export class JobsWorker implements OnModuleInit, OnApplicationBootstrap, OnModuleDestroy {
+export class JobsWorker implements OnModuleInit, OnModuleDestroy {
   private readonly logger = new Logger('JobsWorker');
   private handle: WorkerHandle | null = null;
   private readonly resolver: ReturnType<typeof moduleRefResolver>;
@@ -142,8 +154,10 @@ export class JobsWorker implements OnModuleInit, OnApplicationBootstrap, OnModul
     @Inject(JOBS_MODULE_OPTIONS) private readonly options: JobsModuleOptions,
     @Inject(ModuleRef) moduleRef: ModuleRef,
     @Inject(HandlerRegistry) private readonly registry: HandlerRegistry,
+    @Inject(WORKER_LINK) link: WorkerLink,
   ) {
     this.resolver = moduleRefResolver(moduleRef);
+    link.worker = this;
   }
 
   /** Upserts every `@JobHandler` class; fails if one is not a provider or names an undeclared pool. */
@@ -172,11 +186,12 @@ export class JobsWorker implements OnModuleInit, OnApplicationBootstrap, OnModul
     );
   }
 
-  onApplicationBootstrap(): void {
+  /** Starts the configured worker unless `worker: false` or already running. */
+  startConfigured(): void {
     if (this.workerOptions() && !this.handle?.running) this.start();
   }
 
-  /** Drains the worker: in-flight runs finish (or go back to pending after `shutdownTimeoutMs`). */
+  /** Closes the orchestrator (the worker was drained first; a no-op then). */
   async onModuleDestroy(): Promise<void> {
     await this.stop();
     await this.orchestrator.close();
@@ -222,6 +237,47 @@ export class JobsWorker implements OnModuleInit, OnApplicationBootstrap, OnModul
   }
 }
 
+/**
+ * The worker's place in the app's lifecycle. Nest runs `onApplicationBootstrap`
+ * by module distance (global modules such as JobsModule first) and
+ * `onModuleDestroy` in reverse (global modules last). A worker started
+ * first would run handlers before their modules finished bootstrapping; one
+ * drained last would let in-flight runs call services already torn down
+ * (a database module closed by its `onModuleDestroy`). So this module, which
+ * only starts and drains the worker, is placed after every module for
+ * bootstrap and before every module for destroy. Nest has no option for
+ * that: its module's distance is set below the root module's (1) while the
+ * app is being built, before Nest orders its hooks. If a Nest version
+ * lacks the field, hooks stay in Nest's order (the drain then still runs
+ * before global modules).
+ */
+@Injectable()
+class JobsWorkerLifecycle implements OnApplicationBootstrap, OnModuleDestroy {
+  constructor(@Inject(WORKER_LINK) private readonly link: WorkerLink, @Inject(ModulesContainer) modules: ModulesContainer) {
+    for (const m of modules.values()) {
+      const mod = m as unknown as { metatype?: unknown; distance?: unknown };
+      if (mod.metatype === JobsWorkerModule && typeof mod.distance === 'number') mod.distance = -1;
+    }
+  }
+
+  onApplicationBootstrap(): void {
+    this.link.worker?.startConfigured();
+  }
+
+  /** Drains the worker: in-flight runs finish (or go back to pending after `shutdownTimeoutMs`). */
+  async onModuleDestroy(): Promise<void> {
+    await this.link.worker?.stop();
+  }
+}
+
+/** Internal: holds `JobsWorkerLifecycle` (see there); imported by each JobsModule registration. */
+@Module({})
+export class JobsWorkerModule {
+  static link(link: WorkerLink): DynamicModule {
+    return { module: JobsWorkerModule, providers: [{ provide: WORKER_LINK, useValue: link }, JobsWorkerLifecycle] };
+  }
+}
+
 function orchestratorFactory(options: JobsModuleOptions, moduleRef: ModuleRef): NestJobOrchestrator {
   return new NestJobOrchestrator(
     {
@@ -245,9 +301,10 @@ const EXPORTS = [
   JobsWorker,
 ];
 
-function providers(optionsProvider: Provider): Provider[] {
+function providers(optionsProvider: Provider, link: WorkerLink): Provider[] {
   return [
     optionsProvider,
+    { provide: WORKER_LINK, useValue: link },
     { provide: JOB_ORCHESTRATOR, useFactory: orchestratorFactory, inject: [JOBS_MODULE_OPTIONS, ModuleRef] },
     { provide: JOB_RUN_SERVICE, useExisting: JOB_ORCHESTRATOR },
     { provide: JOB_STEP_SERVICE, useExisting: JOB_ORCHESTRATOR },
@@ -266,10 +323,12 @@ function providers(optionsProvider: Provider): Provider[] {
 export class JobsModule {
   /** `JobsModule.forRoot({ multiTenant?, pools?, worker?, backend?, postgres?, global? })`. */
   static forRoot(options: JobsModuleOptions & JobsModuleRegistration = {}): DynamicModule {
+    const link: WorkerLink = { id: ++linkCount, worker: null };
     return {
       module: JobsModule,
       global: options.global ?? true,
-      providers: providers({ provide: JOBS_MODULE_OPTIONS, useValue: options }),
+      imports: [JobsWorkerModule.link(link)],
+      providers: providers({ provide: JOBS_MODULE_OPTIONS, useValue: options }, link),
       exports: EXPORTS,
     };
   }
@@ -279,15 +338,19 @@ export class JobsModule {
     if (typeof options?.useFactory !== 'function') {
       throw new TypeError('JobsModule.forRootAsync needs a useFactory function');
     }
+    const link: WorkerLink = { id: ++linkCount, worker: null };
     return {
       module: JobsModule,
       global: options.global ?? true,
-      imports: options.imports ?? [],
-      providers: providers({
-        provide: JOBS_MODULE_OPTIONS,
-        useFactory: async (...args: unknown[]) => (await options.useFactory(...args)) ?? {},
-        inject: options.inject ?? [],
-      }),
+      imports: [...(options.imports ?? []), JobsWorkerModule.link(link)],
+      providers: providers(
+        {
+          provide: JOBS_MODULE_OPTIONS,
+          useFactory: async (...args: unknown[]) => (await options.useFactory(...args)) ?? {},
+          inject: options.inject ?? [],
+        },
+        link,
+      ),
       exports: EXPORTS,
     };
   }

@@ -1,0 +1,168 @@
+// Where the worker sits in a Nest app's lifecycle. Nest runs global
+// modules' (JobsModule's) onApplicationBootstrap first and their
+// onModuleDestroy last; the worker must instead start after every module
+// has bootstrapped and be drained before any module is destroyed, or an
+// in-flight run calls a service its module already closed.
+//
+// A file of its own: the @JobHandler registry is process-wide, and ava
+// runs each file in its own process. Decorators here are TC39 ones (tsx),
+// so constructor dependencies are declared with `InjectArgs` as in
+// nest.spec.ts.
+import 'reflect-metadata';
+import test from 'ava';
+import { Global, Inject, Injectable, Module, type OnApplicationBootstrap, type OnModuleDestroy } from '@nestjs/common';
+import { Test } from '@nestjs/testing';
+import { JOB_ORCHESTRATOR, JobHandler, JobHandlerBase, JobOrchestrator, JobsModule, JobsWorker } from '../dist/nest';
+import type { JobContext } from '../dist/nest';
+
+const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
+
+function InjectArgs(...tokens: (symbol | string | (abstract new (...a: never[]) => unknown))[]) {
+  return (cls: object): void => tokens.forEach((token, i) => Inject(token as symbol)(cls, undefined, i));
+}
+
+/** What happened, in order, across the app. */
+const events: string[] = [];
+
+/** A database client its module disconnects on shutdown. */
+@Injectable()
+class Db implements OnModuleDestroy {
+  open = true;
+  onModuleDestroy(): void {
+    events.push('db closed');
+    this.open = false;
+  }
+  query(q: string): string {
+    if (!this.open) throw new Error('Db is disconnected');
+    return q;
+  }
+}
+
+/** Ready only once its (slow) application bootstrap has finished. */
+@Injectable()
+class Cache implements OnApplicationBootstrap {
+  ready = false;
+  async onApplicationBootstrap(): Promise<void> {
+    await sleep(150);
+    this.ready = true;
+    events.push('cache ready');
+  }
+}
+
+@JobHandler('life.slow', { retry: { attempts: 1, backoff: 'fixed', baseMs: 1 } })
+@InjectArgs(Db, Cache)
+class SlowQuery extends JobHandlerBase<{ ms: number }> {
+  constructor(
+    private readonly db: Db,
+    private readonly cache: Cache,
+  ) {
+    super();
+  }
+  async run(ctx: JobContext<{ ms: number }>) {
+    events.push(`run started (cache ready: ${this.cache.ready})`);
+    await sleep(ctx.input.ms);
+    const row = this.db.query('select 1');
+    events.push('run finished');
+    return { row, cacheReady: this.cache.ready };
+  }
+}
+
+@Module({ providers: [Db], exports: [Db] })
+class DbModule {}
+
+@Global()
+@Module({ providers: [Db], exports: [Db] })
+class GlobalDbModule {}
+
+@Module({ providers: [Cache], exports: [Cache] })
+class CacheModule {}
+
+/** Enqueues a run from onModuleInit, before anything has bootstrapped. */
+@Injectable()
+@InjectArgs(JOB_ORCHESTRATOR)
+class EarlyStarter {
+  static runId: string | null = null;
+  constructor(private readonly jobs: JobOrchestrator) {}
+  async onModuleInit(): Promise<void> {
+    EarlyStarter.runId = (await this.jobs.start('life.slow', { ms: 300 })).id;
+  }
+}
+
+function featureModule(db: typeof DbModule | typeof GlobalDbModule, early: boolean) {
+  @Module({
+    imports: [db === DbModule ? DbModule : [], CacheModule].flat(),
+    providers: [SlowQuery, ...(early ? [EarlyStarter] : [])],
+  })
+  class FeatureModule {}
+  return FeatureModule;
+}
+
+// Each layout puts JobsModule somewhere else in the module graph; in every
+// one the in-flight run must finish before the database module closes.
+const layouts = [
+  { name: 'global JobsModule imported first', jobsFirst: true, global: true, db: DbModule },
+  { name: 'global JobsModule imported last', jobsFirst: false, global: true, db: DbModule },
+  { name: 'non-global JobsModule', jobsFirst: true, global: false, db: DbModule },
+  { name: 'global JobsModule before a @Global() database module', jobsFirst: true, global: true, db: GlobalDbModule },
+] as const;
+
+for (const layout of layouts) {
+  test.serial(`app.close() drains the worker before any module is destroyed: ${layout.name}`, async (t) => {
+    events.length = 0;
+    const jobs = JobsModule.forRoot({ global: layout.global, pools: { batch: { concurrency: 2 } } });
+    const feature = featureModule(layout.db, false);
+    const rest = layout.db === GlobalDbModule ? [GlobalDbModule, feature] : [layout.db, feature];
+    const mod = await Test.createTestingModule({ imports: layout.jobsFirst ? [jobs, ...rest] : [...rest, jobs] })
+      .setLogger(false as never)
+      .compile();
+    const app = mod.createNestApplication({ logger: false });
+    await app.init();
+    const orchestrator = app.get<JobOrchestrator>(JOB_ORCHESTRATOR);
+    const run = await orchestrator.start('life.slow', { ms: 300 });
+    for (let i = 0; i < 100 && !events.some((e) => e.startsWith('run started')); i++) await sleep(10);
+    t.true(app.get(JobsWorker).inFlight === 1, 'the run is in flight when close() starts');
+    await app.close();
+    const done = await orchestrator.findById(run.id);
+    t.is(done?.status, 'completed', `${done?.error?.message ?? ''} (events: ${events.join(', ')})`);
+    t.deepEqual(events.slice(-2), ['run finished', 'db closed']);
+  });
+}
+
+test.serial('the worker starts after every module has bootstrapped (a run enqueued in onModuleInit waits)', async (t) => {
+  events.length = 0;
+  EarlyStarter.runId = null;
+  const mod = await Test.createTestingModule({
+    imports: [JobsModule.forRoot({ pools: { batch: { concurrency: 2 } } }), featureModule(DbModule, true)],
+  })
+    .setLogger(false as never)
+    .compile();
+  const app = mod.createNestApplication({ logger: false });
+  await app.init();
+  const orchestrator = app.get<JobOrchestrator>(JOB_ORCHESTRATOR);
+  t.truthy(EarlyStarter.runId);
+  const done = await orchestrator.waitForRun(EarlyStarter.runId!, { timeoutMs: 5000 });
+  t.is(done.status, 'completed');
+  t.deepEqual(done.output, { row: 'select 1', cacheReady: true });
+  t.is(events[0], 'cache ready', events.join(', '));
+  await app.close();
+});
+
+test.serial('a bootstrap that fails in another module leaves the worker stopped', async (t) => {
+  @Injectable()
+  class Broken implements OnApplicationBootstrap {
+    onApplicationBootstrap(): void {
+      throw new Error('broken bootstrap');
+    }
+  }
+  @Module({ providers: [Broken] })
+  class BrokenModule {}
+  const mod = await Test.createTestingModule({
+    imports: [JobsModule.forRoot({ pools: { batch: { concurrency: 2 } } }), featureModule(DbModule, false), BrokenModule],
+  })
+    .setLogger(false as never)
+    .compile();
+  const app = mod.createNestApplication({ logger: false });
+  await t.throwsAsync(app.init(), { message: 'broken bootstrap' });
+  t.false(app.get(JobsWorker).running, 'no worker was started, so nothing keeps the process alive');
+  await app.close();
+});

@@ -137,6 +137,26 @@ postgresOnly('connections the server ends (restart, failover, pg_terminate_backe
   }
 });
 
+postgresOnly('definitions whose write failed (database down) are written by the next call once it answers', async (t, make) => {
+  const opts = make.options({ loggerFactory: () => silentLogger });
+  const a = new JobOrchestrator(opts);
+  t.teardown(() => a.close());
+  // The schema has no tables yet, so the background write of this
+  // definition fails, as it would with the database down.
+  a.registerHandler('late', { pool: 'late-pool' }, async () => ({ ok: true }));
+  const err = await t.throwsAsync(a.start('late', {}));
+  t.true(err instanceof JobStoreError, String(err));
+  // Another process creates the tables: the database "is back". `a` never
+  // calls migrate(); its next call writes the definition, then starts.
+  const b = new JobOrchestrator(opts);
+  t.teardown(() => b.close());
+  await b.migrate();
+  const run = await a.start('late', {});
+  t.is(run.status, 'pending');
+  t.is(run.pool, 'late-pool');
+  t.is((await b.getDefinition('late'))?.pool, 'late-pool');
+});
+
 postgresOnly('handlers registered before migrate() on a fresh schema are stored by migrate()', async (t, make) => {
   const o = new JobOrchestrator(make.options({ loggerFactory: () => silentLogger }));
   t.teardown(() => o.close());
@@ -176,6 +196,7 @@ test('an unreachable database is a typed error, not a crash', async (t) => {
   const err = await t.throwsAsync(o.migrate());
   t.true(err instanceof JobStoreError, String(err));
   t.is((err as JobStoreError).code, 'JOB_STORE_ERROR');
+  t.true((err as JobStoreError).retryable, 'a refused connection may work later');
   const err2 = await t.throwsAsync(o.findById('00000000-0000-4000-8000-000000000000'));
   t.true(err2 instanceof JobStoreError);
   await o.close();

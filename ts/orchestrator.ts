@@ -725,6 +725,8 @@ export class JobOrchestrator {
    */
   private registering: Promise<void> = Promise.resolve();
   private registerError: unknown = null;
+  /** A definition write failed: the database may lack some of `pgSpecs`. */
+  private defsUnsaved = false;
   /** Postgres: the latest spec of every registered type (re-sent after `migrate()`). */
   private readonly pgSpecs = new Map<string, unknown>();
   private readonly handlers = new Map<string, HandlerRegistration>();
@@ -922,11 +924,8 @@ export class JobOrchestrator {
     // Handlers registered before the tables existed could not be stored:
     // store them now.
     this.registerError = null;
-    if (this.pgSpecs.size > 0) {
-      const specs = JSON.stringify([...this.pgSpecs.values()]);
-      this.persistDefinitions(pg, specs);
-      await this.ready();
-    }
+    this.defsUnsaved = this.pgSpecs.size > 0;
+    await this.ready();
   }
 
   /** Writes definitions to the database in the background (see `ready`). */
@@ -936,6 +935,7 @@ export class JobOrchestrator {
         () => undefined,
         (e) => {
           this.registerError = e;
+          this.defsUnsaved = true;
         },
       ),
     );
@@ -951,9 +951,20 @@ export class JobOrchestrator {
     this.pg.close();
   }
 
-  /** Waits for background definition writes (Postgres); rethrows their failure. */
+  /**
+   * Waits for background definition writes (Postgres). After one failed
+   * (the database was down, or its tables not created yet), every
+   * definition is written again first, so handlers registered during an
+   * outage are stored once the database answers; a failure is thrown.
+   */
   private async ready(): Promise<void> {
     await this.registering;
+    if (this.defsUnsaved && this.pg && this.pgSpecs.size > 0) {
+      this.defsUnsaved = false;
+      this.registerError = null;
+      this.persistDefinitions(this.pg, JSON.stringify([...this.pgSpecs.values()]));
+      await this.registering;
+    }
     if (this.registerError !== null) {
       const e = this.registerError;
       this.registerError = null;

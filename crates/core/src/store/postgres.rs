@@ -63,6 +63,19 @@ impl PgConfig {
     }
 }
 
+/// Whether the error comes from the network (refused, reset, timed out):
+/// the server could not be reached, so trying again later may work.
+fn caused_by_io(e: &postgres::Error) -> bool {
+    let mut cause = std::error::Error::source(e);
+    while let Some(c) = cause {
+        if c.is::<std::io::Error>() {
+            return true;
+        }
+        cause = c.source();
+    }
+    false
+}
+
 fn db_err(e: postgres::Error) -> JobError {
     let retryable = e.code().is_some_and(|c| {
         let c = c.code();
@@ -70,7 +83,8 @@ fn db_err(e: postgres::Error) -> JobError {
         // the server shutting down or ending the backend (admin_shutdown,
         // crash_shutdown, cannot_connect_now).
         c == "40001" || c == "40P01" || c.starts_with("08") || c.starts_with("57P0")
-    }) || e.is_closed();
+    }) || e.is_closed()
+        || caused_by_io(&e);
     // The outer message is terse ("db error"); the cause says what happened.
     let mut message = e.to_string();
     if let Some(cause) = std::error::Error::source(&e) {

@@ -204,6 +204,11 @@ export declare class PgEngine {
   workerDone(runId: string, epoch: number, outcomeJson: string | undefined | null, pool: string): void
   /** Stops claiming; returns how many attempts are still in flight. */
   workerStop(): number
+  /**
+   * Slots the worker holds plus attempt outcomes not yet stored: a
+   * stop waits for this to reach 0 (outcomes are stored by the loop,
+   * which keeps trying while the database is unreachable).
+   */
   workerInFlight(): number
   /** The worker loop's last database error, if any (diagnostics). */
   workerLastError(): string | null

@@ -157,6 +157,63 @@ postgresOnly('definitions whose write failed (database down) are written by the 
   t.is((await b.getDefinition('late'))?.pool, 'late-pool');
 });
 
+for (const backAfterMs of [300, null]) {
+  const when = backAfterMs === null ? 'stays unable' : 'can again after 300 ms';
+  postgresOnly(`stop() waits for finished attempts' outcomes to be stored; the database ${when}`, async (t, make) => {
+    const opts = make.options({ loggerFactory: () => silentLogger, postgres: { url: PG_URL, leaseMs: 60_000, pollMs: 50 } });
+    const table = `"${opts.postgres?.schema}".job_run`;
+    const o = new JobOrchestrator(opts);
+    t.teardown(() => o.close());
+    await o.migrate();
+    let started = 0;
+    let release!: () => void;
+    const gate = new Promise<void>((r) => (release = r));
+    o.registerHandler('held', {}, async () => {
+      started++;
+      await gate;
+      return { ok: true };
+    });
+    const runs = await Promise.all([1, 2].map(() => o.start('held', {})));
+    const worker = o.startWorker({ pools: { batch: { concurrency: 2 } }, shutdownTimeoutMs: 500 });
+    await until('both handlers to start', async () => started === 2);
+
+    // eslint-disable-next-line @typescript-eslint/no-require-imports
+    const { Client } = require('pg') as typeof import('pg');
+    const admin = new Client({ connectionString: PG_URL });
+    await admin.connect();
+    t.teardown(() => admin.end());
+    // From now on no outcome can be stored (as with the database down).
+    await admin.query(`ALTER TABLE ${table} RENAME TO job_run_away`);
+    const logged: string[] = [];
+    const consoleError = console.error;
+    console.error = (...a: unknown[]) => void logged.push(a.map(String).join(' '));
+    t.teardown(() => (console.error = consoleError));
+    release();
+    const back = async () => admin.query(`ALTER TABLE "${opts.postgres?.schema}".job_run_away RENAME TO job_run`);
+    if (backAfterMs !== null) setTimeout(() => void back(), backAfterMs);
+
+    const t0 = Date.now();
+    await worker.stop();
+    const stopMs = Date.now() - t0;
+    console.error = consoleError;
+    if (backAfterMs !== null) {
+      // stop() returned once both outcomes were stored, not before.
+      t.true(stopMs >= backAfterMs - 50, `stop() took ${stopMs} ms`);
+      t.deepEqual(logged, []);
+      for (const r of runs) t.is((await o.findById(r.id))?.status, 'completed');
+    } else {
+      // Bounded: max(shutdownTimeoutMs, 1 s) for the outcomes, then it says what is left.
+      t.true(stopMs >= 900 && stopMs < 5000, `stop() took ${stopMs} ms`);
+      t.is(logged.length, 1, logged.join('\n'));
+      t.regex(logged[0], /before every finished attempt was settled/);
+      // The engine keeps trying: once the table is back, the outcomes land.
+      await back();
+      for (const r of runs) await until(`run ${r.id} stored`, async () => (await o.findById(r.id))?.status === 'completed');
+      t.pass();
+    }
+  });
+}
+
 postgresOnly('handlers registered before migrate() on a fresh schema are stored by migrate()', async (t, make) => {
   const o = new JobOrchestrator(make.options({ loggerFactory: () => silentLogger }));
   t.teardown(() => o.close());

@@ -548,10 +548,13 @@ impl PgEngine {
         })
     }
 
+    /// Slots the worker holds plus attempt outcomes not yet stored: a
+    /// stop waits for this to reach 0 (outcomes are stored by the loop,
+    /// which keeps trying while the database is unreachable).
     #[napi(catch_unwind)]
     pub fn worker_in_flight(&self) -> u32 {
         let worker = self.worker.lock().ok().and_then(|w| w.clone());
-        worker.map_or(0, |w| w.in_flight() as u32)
+        worker.map_or(0, |w| w.unfinished() as u32)
     }
 
     /// The worker loop's last database error, if any (diagnostics).

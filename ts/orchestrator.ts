@@ -527,9 +527,22 @@ class WorkerRuntime {
         }
         await this.drained();
       }
-      // Batches claimed just before stop() may still be crossing to JS;
-      // they are released on arrival. Wait until the slots are all free.
+      // Batches claimed just before stop() may still be crossing to JS
+      // (they are released on arrival), and on Postgres finished attempts'
+      // outcomes are stored by the engine's loop after the handlers return.
+      // Wait for both, but not forever: with the database unreachable the
+      // loop keeps trying in the background, and a run whose outcome never
+      // lands goes back to pending when its lease expires (at-least-once).
+      const deadline = Date.now() + Math.max(this.shutdownTimeoutMs, 1000);
       while (this.slotsHeld() > 0) {
+        if (Date.now() >= deadline) {
+          console.error(
+            'jobforge: worker stopped before every finished attempt was settled (is the database reachable?); ' +
+              'the outcomes are still being stored in the background, and a run whose outcome is never stored ' +
+              'runs again once its lease expires',
+          );
+          break;
+        }
         await new Promise((r) => setTimeout(r, 2));
         await this.drained();
       }

@@ -29,6 +29,9 @@ pub struct PgWorker {
     engine: Arc<Engine<PgStore>>,
     pools: Vec<WorkerPool>,
     done: Mutex<Vec<Done>>,
+    /// Outcomes queued by `done` and not yet stored (queued, in a settle,
+    /// or waiting to be tried again after a failed one).
+    unsaved: AtomicUsize,
     /// Attempts this process holds (their leases are renewed).
     held: Mutex<HashMap<RunId, u32>>,
     /// Internal wake-ups: an outcome queued, a settle finished.
@@ -59,6 +62,7 @@ impl PgWorker {
             engine,
             pools,
             done: Mutex::new(Vec::new()),
+            unsaved: AtomicUsize::new(0),
             held: Mutex::new(HashMap::new()),
             wake: Arc::new(Notify::new()),
             external: Arc::new(Notify::new()),
@@ -78,6 +82,13 @@ impl PgWorker {
 
     pub fn in_flight(&self) -> usize {
         self.pools.iter().map(|p| p.in_flight()).sum()
+    }
+
+    /// Slots held plus outcomes not yet stored: what a shutdown waits for.
+    /// (An outcome just queued may be counted twice, which only matters
+    /// for "is anything left".)
+    pub fn unfinished(&self) -> usize {
+        self.in_flight() + self.unsaved.load(Ordering::SeqCst)
     }
 
     pub fn is_stopping(&self) -> bool {
@@ -104,6 +115,7 @@ impl PgWorker {
             .map_or_else(|| Arc::from(pool), |p| p.name.clone());
         if let Ok(mut d) = self.done.lock() {
             d.push((id, epoch, outcome, pool));
+            self.unsaved.fetch_add(1, Ordering::SeqCst);
         }
         self.wake.notify_one();
     }
@@ -208,7 +220,10 @@ impl PgWorker {
         let result =
             tokio::task::spawn_blocking(move || engine.settle(&settle_batch, &claims_for_tx)).await;
         let tickets = match result {
-            Ok(Ok((_, tickets))) => Some(tickets),
+            Ok(Ok((_, tickets))) => {
+                self.unsaved.fetch_sub(batch.len(), Ordering::SeqCst);
+                Some(tickets)
+            }
             Ok(Err(e)) => {
                 self.record_error(&e);
                 None

@@ -214,6 +214,31 @@ for (const backAfterMs of [300, null]) {
   });
 }
 
+postgresOnly('waitForRun keeps its timeout while the database does not answer its lookups', async (t, make) => {
+  const opts = make.options({ loggerFactory: () => silentLogger });
+  const o = new JobOrchestrator(opts);
+  t.teardown(() => o.close());
+  await o.migrate();
+  o.registerHandler('w', {}, async () => undefined);
+  const run = await o.start('w', {});
+  // eslint-disable-next-line @typescript-eslint/no-require-imports
+  const { Client } = require('pg') as typeof import('pg');
+  const admin = new Client({ connectionString: PG_URL });
+  await admin.connect();
+  t.teardown(() => admin.end());
+  // Every read of job_run now waits for this lock, as for a server that stopped answering.
+  await admin.query('BEGIN');
+  await admin.query(`LOCK TABLE "${opts.postgres?.schema}".job_run IN ACCESS EXCLUSIVE MODE`);
+  const t0 = Date.now();
+  const err = await t.throwsAsync(o.waitForRun(run.id, { timeoutMs: 300 }));
+  const ms = Date.now() - t0;
+  await admin.query('ROLLBACK');
+  t.is((err as Error).name, 'JobWaitTimeoutError', String(err));
+  t.true(ms >= 290 && ms < 3000, `rejected after ${ms} ms`);
+  // The lookup left behind finishes once the lock is gone; nothing else is affected.
+  t.is((await o.findById(run.id))?.status, 'pending');
+});
+
 postgresOnly('handlers registered before migrate() on a fresh schema are stored by migrate()', async (t, make) => {
   const o = new JobOrchestrator(make.options({ loggerFactory: () => silentLogger }));
   t.teardown(() => o.close());

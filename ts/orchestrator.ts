@@ -1531,47 +1531,47 @@ export class JobOrchestrator {
     if (o.timeoutMs !== undefined && !(typeof o.timeoutMs === 'number' && o.timeoutMs >= 0)) {
       throw new JobInputInvalidError('timeoutMs must be a non-negative number');
     }
-    // Waiters are keyed by the canonical id (ids parse as UUIDs in any spelling).
-    const found = await this.findById(runId, o);
-    if (!found) throw new JobRunNotFoundError(String(runId));
-    if (TERMINAL.has(found.status)) return found;
-    runId = found.id;
-    let resolveFn!: (run: JobRun) => void;
-    const done = new Promise<JobRun>((resolve) => (resolveFn = resolve));
-    // Listen before looking, so a transition in between is not missed.
-    let set = this.waiters.get(runId);
-    if (!set) this.waiters.set(runId, (set = new Set()));
-    set.add(resolveFn);
-    // Only this run's transitions are reported for the wait.
-    this.local.watchRun(String(runId), true);
-    const unregister = () => {
-      const s = this.waiters.get(runId);
-      s?.delete(resolveFn);
-      if (s && s.size === 0) this.waiters.delete(runId);
-      this.local.watchRun(String(runId), false);
-    };
+    // The timeout counts from the call, lookups included (a database that
+    // stopped answering must not make the wait unbounded).
+    let cancelTimer = () => undefined as void;
+    const timeout =
+      o.timeoutMs === undefined
+        ? null
+        : new Promise<never>((_, reject) => {
+            cancelTimer = after(o.timeoutMs!, () => reject(new JobWaitTimeoutError(String(runId), o.timeoutMs!)));
+          });
+    const bounded = <T>(p: Promise<T>): Promise<T> => (timeout === null ? p : Promise.race([p, timeout]));
+    let stopPolling = () => undefined as void;
+    let unregister = () => undefined as void;
     try {
-      const row = await this.findById(runId, o);
-      if (!row) throw new JobRunNotFoundError(String(runId));
+      // Waiters are keyed by the canonical id (ids parse as UUIDs in any spelling).
+      const found = await bounded(this.findById(runId, o));
+      if (!found) throw new JobRunNotFoundError(String(runId));
+      if (TERMINAL.has(found.status)) return found;
+      const id = found.id;
+      let resolveFn!: (run: JobRun) => void;
+      const done = new Promise<JobRun>((resolve) => (resolveFn = resolve));
+      // Listen before looking, so a transition in between is not missed.
+      let set = this.waiters.get(id);
+      if (!set) this.waiters.set(id, (set = new Set()));
+      set.add(resolveFn);
+      // Only this run's transitions are reported for the wait.
+      this.local.watchRun(id, true);
+      unregister = () => {
+        const s = this.waiters.get(id);
+        s?.delete(resolveFn);
+        if (s && s.size === 0) this.waiters.delete(id);
+        this.local.watchRun(id, false);
+      };
+      const row = await bounded(this.findById(id, o));
+      if (!row) throw new JobRunNotFoundError(id);
       if (TERMINAL.has(row.status)) return row;
       // Postgres: another process may run it; look now and then as well.
-      const stopPolling = this.pg ? this.pollUntilTerminal(runId, o, resolveFn) : () => undefined;
-      try {
-        if (o.timeoutMs === undefined) return await done;
-      } finally {
-        if (o.timeoutMs === undefined) stopPolling();
-      }
-      let cancelTimer = () => undefined as void;
-      const timeout = new Promise<never>((_, reject) => {
-        cancelTimer = after(o.timeoutMs!, () => reject(new JobWaitTimeoutError(runId, o.timeoutMs!)));
-      });
-      try {
-        return await Promise.race([done, timeout]);
-      } finally {
-        cancelTimer();
-        stopPolling();
-      }
+      if (this.pg) stopPolling = this.pollUntilTerminal(id, o, resolveFn);
+      return await bounded(done);
     } finally {
+      cancelTimer();
+      stopPolling();
       unregister();
     }
   }

@@ -459,6 +459,28 @@ impl PgStore {
         if pg.get_application_name().is_none() {
             pg.application_name(&format!("jobforge:{}", config.schema));
         }
+        // A server that vanished without closing the connection (a crashed
+        // host, a NAT or load balancer dropping an idle flow) would leave a
+        // call waiting on the OS defaults: two hours before the first
+        // keepalive probe, many minutes of retransmissions, minutes to give
+        // up connecting. Unless the URL sets them: probe after 30 s idle,
+        // every 10 s, drop after 3 unanswered; fail a send unacknowledged
+        // for 30 s; give a connection attempt 10 s.
+        if pg.get_keepalives() && pg.get_keepalives_idle() == Duration::from_secs(2 * 60 * 60) {
+            pg.keepalives_idle(Duration::from_secs(30));
+        }
+        if pg.get_keepalives_interval().is_none() {
+            pg.keepalives_interval(Duration::from_secs(10));
+        }
+        if pg.get_keepalives_retries().is_none() {
+            pg.keepalives_retries(3);
+        }
+        if pg.get_tcp_user_timeout().is_none() {
+            pg.tcp_user_timeout(Duration::from_secs(30));
+        }
+        if pg.get_connect_timeout().is_none() {
+            pg.connect_timeout(Duration::from_secs(10));
+        }
         let schema_sql = quote_ident(&config.schema);
         let channel = format!("jobforge_{}", config.schema);
         Ok(PgStore {

@@ -239,6 +239,38 @@ postgresOnly('waitForRun keeps its timeout while the database does not answer it
   t.is((await o.findById(run.id))?.status, 'pending');
 });
 
+postgresOnly('a worker that cannot reach its tables says so once (not per attempt), and says when it can again', async (t, make) => {
+  const opts = make.options({ loggerFactory: () => silentLogger, postgres: { url: PG_URL, leaseMs: 600, pollMs: 20 } });
+  const schema = opts.postgres?.schema;
+  const o = new JobOrchestrator(opts);
+  t.teardown(() => o.close());
+  await o.migrate();
+  o.registerHandler('n', {}, async () => undefined);
+  const worker = o.startWorker({ pools: { batch: { concurrency: 2 } } });
+  t.teardown(() => worker.stop());
+  await o.waitForRun((await o.start('n', {})).id, { timeoutMs: 5000 });
+  const logged: string[] = [];
+  const consoleError = console.error;
+  console.error = (...a: unknown[]) => void logged.push(a.map(String).join(' '));
+  t.teardown(() => (console.error = consoleError));
+  // eslint-disable-next-line @typescript-eslint/no-require-imports
+  const { Client } = require('pg') as typeof import('pg');
+  const admin = new Client({ connectionString: PG_URL });
+  await admin.connect();
+  t.teardown(() => admin.end());
+  await admin.query(`ALTER TABLE "${schema}".job_run RENAME TO job_run_away`);
+  // The sweeper runs every lease/3 = 200 ms: several failures in this second.
+  await sleep(1000);
+  const failing = logged.filter((l) => l.includes('database calls are failing'));
+  t.is(failing.length, 1, logged.join('\n'));
+  t.regex(failing[0], /job_run/);
+  await admin.query(`ALTER TABLE "${schema}".job_run_away RENAME TO job_run`);
+  await until('the recovery notice', async () => logged.some((l) => l.includes('succeed again')));
+  console.error = consoleError;
+  // And it works: a new run completes.
+  t.is((await o.waitForRun((await o.start('n', {})).id, { timeoutMs: 5000 })).status, 'completed');
+});
+
 postgresOnly('handlers registered before migrate() on a fresh schema are stored by migrate()', async (t, make) => {
   const o = new JobOrchestrator(make.options({ loggerFactory: () => silentLogger }));
   t.teardown(() => o.close());

@@ -137,6 +137,15 @@ impl BatchDispatcher for JsBatch {
             .call(json, ThreadsafeFunctionCallMode::NonBlocking)
             == Status::Ok
     }
+
+    /// A notice reaches JS as a batch line starting with `!` (a ticket
+    /// starts with its header, never with `!`).
+    fn notice(&self, message: String) {
+        let line = format!("!{}", message.replace('\n', " "));
+        let _ = self
+            .on_batch
+            .call(line, ThreadsafeFunctionCallMode::NonBlocking);
+    }
 }
 
 struct JsExecutor {

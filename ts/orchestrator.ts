@@ -1703,6 +1703,11 @@ export class JobOrchestrator {
   }
 
   private onWorkerBatch(runtime: WorkerRuntime, lines: string): void {
+    if (lines.startsWith('!')) {
+      // A notice from the engine's worker loop (database trouble, rate-limited there).
+      console.error(`jobforge: ${lines.slice(1)}`);
+      return;
+    }
     for (const line of lines.split('\n')) {
       let ticket: Ticket;
       try {

@@ -24,6 +24,7 @@ use std::time::Duration;
 use tokio::sync::Notify;
 
 type Done = (RunId, u32, Option<AttemptOutcome>, Arc<str>);
+type NoticeSink = Arc<dyn Fn(String) + Send + Sync>;
 
 pub struct PgWorker {
     engine: Arc<Engine<PgStore>>,
@@ -48,7 +49,21 @@ pub struct PgWorker {
     poll_ms: i64,
     /// Last error of the loop, for diagnostics.
     last_error: Mutex<Option<String>>,
+    /// Database trouble as the operator hears of it (see `record_error`).
+    trouble: Mutex<Trouble>,
+    /// Where notices go: the dispatcher `run` was given.
+    notices: Mutex<Option<NoticeSink>>,
 }
+
+/// Failing database calls, reported when they start, every
+/// `TROUBLE_REPEAT` while they go on, and when a call succeeds again.
+#[derive(Default)]
+struct Trouble {
+    since: Option<std::time::Instant>,
+    reported: Option<std::time::Instant>,
+}
+
+const TROUBLE_REPEAT: Duration = Duration::from_secs(30);
 
 impl PgWorker {
     pub fn new(
@@ -73,6 +88,8 @@ impl PgWorker {
             lease_ms: lease_ms.max(100),
             poll_ms: poll_ms.max(10),
             last_error: Mutex::new(None),
+            trouble: Mutex::new(Trouble::default()),
+            notices: Mutex::new(None),
         })
     }
 
@@ -121,8 +138,56 @@ impl PgWorker {
     }
 
     fn record_error(&self, e: impl ToString) {
+        let message = e.to_string();
         if let Ok(mut l) = self.last_error.lock() {
-            *l = Some(e.to_string());
+            *l = Some(message.clone());
+        }
+        let now = std::time::Instant::now();
+        let notice = match self.trouble.lock() {
+            Ok(mut t) => {
+                let since = *t.since.get_or_insert(now);
+                let due = t
+                    .reported
+                    .is_none_or(|r| now.duration_since(r) >= TROUBLE_REPEAT);
+                due.then(|| {
+                    t.reported = Some(now);
+                    let secs = now.duration_since(since).as_secs();
+                    if secs == 0 {
+                        format!("the worker's database calls are failing (it keeps trying): {message}")
+                    } else {
+                        format!("the worker's database calls have been failing for {secs} s (it keeps trying): {message}")
+                    }
+                })
+            }
+            Err(_) => None,
+        };
+        if let Some(n) = notice {
+            self.notify(n);
+        }
+    }
+
+    /// A database call of the loop succeeded: ends a reported trouble.
+    fn record_success(&self) {
+        let ended = match self.trouble.lock() {
+            Ok(mut t) if t.since.is_some() => {
+                let since = t.since.take();
+                t.reported = None;
+                since
+            }
+            _ => None,
+        };
+        if let Some(since) = ended {
+            let ms = since.elapsed().as_millis();
+            self.notify(format!(
+                "the worker's database calls succeed again (after {ms} ms of failures)"
+            ));
+        }
+    }
+
+    fn notify(&self, message: String) {
+        let sink = self.notices.lock().ok().and_then(|n| n.clone());
+        if let Some(sink) = sink {
+            sink(message);
         }
     }
 
@@ -142,6 +207,10 @@ impl PgWorker {
     /// commit can share a flush between them).
     pub async fn run<D: BatchDispatcher>(self: Arc<Self>, dispatcher: D) {
         let dispatcher = Arc::new(dispatcher);
+        if let Ok(mut n) = self.notices.lock() {
+            let d = dispatcher.clone();
+            *n = Some(Arc::new(move |m| d.notice(m)));
+        }
         let listening = Arc::new(AtomicBool::new(true));
         self.spawn_listener(listening.clone());
         let maintenance = tokio::spawn(self.clone().maintain());
@@ -222,6 +291,7 @@ impl PgWorker {
         let tickets = match result {
             Ok(Ok((_, tickets))) => {
                 self.unsaved.fetch_sub(batch.len(), Ordering::SeqCst);
+                self.record_success();
                 Some(tickets)
             }
             Ok(Err(e)) => {
@@ -336,8 +406,10 @@ impl PgWorker {
                 let engine = self.engine.clone();
                 let lease = self.lease_ms;
                 let r = tokio::task::spawn_blocking(move || sweep(&engine, lease)).await;
-                if let Ok(Err(e)) = r {
-                    self.record_error(&e);
+                match r {
+                    Ok(Err(e)) => self.record_error(&e),
+                    Ok(Ok(_)) => self.record_success(),
+                    Err(_) => {}
                 }
             }
             tokio::time::sleep(every).await;

@@ -26,6 +26,10 @@ use tokio::sync::Notify;
 pub trait BatchDispatcher: Send + Sync + 'static {
     /// Returns false when the receiver is gone (the runs are then released).
     fn dispatch(&self, tickets: Vec<AttemptTicket>) -> bool;
+
+    /// Something the operator should hear about (the worker cannot reach its
+    /// store, or can again). Rate-limited by the caller.
+    fn notice(&self, _message: String) {}
 }
 
 pub struct WorkerPool {

@@ -488,7 +488,7 @@ test('registerHandler with malformed meta: JobInputInvalidError, no definition c
       'JOB_INPUT_INVALID',
       label,
     );
-    t.true(e.reason.length > 0, `${label}: reason`);
+    t.true(e.reason.includes(`'${type}'`), `${label}: the reason names the job type: ${e.reason}`);
     t.is(await o.getDefinition(type), null, `${label}: a definition was created`);
     t.is(o.getHandlerRegistration(type), undefined, `${label}: a handler was remembered`);
     await rejects(t, () => o.start(type, { a: 'x' }), JobTypeNotFoundError, 'JOB_TYPE_NOT_FOUND', `${label}: start`);

@@ -6,8 +6,21 @@ use super::*;
 use jobforge_core::Store;
 
 pub fn register<S: Store>(engine: &Engine<S>, specs_json: String) -> Result<String> {
-    let specs: Vec<DefinitionSpec> =
+    // Element by element, so a bad meta names its job type.
+    let raw: Vec<serde_json::Value> =
         serde_json::from_str(&specs_json).map_err(|e| invalid(format!("handler meta: {e}")))?;
+    let specs = raw
+        .into_iter()
+        .map(|v| {
+            let job_type = v
+                .get("type")
+                .and_then(|t| t.as_str())
+                .unwrap_or("?")
+                .to_owned();
+            serde_json::from_value::<DefinitionSpec>(v)
+                .map_err(|e| invalid(format!("handler meta of '{job_type}': {e}")))
+        })
+        .collect::<Result<Vec<_>>>()?;
     let defs = engine.register_all(specs).map_err(to_napi)?;
     let rows: Vec<&jobforge_core::JobDefinition> = defs.iter().map(|d| d.as_ref()).collect();
     serde_json::to_string(&rows).map_err(|e| invalid(e.to_string()))

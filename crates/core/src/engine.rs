@@ -420,7 +420,18 @@ impl<S: Store> Engine<S> {
         let now = self.now();
         let validated = specs
             .into_iter()
-            .map(|s| Self::validate_spec(s, now))
+            .map(|s| {
+                let job_type = s.job_type.clone();
+                // Name the type: one call may register many.
+                Self::validate_spec(s, now).map_err(|e| match e {
+                    JobError::JobInputInvalid { reason } if !job_type.is_empty() => {
+                        JobError::JobInputInvalid {
+                            reason: format!("job type '{job_type}': {reason}"),
+                        }
+                    }
+                    e => e,
+                })
+            })
             .collect::<Result<Vec<_>>>()?;
         self.store.transaction(|tx| {
             Ok(validated

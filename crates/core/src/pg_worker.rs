@@ -271,6 +271,11 @@ impl PgWorker {
         listening.store(false, Ordering::SeqCst);
         maintenance.abort();
         self.engine.set_worker_hungry(false);
+        // The sink holds the dispatcher (the JS callback): let it go with the
+        // loop, or a stopped worker would keep its orchestrator alive.
+        if let Ok(mut n) = self.notices.lock() {
+            *n = None;
+        }
     }
 
     /// One batch transaction: outcomes in, claims out, tickets to JS.

@@ -36,6 +36,7 @@ import type {
   IJobStepService,
   JobContext,
   JobsModuleOptions,
+  JobsOptionsFactory,
 } from '../dist/nest';
 
 import { postgresOnly } from './backends';
@@ -404,6 +405,40 @@ test('forRootAsync builds the options from an injected config provider', async (
   const done = await jobs.waitForRun(run.id, { tenantId: null, timeoutMs: 5000 });
   t.is(done.status, 'completed');
   t.deepEqual(done.output, { pool: 'reports', id: 7 });
+});
+
+test('forRootAsync takes the options from a class (useClass) or an existing provider (useExisting)', async (t) => {
+  const config: AppConfig = { tenancy: 'multi', reportConcurrency: 1 };
+  @Module({ providers: [{ provide: APP_CONFIG, useValue: config }], exports: [APP_CONFIG] })
+  class ConfigModule {}
+
+  // useClass: JobsModule provides the class, with its own injected dependencies.
+  @Injectable()
+  @InjectArgs(APP_CONFIG)
+  class JobsConfig implements JobsOptionsFactory {
+    static made = 0;
+    constructor(private readonly cfg: AppConfig) {
+      JobsConfig.made++;
+    }
+    createJobsOptions(): JobsModuleOptions {
+      return { multiTenant: this.cfg.tenancy === 'multi', pools: ALL_POOLS, worker: false };
+    }
+  }
+  const a = await boot(t, JobsModule.forRootAsync({ imports: [ConfigModule], useClass: JobsConfig }));
+  t.is(JobsConfig.made, 1);
+  t.true(orch(a).multiTenant);
+  t.false(a.get(JobsWorker).running);
+
+  // useExisting: a provider some imported module already has.
+  @Module({ imports: [ConfigModule], providers: [JobsConfig], exports: [JobsConfig] })
+  class SettingsModule {}
+  const b = await boot(t, JobsModule.forRootAsync({ imports: [SettingsModule], useExisting: JobsConfig, isGlobal: true }));
+  t.is(JobsConfig.made, 2, 'the existing instance is used, not a new one');
+  t.true(orch(b).multiTenant);
+
+  // Exactly one source.
+  t.throws(() => JobsModule.forRootAsync({} as never), { instanceOf: TypeError, message: /exactly one of/ });
+  t.throws(() => JobsModule.forRootAsync({ useClass: JobsConfig, useFactory: () => ({}) }), { message: /exactly one of/ });
 });
 
 test('declared pools must cover every handler pool', async (t) => {

@@ -42,7 +42,13 @@ export { JobHandlerNotProviderError, JobPoolNotConfiguredError } from './errors'
 export { NestJobOrchestrator } from './nest-orchestrator';
 export type { HandlerResolver } from './nest-orchestrator';
 export { JobsModule, JobsWorker, moduleRefResolver, nestRunLogger } from './jobs.module';
-export type { JobsModuleAsyncOptions, JobsModuleOptions, JobsModuleRegistration, JobsPoolOptions } from './jobs.module';
+export type {
+  JobsModuleAsyncOptions,
+  JobsModuleOptions,
+  JobsModuleRegistration,
+  JobsOptionsFactory,
+  JobsPoolOptions,
+} from './jobs.module';
 
 // The core API a Nest app needs, so one import path is enough.
 export { JobHandlerBase, JobOrchestrator, ParentClosePolicy } from '../index';

@@ -16,6 +16,7 @@ import {
   type OnModuleInit,
   type OptionalFactoryDependency,
   type Provider,
+  type Type,
 } from '@nestjs/common';
 import { ModuleRef, ModulesContainer } from '@nestjs/core';
 import { JobOrchestrator } from '../index';
@@ -76,13 +77,26 @@ export interface JobsModuleOptions {
 export interface JobsModuleRegistration {
   /** Register the module as global (its tokens injectable everywhere). Default true. */
   global?: boolean;
+  /** Same as `global` (the name Nest's own ConfigModule uses); wins when both are given. */
+  isGlobal?: boolean;
 }
 
+/** A provider that builds the module's options (`forRootAsync({ useClass | useExisting })`). */
+export interface JobsOptionsFactory {
+  createJobsOptions(): JobsModuleOptions | Promise<JobsModuleOptions>;
+}
+
+/** Exactly one of `useFactory`, `useClass`, `useExisting`, as in Nest's own async modules. */
 export interface JobsModuleAsyncOptions extends JobsModuleRegistration {
   imports?: ModuleMetadata['imports'];
+  /** Injected into `useFactory`. */
   inject?: (InjectionToken | OptionalFactoryDependency)[];
   // eslint-disable-next-line @typescript-eslint/no-explicit-any
-  useFactory: (...args: any[]) => JobsModuleOptions | Promise<JobsModuleOptions>;
+  useFactory?: (...args: any[]) => JobsModuleOptions | Promise<JobsModuleOptions>;
+  /** A class JobsModule provides (with its injected dependencies) and asks for the options. */
+  useClass?: Type<JobsOptionsFactory>;
+  /** A provider already available (from `imports` or global) that builds the options. */
+  useExisting?: InjectionToken;
 }
 
 /** A Nest `Logger` named after the run: `JobRun:<id>`. */
@@ -326,31 +340,50 @@ export class JobsModule {
     const link: WorkerLink = { id: ++linkCount, worker: null };
     return {
       module: JobsModule,
-      global: options.global ?? true,
+      global: options.isGlobal ?? options.global ?? true,
       imports: [JobsWorkerModule.link(link)],
       providers: providers({ provide: JOBS_MODULE_OPTIONS, useValue: options }, link),
       exports: EXPORTS,
     };
   }
 
-  /** `JobsModule.forRootAsync({ imports, inject, useFactory, global? })`. */
+  /**
+   * `JobsModule.forRootAsync({ imports?, global?, useFactory + inject? | useClass | useExisting })`:
+   * the options come from a factory function, from a class JobsModule
+   * provides, or from an existing provider (the last two implement
+   * `JobsOptionsFactory`).
+   */
   static forRootAsync(options: JobsModuleAsyncOptions): DynamicModule {
-    if (typeof options?.useFactory !== 'function') {
-      throw new TypeError('JobsModule.forRootAsync needs a useFactory function');
+    const given = [options?.useFactory, options?.useClass, options?.useExisting].filter((x) => x !== undefined);
+    if (given.length !== 1) {
+      throw new TypeError('JobsModule.forRootAsync needs exactly one of useFactory, useClass or useExisting');
     }
+    if (options.useFactory !== undefined && typeof options.useFactory !== 'function') {
+      throw new TypeError('JobsModule.forRootAsync: useFactory must be a function');
+    }
+    if (options.useClass !== undefined && typeof options.useClass !== 'function') {
+      throw new TypeError('JobsModule.forRootAsync: useClass must be a class');
+    }
+    const fromFactory = async (f: JobsOptionsFactory) => {
+      if (typeof f?.createJobsOptions !== 'function') {
+        throw new TypeError('JobsModule.forRootAsync: the options provider has no createJobsOptions() method');
+      }
+      return (await f.createJobsOptions()) ?? {};
+    };
+    const useFactory = options.useFactory;
+    const optionsProvider: Provider = useFactory
+      ? {
+          provide: JOBS_MODULE_OPTIONS,
+          useFactory: async (...args: unknown[]) => (await useFactory(...args)) ?? {},
+          inject: options.inject ?? [],
+        }
+      : { provide: JOBS_MODULE_OPTIONS, useFactory: fromFactory, inject: [options.useClass ?? options.useExisting!] };
     const link: WorkerLink = { id: ++linkCount, worker: null };
     return {
       module: JobsModule,
-      global: options.global ?? true,
+      global: options.isGlobal ?? options.global ?? true,
       imports: [...(options.imports ?? []), JobsWorkerModule.link(link)],
-      providers: providers(
-        {
-          provide: JOBS_MODULE_OPTIONS,
-          useFactory: async (...args: unknown[]) => (await options.useFactory(...args)) ?? {},
-          inject: options.inject ?? [],
-        },
-        link,
-      ),
+      providers: [...(options.useClass ? [options.useClass] : []), ...providers(optionsProvider, link)],
       exports: EXPORTS,
     };
   }

@@ -166,3 +166,35 @@ test.serial('a bootstrap that fails in another module leaves the worker stopped'
   t.false(app.get(JobsWorker).running, 'no worker was started, so nothing keeps the process alive');
   await app.close();
 });
+
+test.serial('registering JobsModule twice in one app warns once (two orchestrators, two workers)', async (t) => {
+  const warnings: string[] = [];
+  const capture = {
+    log() {},
+    error() {},
+    debug() {},
+    verbose() {},
+    warn(message: unknown, context?: string) {
+      if (context === 'JobsModule') warnings.push(String(message));
+    },
+  };
+  @Module({ imports: [JobsModule.forRoot({ worker: false })] })
+  class FeatureWithItsOwn {}
+  // (Every app provides this file's handler: the @JobHandler registry is process-wide.)
+  const handlers = featureModule(DbModule, false);
+  const twice = await Test.createTestingModule({ imports: [JobsModule.forRoot({ worker: false }), FeatureWithItsOwn, handlers] })
+    .setLogger(capture)
+    .compile();
+  await twice.init();
+  await twice.close();
+  t.is(warnings.length, 1, warnings.join('\n'));
+  t.regex(warnings[0], /registered 2 times/);
+
+  warnings.length = 0;
+  const once = await Test.createTestingModule({ imports: [JobsModule.forRoot({ worker: false }), handlers] })
+    .setLogger(capture)
+    .compile();
+  await once.init();
+  await once.close();
+  t.deepEqual(warnings, []);
+});

@@ -265,12 +265,25 @@ export class JobsWorker implements OnModuleInit, OnModuleDestroy {
  * lacks the field, hooks stay in Nest's order (the drain then still runs
  * before global modules).
  */
+/** Apps (by their module container) already warned of several registrations. */
+const warnedApps = new WeakSet<object>();
+
 @Injectable()
 class JobsWorkerLifecycle implements OnApplicationBootstrap, OnModuleDestroy {
   constructor(@Inject(WORKER_LINK) private readonly link: WorkerLink, @Inject(ModulesContainer) modules: ModulesContainer) {
+    let registrations = 0;
     for (const m of modules.values()) {
       const mod = m as unknown as { metatype?: unknown; distance?: unknown };
+      if (mod.metatype === JobsModule) registrations++;
       if (mod.metatype === JobsWorkerModule && typeof mod.distance === 'number') mod.distance = -1;
+    }
+    if (registrations > 1 && !warnedApps.has(modules)) {
+      warnedApps.add(modules);
+      new Logger('JobsModule').warn(
+        `JobsModule is registered ${registrations} times in this app: each registration has its own orchestrator ` +
+          'and worker, and a module sees the one it imports (or the global one). Register it once ' +
+          '(forRoot/forRootAsync in the root module; it is global by default).',
+      );
     }
   }
 

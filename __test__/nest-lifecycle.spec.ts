@@ -198,3 +198,36 @@ test.serial('registering JobsModule twice in one app warns once (two orchestrato
   await once.close();
   t.deepEqual(warnings, []);
 });
+
+test.serial("handlers: 'provided' registers only this app's @JobHandler providers (several apps in one process)", async (t) => {
+  // This app does not provide SlowQuery (another app of the process would).
+  const strict = await Test.createTestingModule({ imports: [JobsModule.forRoot({ worker: false })] })
+    .setLogger(false as never)
+    .compile();
+  await t.throwsAsync(strict.init(), { name: 'JobHandlerNotProviderError' });
+  await strict.close().catch(() => undefined); // Nest's close() rethrows the failed init
+
+  const provided = await Test.createTestingModule({ imports: [JobsModule.forRoot({ worker: false, handlers: 'provided' })] })
+    .setLogger(false as never)
+    .compile();
+  await provided.init();
+  const jobs = provided.get<JobOrchestrator>(JOB_ORCHESTRATOR);
+  await t.throwsAsync(jobs.start('life.slow', { ms: 1 }), { name: 'JobTypeNotFoundError' });
+  await provided.close();
+
+  // With the class provided, 'provided' registers it.
+  const withIt = await Test.createTestingModule({
+    imports: [JobsModule.forRoot({ worker: false, handlers: 'provided' }), featureModule(DbModule, false)],
+  })
+    .setLogger(false as never)
+    .compile();
+  await withIt.init();
+  t.is((await withIt.get<JobOrchestrator>(JOB_ORCHESTRATOR).start('life.slow', { ms: 1 })).status, 'pending');
+  await withIt.close();
+
+  const bad = await Test.createTestingModule({ imports: [JobsModule.forRoot({ handlers: 'all' as never })] })
+    .setLogger(false as never)
+    .compile();
+  await t.throwsAsync(bad.init(), { name: 'JobInputInvalidError', message: /handlers must be/ });
+  await bad.close().catch(() => undefined);
+});

@@ -19,7 +19,7 @@ import {
   type Type,
 } from '@nestjs/common';
 import { ModuleRef, ModulesContainer } from '@nestjs/core';
-import { JobOrchestrator } from '../index';
+import { JobInputInvalidError, JobOrchestrator } from '../index';
 import type { JobLogger, JobOrchestratorOptions, JobPoolDef, JobRun, WorkerHandle, WorkerOptions } from '../index';
 import { JobHandlerNotProviderError, JobPoolNotConfiguredError } from './errors';
 import { HandlerRegistry, type JobHandlerClass } from './handler-registry';
@@ -66,6 +66,14 @@ export interface JobsModuleOptions {
   backend?: JobOrchestratorOptions['backend'];
   /** Connection settings of the `'postgres'` backend (`url` required). */
   postgres?: JobOrchestratorOptions['postgres'];
+  /**
+   * Which `@JobHandler` classes this app registers. `'registered'`
+   * (default): every one loaded in the process; one that is not a
+   * provider of the app fails module init. `'provided'`: only those that
+   * are providers of this app; the others are left alone (several apps in
+   * one process, modules imported conditionally).
+   */
+  handlers?: 'registered' | 'provided';
   /**
    * Postgres: create or upgrade the schema on module init (idempotent,
    * safe from several processes). Default true; set false where
@@ -169,6 +177,7 @@ export class JobsWorker implements OnModuleInit, OnModuleDestroy {
     @Inject(ModuleRef) moduleRef: ModuleRef,
     @Inject(HandlerRegistry) private readonly registry: HandlerRegistry,
     @Inject(WORKER_LINK) link: WorkerLink,
+    @Inject(ModulesContainer) private readonly modules: ModulesContainer,
   ) {
     this.resolver = moduleRefResolver(moduleRef);
     link.worker = this;
@@ -176,7 +185,11 @@ export class JobsWorker implements OnModuleInit, OnModuleDestroy {
 
   /** Upserts every `@JobHandler` class; fails if one is not a provider or names an undeclared pool. */
   async onModuleInit(): Promise<void> {
-    const defs = this.registry.getAll();
+    const which = this.options.handlers ?? 'registered';
+    if (which !== 'registered' && which !== 'provided') {
+      throw new JobInputInvalidError(`JobsModule option handlers must be 'registered' or 'provided', got ${String(which)}`);
+    }
+    const defs = which === 'provided' ? this.providedHandlers() : this.registry.getAll();
     const pools = this.options.pools;
     const served = new Set(Object.keys(this.workerOptions()?.pools ?? pools ?? { batch: 1, interactive: 1 }));
     for (const d of defs) {
@@ -198,6 +211,15 @@ export class JobsWorker implements OnModuleInit, OnModuleDestroy {
       defs.map((d) => ({ type: d.type, meta: d.meta, handlerClass: d.handlerClass })),
       poolConfig,
     );
+  }
+
+  /** The registered handlers whose class is a provider of some module of this app. */
+  private providedHandlers(): ReturnType<HandlerRegistry['getAll']> {
+    const classes = new Set<unknown>();
+    for (const m of this.modules.values()) {
+      for (const wrapper of m.providers.values()) classes.add(wrapper.metatype);
+    }
+    return this.registry.getAll().filter((d) => classes.has(d.handlerClass));
   }
 
   /** Starts the configured worker unless `worker: false` or already running. */

@@ -10,7 +10,8 @@
 // nest.spec.ts.
 import 'reflect-metadata';
 import test from 'ava';
-import { Global, Inject, Injectable, Module, type OnApplicationBootstrap, type OnModuleDestroy } from '@nestjs/common';
+import { Global, Inject, Injectable, Module, Scope, type OnApplicationBootstrap, type OnModuleDestroy } from '@nestjs/common';
+import { REQUEST } from '@nestjs/core';
 import { Test } from '@nestjs/testing';
 import { JOB_ORCHESTRATOR, JobHandler, JobHandlerBase, JobOrchestrator, JobsModule, JobsWorker } from '../dist/nest';
 import type { JobContext } from '../dist/nest';
@@ -230,4 +231,41 @@ test.serial("handlers: 'provided' registers only this app's @JobHandler provider
     .compile();
   await t.throwsAsync(bad.init(), { name: 'JobInputInvalidError', message: /handlers must be/ });
   await bad.close().catch(() => undefined);
+});
+
+test.serial('a request-scoped handler and the request-scoped services it uses get the run’s JobContext as REQUEST', async (t) => {
+  @Injectable({ scope: Scope.REQUEST })
+  @InjectArgs(REQUEST)
+  class RunInfo {
+    constructor(readonly ctx: JobContext<{ n: number }>) {}
+  }
+  @Injectable({ scope: Scope.REQUEST })
+  @InjectArgs(RunInfo)
+  class PerRun {
+    static instances = 0;
+    constructor(private readonly info: RunInfo) {
+      PerRun.instances++;
+    }
+    async run(ctx: JobContext<{ n: number }>) {
+      return { sameRun: this.info.ctx.run.id === ctx.run.id, n: this.info.ctx.input.n };
+    }
+  }
+  const mod = await Test.createTestingModule({
+    imports: [JobsModule.forRoot({ handlers: 'provided', pools: { batch: { concurrency: 2 } } })],
+    providers: [RunInfo, PerRun],
+  })
+    .setLogger(false as never)
+    .compile();
+  const app = mod.createNestApplication({ logger: false });
+  await app.init();
+  t.teardown(() => app.close());
+  const jobs = app.get<JobOrchestrator>(JOB_ORCHESTRATOR);
+  jobs.registerHandler('life.per-run', {}, PerRun);
+  const runs = await Promise.all([1, 2].map((n) => jobs.start('life.per-run', { n })));
+  for (const [i, r] of runs.entries()) {
+    const done = await jobs.waitForRun(r.id, { timeoutMs: 5000 });
+    t.is(done.status, 'completed', done.error?.message);
+    t.deepEqual(done.output, { sameRun: true, n: i + 1 });
+  }
+  t.is(PerRun.instances, 2, 'one instance per execution');
 });

@@ -18,9 +18,9 @@ import {
   type Provider,
   type Type,
 } from '@nestjs/common';
-import { ModuleRef, ModulesContainer } from '@nestjs/core';
+import { ContextIdFactory, ModuleRef, ModulesContainer } from '@nestjs/core';
 import { JobInputInvalidError, JobOrchestrator } from '../index';
-import type { JobLogger, JobOrchestratorOptions, JobPoolDef, JobRun, WorkerHandle, WorkerOptions } from '../index';
+import type { JobContext, JobLogger, JobOrchestratorOptions, JobPoolDef, JobRun, WorkerHandle, WorkerOptions } from '../index';
 import { JobHandlerNotProviderError, JobPoolNotConfiguredError } from './errors';
 import { HandlerRegistry, type JobHandlerClass } from './handler-registry';
 import { NestJobOrchestrator, type HandlerResolver } from './nest-orchestrator';
@@ -117,7 +117,10 @@ const isScopeError = (e: unknown) => (e as { constructor?: { name?: string } })?
 /**
  * Resolves handler classes through `ModuleRef` (`strict: false`: from any
  * module of the app). Default-scoped providers are singletons and come from
- * `get`; request/transient-scoped ones get a fresh instance per execution.
+ * `get`; request/transient-scoped ones get a fresh instance per execution,
+ * in a DI context of its own whose `REQUEST` is the execution's
+ * `JobContext` (so a request-scoped service can `@Inject(REQUEST)` the run,
+ * its tenant and its logger).
  */
 export function moduleRefResolver(moduleRef: ModuleRef): HandlerResolver & {
   check(cls: JobHandlerClass, type: string): void;
@@ -140,9 +143,12 @@ export function moduleRefResolver(moduleRef: ModuleRef): HandlerResolver & {
     if (instance === undefined || instance === null) throw new JobHandlerNotProviderError(type, cls.name);
     return instance;
   };
-  const resolve = (async (cls: JobHandlerClass, type: string) => {
+  const resolve = (async (cls: JobHandlerClass, type: string, ctx?: JobContext<unknown>) => {
     const instance = lookup(cls, type);
-    return instance === SCOPED ? moduleRef.resolve(cls, undefined, { strict: false }) : instance;
+    if (instance !== SCOPED) return instance;
+    const contextId = ContextIdFactory.create();
+    if (ctx !== undefined) moduleRef.registerRequestByContextId(ctx, contextId);
+    return moduleRef.resolve(cls, contextId, { strict: false });
   }) as HandlerResolver & { check(cls: JobHandlerClass, type: string): void };
   resolve.check = (cls, type) => void lookup(cls, type);
   return resolve;

@@ -17,10 +17,14 @@ import type {
 } from '../index';
 import type { JobHandlerClass } from './handler-registry';
 
-/** Returns the instance that runs one execution of `type` (e.g. via `ModuleRef`). */
+/**
+ * Returns the instance that runs one execution of `type` (e.g. via
+ * `ModuleRef`); `ctx` is that execution's context.
+ */
 export type HandlerResolver = (
   handlerClass: JobHandlerClass,
   type: string,
+  ctx?: JobContext<unknown>,
 ) => Promise<{ run(ctx: JobContext<unknown>): unknown }>;
 
 type Runner = (ctx: JobContext<unknown>) => Promise<unknown>;
@@ -43,7 +47,7 @@ export class NestJobOrchestrator extends JobOrchestrator {
   private runnerFor(type: string, handler: unknown): { handler: unknown; cls?: JobHandlerClass; runner?: Runner } {
     if (!isHandlerClass(handler)) return { handler };
     const cls = handler;
-    const runner: Runner = async (ctx) => (await this.resolveHandler(cls, type)).run(ctx);
+    const runner: Runner = async (ctx) => (await this.resolveHandler(cls, type, ctx)).run(ctx);
     return { handler: runner, cls, runner };
   }
 

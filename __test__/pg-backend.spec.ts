@@ -320,6 +320,38 @@ test('an unreachable database is a typed error, not a crash', async (t) => {
   await o.close();
 });
 
+test('a worker whose database refuses connections backs off instead of reconnecting ten times a second', async (t) => {
+  // A "database" that accepts every connection and closes it at once.
+  const net = await import('node:net');
+  let connections = 0;
+  const server = net.createServer((socket) => {
+    connections++;
+    socket.destroy();
+  });
+  await new Promise<void>((r) => server.listen(0, '127.0.0.1', () => r()));
+  t.teardown(() => new Promise<void>((r) => server.close(() => r())));
+  const port = (server.address() as { port: number }).port;
+  const o = new JobOrchestrator({
+    backend: 'postgres',
+    postgres: { url: `postgres://nobody@127.0.0.1:${port}/none`, maxConnections: 2, pollMs: 50 },
+    loggerFactory: () => silentLogger,
+  });
+  o.registerHandler('t', {}, async () => undefined);
+  const consoleError = console.error;
+  console.error = () => undefined; // the worker reports the failing calls
+  t.teardown(() => (console.error = consoleError));
+  const worker = o.startWorker({ pools: { batch: { concurrency: 2 } }, shutdownTimeoutMs: 0 });
+  await sleep(3000);
+  const seen = connections;
+  await worker.stop();
+  await o.close();
+  // Without backoff the loop retried every 100 ms and the listener every
+  // 500 ms: 38 connections in 3 s, measured. Now the loop's waits double
+  // from 100 ms and the listener's from 500 ms: 12, measured.
+  t.log(`${seen} connection attempts in 3 s`);
+  t.true(seen >= 3 && seen <= 20, `${seen} connection attempts in 3 s`);
+});
+
 test('postgres options are checked at construction', (t) => {
   const bad: [unknown, RegExp][] = [
     [{ backend: 'postgres' }, /postgres\.url/],

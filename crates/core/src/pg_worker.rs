@@ -53,6 +53,19 @@ pub struct PgWorker {
     trouble: Mutex<Trouble>,
     /// Where notices go: the dispatcher `run` was given.
     notices: Mutex<Option<NoticeSink>>,
+    /// Settles failed in a row: the next one waits longer (see `backoff`).
+    settle_failures: std::sync::atomic::AtomicU32,
+}
+
+/// How long to wait after `failures` failed attempts in a row: doubling
+/// from `first` up to `cap`, minus up to a fifth at random, so a fleet of
+/// workers does not reconnect in step to a database that just came back.
+fn backoff(first: Duration, cap: Duration, failures: u32) -> Duration {
+    let full = first.saturating_mul(1u32 << failures.min(16)).min(cap);
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.subsec_nanos());
+    full - full / 5 * (nanos % 1000) / 1000
 }
 
 /// Failing database calls, reported when they start, every
@@ -90,6 +103,7 @@ impl PgWorker {
             last_error: Mutex::new(None),
             trouble: Mutex::new(Trouble::default()),
             notices: Mutex::new(None),
+            settle_failures: std::sync::atomic::AtomicU32::new(0),
         })
     }
 
@@ -296,6 +310,7 @@ impl PgWorker {
         let tickets = match result {
             Ok(Ok((_, tickets))) => {
                 self.unsaved.fetch_sub(batch.len(), Ordering::SeqCst);
+                self.settle_failures.store(0, Ordering::SeqCst);
                 self.record_success();
                 Some(tickets)
             }
@@ -317,7 +332,11 @@ impl PgWorker {
                 }
             }
             self.requeue(batch);
-            tokio::time::sleep(Duration::from_millis(100)).await;
+            // Try again soon, then less and less often while it keeps failing
+            // (an unreachable database is not hammered with connections).
+            let failures = self.settle_failures.fetch_add(1, Ordering::SeqCst);
+            let wait = backoff(Duration::from_millis(100), Duration::from_secs(2), failures);
+            tokio::time::sleep(wait).await;
             self.settling.fetch_sub(1, Ordering::SeqCst);
             self.wake.notify_one();
             return;
@@ -444,6 +463,7 @@ impl PgWorker {
         let spawned = std::thread::Builder::new()
             .name("jobforge-listen".to_owned())
             .spawn(move || {
+                let mut failures = 0;
                 while listening.load(Ordering::SeqCst) {
                     let keep = || listening.load(Ordering::SeqCst);
                     let notify = |stopped: Option<RunId>| match stopped {
@@ -452,9 +472,18 @@ impl PgWorker {
                         Some(id) => engine.abort_local(id, AbortReason::Canceled),
                         None => wake.notify_one(),
                     };
+                    let began = std::time::Instant::now();
                     if engine.store().listen(&keep, &notify).is_err() {
-                        // Lost the connection: polling covers the gap.
-                        std::thread::sleep(Duration::from_millis(500));
+                        // Lost the connection (or could not open one): polling
+                        // covers the gap. Reconnect at once-ish after a long
+                        // session, less and less often while it keeps failing.
+                        if began.elapsed() > Duration::from_secs(10) {
+                            failures = 0;
+                        }
+                        let wait =
+                            backoff(Duration::from_millis(500), Duration::from_secs(5), failures);
+                        failures += 1;
+                        std::thread::sleep(wait);
                     }
                 }
             });
@@ -478,4 +507,21 @@ pub fn sweep(engine: &Engine<PgStore>, lease_ms: i64) -> crate::error::Result<us
         engine.wake_worker();
     }
     Ok(n)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::backoff;
+    use std::time::Duration;
+
+    #[test]
+    fn backoff_doubles_up_to_its_cap_and_jitters_down_at_most_a_fifth() {
+        let first = Duration::from_millis(100);
+        let cap = Duration::from_secs(2);
+        for (failures, full) in [(0, 100), (1, 200), (2, 400), (4, 1600), (5, 2000), (40, 2000)] {
+            let full = Duration::from_millis(full);
+            let got = backoff(first, cap, failures);
+            assert!(got <= full && got >= full - full / 5, "{failures} failures: {got:?} for {full:?}");
+        }
+    }
 }

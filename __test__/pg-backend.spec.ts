@@ -384,6 +384,13 @@ postgresOnly('npx jobforge migrate creates the schema, idempotently', async (t, 
   });
   t.is(bad.status, 2);
   t.regex(bad.stderr, /--url/);
+  // A mistyped option is refused (it would otherwise migrate the default schema, public).
+  for (const args of [['--shcema', schema], ['--url', PG_URL, '--shema=jobs'], [schema]]) {
+    const typo = spawnSync(process.execPath, [cli, 'migrate', ...args], { encoding: 'utf8' });
+    t.is(typo.status, 2, `${args.join(' ')}: ${typo.stdout}${typo.stderr}`);
+    t.regex(typo.stderr, /unknown option|unexpected argument/);
+    t.notRegex(typo.stdout, /up to date/);
+  }
   // The tables it made are usable without another migrate().
   const o = new JobOrchestrator(opts);
   t.teardown(() => o.close());

@@ -9,6 +9,9 @@ const USAGE = `usage: jobforge migrate [--url <postgres url>] [--schema <name>]
   --url     connection string (default: $JOBFORGE_PG_URL, then $DATABASE_URL)
   --schema  schema holding jobforge's tables (default: public)`;
 
+/** Options the command knows: a typo must not silently migrate `public`. */
+const OPTIONS = new Set(['url', 'schema']);
+
 function parse(argv) {
   const out = { _: [] };
   for (let i = 0; i < argv.length; i++) {
@@ -16,11 +19,14 @@ function parse(argv) {
     if (a === '--help' || a === '-h') out.help = true;
     else if (a.startsWith('--')) {
       const eq = a.indexOf('=');
-      if (eq > 0) out[a.slice(2, eq)] = a.slice(eq + 1);
-      else if (i + 1 < argv.length) out[a.slice(2)] = argv[++i];
+      const name = eq > 0 ? a.slice(2, eq) : a.slice(2);
+      if (!OPTIONS.has(name)) throw new Error(`unknown option --${name}`);
+      if (eq > 0) out[name] = a.slice(eq + 1);
+      else if (i + 1 < argv.length) out[name] = argv[++i];
       else throw new Error(`${a} needs a value`);
     } else out._.push(a);
   }
+  if (out._.length > 1) throw new Error(`unexpected argument ${out._[1]}`);
   return out;
 }
 

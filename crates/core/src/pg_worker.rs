@@ -518,10 +518,20 @@ mod tests {
     fn backoff_doubles_up_to_its_cap_and_jitters_down_at_most_a_fifth() {
         let first = Duration::from_millis(100);
         let cap = Duration::from_secs(2);
-        for (failures, full) in [(0, 100), (1, 200), (2, 400), (4, 1600), (5, 2000), (40, 2000)] {
+        for (failures, full) in [
+            (0, 100),
+            (1, 200),
+            (2, 400),
+            (4, 1600),
+            (5, 2000),
+            (40, 2000),
+        ] {
             let full = Duration::from_millis(full);
             let got = backoff(first, cap, failures);
-            assert!(got <= full && got >= full - full / 5, "{failures} failures: {got:?} for {full:?}");
+            assert!(
+                got <= full && got >= full - full / 5,
+                "{failures} failures: {got:?} for {full:?}"
+            );
         }
     }
 }

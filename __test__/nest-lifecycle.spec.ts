@@ -269,3 +269,35 @@ test.serial('a request-scoped handler and the request-scoped services it uses ge
   }
   t.is(PerRun.instances, 2, 'one instance per execution');
 });
+
+test.serial("the orchestrator's own messages reach the app's Nest logger (context 'Jobforge')", async (t) => {
+  const errors: { message: string; context?: string }[] = [];
+  const capture = {
+    log() {},
+    warn() {},
+    debug() {},
+    verbose() {},
+    error(message: unknown, ...rest: unknown[]) {
+      const context = rest.length > 0 ? rest[rest.length - 1] : undefined;
+      errors.push({ message: String(message), context: typeof context === 'string' ? context : undefined });
+    },
+  };
+  const mod = await Test.createTestingModule({ imports: [JobsModule.forRoot({ handlers: 'provided', worker: false })] })
+    .setLogger(capture)
+    .compile();
+  await mod.init();
+  t.teardown(() => mod.close());
+  const jobs = mod.get<JobOrchestrator>(JOB_ORCHESTRATOR);
+  jobs.registerHandler('life.ok', {}, async () => ({}));
+  jobs.on('run:completed', () => {
+    throw new Error('listener bug');
+  });
+  const run = await jobs.start('life.ok', {});
+  await jobs.claimNext('batch');
+  await jobs.tick(run.id);
+  for (let i = 0; i < 100 && errors.length === 0; i++) await sleep(10);
+  t.true(
+    errors.some((e) => e.context === 'Jobforge' && /listener threw/.test(e.message)),
+    JSON.stringify(errors),
+  );
+});

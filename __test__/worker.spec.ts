@@ -772,6 +772,25 @@ test('off() stops a listener; a throwing listener does not break the worker', as
   t.deepEqual(seen, [a.id]);
 });
 
+test('the orchestrator\'s own messages go to options.logger (a throwing listener here); a bad logger is refused', async (t) => {
+  const errors: unknown[][] = [];
+  const logger = { log() {}, warn() {}, debug() {}, error: (...a: unknown[]) => void errors.push(a) };
+  const o = new JobOrchestrator({ logger });
+  o.on('run:completed', () => {
+    throw new Error('listener bug');
+  });
+  o.registerHandler('ok', {}, async () => ({}));
+  startW(t, o);
+  const a = await o.start('ok', {});
+  await o.waitForRun(a.id, { timeoutMs: 2000 });
+  await waitFor(() => errors.length > 0, 'the logged error');
+  t.regex(String(errors[0][0]), /'run:completed' listener threw/);
+  t.is((errors[0][1] as Error).message, 'listener bug');
+  for (const bad of [null, 5, {}, { error() {} }]) {
+    t.throws(() => new JobOrchestrator({ logger: bad as never }), { instanceOf: JobInputInvalidError, message: /logger/ });
+  }
+});
+
 // ── waitForRun ─────────────────────────────────────────────────────────
 
 test('waitForRun resolves with the terminal row; at once when already terminal', async (t) => {

@@ -37,6 +37,12 @@ export interface JobOrchestratorOptions {
   /** Builds `ctx.logger` for a run. Default: console, prefixed `JobRun:<id>`. */
   loggerFactory?: (run: JobRun) => JobLogger;
   /**
+   * Where the orchestrator's own messages go: an event listener that
+   * threw, a worker's database trouble, a stop that could not settle every
+   * outcome. Default: `console`. (The Nest module passes a Nest `Logger`.)
+   */
+  logger?: JobLogger;
+  /**
    * How long terminal runs (with their steps) are kept after `finishedAt`
    * before they are deleted. Default: forever. Keep it longer than any
    * dedupe window that should still see completed runs.
@@ -434,6 +440,7 @@ class WorkerRuntime {
     private readonly stopNative: () => number,
     private readonly release: (runId: string, epoch: number) => boolean | Promise<boolean>,
     private readonly slotsHeld: () => number,
+    private readonly logger: JobLogger,
   ) {
     this.slotOf = new Map([...capacity.keys()].map((name, i) => [name, i]));
   }
@@ -520,7 +527,7 @@ class WorkerRuntime {
           try {
             released = await this.release(runId, epoch);
           } catch (e) {
-            console.error('jobforge: releasing a run at shutdown failed (the lease sweeper will)', e);
+            this.logger.error('jobforge: releasing a run at shutdown failed (the lease sweeper will)', e);
           }
           if (released) this.releasedRuns.add(runId);
           a.abort('shutdown');
@@ -536,7 +543,7 @@ class WorkerRuntime {
       const deadline = Date.now() + Math.max(this.shutdownTimeoutMs, 1000);
       while (this.slotsHeld() > 0) {
         if (Date.now() >= deadline) {
-          console.error(
+          this.logger.error(
             'jobforge: worker stopped before every finished attempt was settled (is the database reachable?); ' +
               'the outcomes are still being stored in the background, and a run whose outcome is never stored ' +
               'runs again once its lease expires',
@@ -753,6 +760,8 @@ export class JobOrchestrator {
   /** Pending engine-time sleeps of a manual clock, fired by `advanceTime`. */
   private readonly manualTimers = new Set<ManualTimer>();
   private readonly loggerFactory: (run: JobRun) => JobLogger;
+  /** The orchestrator's own messages (see `JobOrchestratorOptions.logger`). */
+  private readonly logger: JobLogger;
   private readonly listeners = new Map<RunEventName, Set<RunEventListener>>();
   private readonly waiters = new Map<string, Set<(run: JobRun) => void>>();
   private eventsOn = false;
@@ -772,6 +781,11 @@ export class JobOrchestrator {
     this.multiTenant = options.multiTenant === true;
     this.clock = clock;
     this.loggerFactory = options.loggerFactory ?? ((run) => consoleLogger(`JobRun:${run.id}`));
+    const logger = options.logger;
+    if (logger !== undefined && (logger === null || typeof logger.error !== 'function' || typeof logger.warn !== 'function')) {
+      throw new JobInputInvalidError('logger must have error() and warn() methods');
+    }
+    this.logger = logger ?? console;
     const backend = options.backend ?? 'memory';
     if (backend !== 'memory' && backend !== 'postgres') {
       throw new JobInputInvalidError(`backend must be 'memory' or 'postgres', got '${String(backend)}'`);
@@ -872,7 +886,7 @@ export class JobOrchestrator {
     try {
       ans = this.engine.startBatch(text, fed);
     } catch (e) {
-      console.error('jobforge: handing buffered starts to the engine failed', translateNativeError(e));
+      this.logger.error('jobforge: handing buffered starts to the engine failed', translateNativeError(e));
       return;
     }
     if (ans.length > 0) this.onReplyLines(ans, 0);
@@ -902,18 +916,18 @@ export class JobOrchestrator {
     for (const line of text.slice(from).split('\n')) {
       if (line.length === 0) continue;
       if (line.charCodeAt(0) === 33) {
-        console.error(`jobforge: a buffered start was not created: ${line.slice(1)}`);
+        this.logger.error(`jobforge: a buffered start was not created: ${line.slice(1)}`);
         continue;
       }
       if (line.charCodeAt(0) === 63) {
-        console.error(`jobforge: recording a worker outcome failed: ${line.slice(1)}`);
+        this.logger.error(`jobforge: recording a worker outcome failed: ${line.slice(1)}`);
         continue;
       }
       let ticket: Ticket;
       try {
         ticket = new Ticket(line, this.readClaimedRow);
       } catch (e) {
-        console.error('jobforge: unreadable worker ticket', e);
+        this.logger.error('jobforge: unreadable worker ticket', e);
         continue;
       }
       const rt = this.worker;
@@ -1613,7 +1627,7 @@ export class JobOrchestrator {
         listener(run);
       } catch (e) {
         // A throwing listener must not break the engine or other listeners.
-        console.error(`jobforge: a '${event}' listener threw`, e);
+        this.logger.error(`jobforge: a '${event}' listener threw`, e);
       }
     }
     if (TERMINAL.has(run.status)) {
@@ -1660,6 +1674,7 @@ export class JobOrchestrator {
           () => pg.workerStop(),
           (id, epoch) => db(pg.releaseAttempt(id, epoch)),
           () => pg.workerInFlight(),
+          this.logger,
         )
       : new WorkerRuntime(
           capacity,
@@ -1667,6 +1682,7 @@ export class JobOrchestrator {
           () => this.native.workerStop(),
           (id, epoch) => this.native.releaseAttempt(id, epoch),
           () => this.native.workerInFlight(),
+          this.logger,
         );
     const onBatch = (json: string) => this.onWorkerBatch(runtime, json);
     call(() => (pg ? pg.startWorker(JSON.stringify(pools), onBatch) : this.native.startWorker(JSON.stringify(pools), onBatch)));
@@ -1705,7 +1721,7 @@ export class JobOrchestrator {
   private onWorkerBatch(runtime: WorkerRuntime, lines: string): void {
     if (lines.startsWith('!')) {
       // A notice from the engine's worker loop (database trouble, rate-limited there).
-      console.error(`jobforge: ${lines.slice(1)}`);
+      this.logger.error(`jobforge: ${lines.slice(1)}`);
       return;
     }
     for (const line of lines.split('\n')) {
@@ -1713,7 +1729,7 @@ export class JobOrchestrator {
       try {
         ticket = new Ticket(line, this.pg ? undefined : this.readClaimedRow);
       } catch (e) {
-        console.error('jobforge: unreadable worker ticket', e);
+        this.logger.error('jobforge: unreadable worker ticket', e);
         continue;
       }
       if (!runtime.running) {
@@ -1847,7 +1863,7 @@ export class JobOrchestrator {
       try {
         reply = this.engine.workerReport(text, starts);
       } catch (e) {
-        console.error('jobforge: recording worker outcomes failed', translateNativeError(e));
+        this.logger.error('jobforge: recording worker outcomes failed', translateNativeError(e));
       }
       for (const it of items) {
         // After the outcome is recorded, so the handler sees its signal
@@ -1861,7 +1877,7 @@ export class JobOrchestrator {
       if (reply.charCodeAt(0) === 49) this.flushAborts();
       if (reply.length > 1) this.onReplyLines(reply, 1);
     } catch (e) {
-      console.error('jobforge: worker report failed', e);
+      this.logger.error('jobforge: worker report failed', e);
     }
   };
 
@@ -1886,7 +1902,7 @@ export class JobOrchestrator {
       try {
         pg.workerDone(id, epoch, outcome === null ? null : outcome.text, pool);
       } catch (e) {
-        console.error('jobforge: recording a worker outcome failed', translateNativeError(e));
+        this.logger.error('jobforge: recording a worker outcome failed', translateNativeError(e));
       }
       if (outcome?.status === 'timed_out') this.inFlight.get(id)?.abort('timed_out');
       this.inFlight.delete(id);

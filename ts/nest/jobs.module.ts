@@ -57,6 +57,8 @@ export interface JobsModuleOptions {
   worker?: boolean | WorkerOptions;
   /** Builds `ctx.logger`. Default: a Nest `Logger` named `JobRun:<runId>`. */
   loggerFactory?: (run: JobRun) => JobLogger;
+  /** The orchestrator's own messages (a listener that threw, database trouble). Default: a Nest `Logger` named `Jobforge`. */
+  logger?: JobLogger;
   /** How long terminal runs are kept (see the core's `retention`). Default: forever. */
   retention?: JobOrchestratorOptions['retention'];
   /**
@@ -338,6 +340,7 @@ function orchestratorFactory(options: JobsModuleOptions, moduleRef: ModuleRef): 
     {
       multiTenant: options.multiTenant === true,
       loggerFactory: options.loggerFactory ?? nestRunLogger,
+      logger: options.logger ?? new Logger('Jobforge'),
       retention: options.retention,
       backend: options.backend,
       postgres: options.postgres,

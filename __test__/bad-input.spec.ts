@@ -587,3 +587,23 @@ test('constructor options that are malformed: JobInputInvalidError', (t) => {
     t.throws(() => new JobOrchestrator(opts as never), { instanceOf: JobInputInvalidError }, JSON.stringify(opts));
   }
 });
+
+// Runs cross between the engine and JS one per line: a line break in a job
+// type or pool name lost the run (plain start) or left it running forever
+// (an unreadable worker ticket). Refused where the name is given.
+test('a line break in a job type or pool name is refused where it is given; nothing is created', async (t) => {
+  const o = new JobOrchestrator();
+  const noopH = async () => ({});
+  t.throws(() => o.registerHandler('order\nsync', {}, noopH), { instanceOf: JobInputInvalidError, message: /line break/ });
+  t.throws(() => o.registerHandler('order.sync', { pool: 'p\nq' }, noopH), { instanceOf: JobInputInvalidError, message: /line break/ });
+  t.is(await o.getDefinition('order\nsync'), null);
+  t.is(await o.getDefinition('order.sync'), null);
+  o.registerHandler('ok', {}, noopH);
+  t.throws(() => o.startWorker({ pools: { 'p\nq': { concurrency: 1 } } }), { instanceOf: JobInputInvalidError, message: /line break/ });
+  await t.throwsAsync(o.start('ok', {}, { pool: 'p\nq' }), { instanceOf: JobInputInvalidError, message: /line break/ });
+  t.deepEqual(await o.countByPoolAndStatus(), []);
+  // Other unusual characters are fine.
+  o.registerHandler('tab\tcomma,colon:emoji🚀', { pool: 'p\tq' }, noopH);
+  const run = await o.start('tab\tcomma,colon:emoji🚀', {});
+  t.is((await o.findById(run.id))?.pool, 'p\tq');
+});

@@ -1547,3 +1547,21 @@ test('single-tenant mode: queries need no tenant and see every run', async (t) =
   t.is(await o.rescheduleForScope('E', '1', new Date(0)), 1);
   t.is(await o.cancelForScope('E', '1'), 1);
 });
+
+test('getRunTree of a chain 5,000 runs deep (each run the parent of the next)', async (t) => {
+  const o = new JobOrchestrator();
+  o.registerHandler('n', {}, async () => ({}));
+  const root = await o.start('n', {});
+  let parent = root;
+  for (let i = 1; i < 5000; i++) parent = await o.start('n', {}, { parentRunId: parent.id });
+  const tree = await o.getRunTree(root.id);
+  let depth = 0;
+  let last: RunTreeNode | undefined;
+  for (let n: RunTreeNode | undefined = tree ?? undefined; n; n = n.children[0]) {
+    depth++;
+    last = n;
+  }
+  t.is(depth, 5000);
+  t.is(last?.run.id, parent.id);
+  t.deepEqual(last?.children, []);
+});

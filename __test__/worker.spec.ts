@@ -14,6 +14,7 @@ import {
   JobInputInvalidError,
   JobOrchestrator,
   JobRunNotFoundError,
+  JobRunStateError,
   JobWaitTimeoutError,
   JobWorkerStateError,
 } from '../dist';
@@ -789,6 +790,99 @@ test('the orchestrator\'s own messages go to options.logger (a throwing listener
   for (const bad of [null, 5, {}, { error() {} }]) {
     t.throws(() => new JobOrchestrator({ logger: bad as never }), { instanceOf: JobInputInvalidError, message: /logger/ });
   }
+});
+
+test('with retention on, a canceled run deleted at once still has ctx.run and ctx.logger in its abort listener', async (t) => {
+  const lines: string[] = [];
+  const o = new JobOrchestrator({
+    retention: { completedMs: 60_000, failedMs: 0 },
+    loggerFactory: (run) => ({ log() {}, debug() {}, error() {}, warn: (m: unknown) => void lines.push(`${run.id} ${String(m)}`) }),
+  });
+  const seen: string[] = [];
+  o.registerHandler(
+    'job',
+    {},
+    (ctx) =>
+      new Promise<void>((resolve) => {
+        ctx.signal.addEventListener('abort', () => {
+          // Before, both threw JobRunNotFoundError here (an uncaught exception).
+          ctx.logger.warn('canceled, cleaning up');
+          seen.push(ctx.run.id);
+          resolve();
+        });
+      }),
+  );
+  const w = startW(t, o);
+  const run = await o.start('job', {});
+  await waitFor(() => w.inFlight === 1, 'the handler to start');
+  await o.cancel(run.id);
+  await waitFor(() => seen.length === 1, 'the abort listener');
+  t.deepEqual(seen, [run.id]);
+  t.deepEqual(lines, [`${run.id} canceled, cleaning up`]);
+  t.is(await o.findById(run.id), null, 'retention deleted it');
+});
+
+test('a malformed ctx.step retry policy is refused before the step runs; no step row is left', async (t) => {
+  const o = manual();
+  let ran = 0;
+  const bad = [
+    { attempts: NaN, backoff: 'fixed', baseMs: 10 },
+    { attempts: 3, baseMs: 10 },
+    { attempts: 2, backoff: 'linear', baseMs: 0 },
+    { attempts: 2, backoff: 'fixed', baseMs: 1.5 },
+    { attempts: 2, backoff: 'fixed', baseMs: Infinity },
+    { attempts: 0, backoff: 'fixed', baseMs: 0 },
+    { attempts: 2, backoff: 'fixed', baseMs: 0, nonRetryableErrors: 'Fatal' },
+    'twice',
+  ];
+  o.registerHandler('s', {}, async (ctx) => {
+    const i = (ctx.input as { i: number }).i;
+    return ctx.step('charge', async () => ++ran, { retry: bad[i] as never });
+  });
+  for (let i = 0; i < bad.length; i++) {
+    const run = await o.start('s', { i });
+    await o.claimNext('batch');
+    await o.tick(run.id);
+    const done = await o.findById(run.id);
+    t.is(done?.status, 'failed', `policy ${i}`);
+    t.regex(done?.error?.message ?? '', /step 'charge' retry/, `policy ${i}`);
+    t.deepEqual(await o.listSteps(run.id), [], `policy ${i}: no step row`);
+  }
+  t.is(ran, 0, 'no step function ran');
+  // null means no policy, as undefined does.
+  o.registerHandler('n', {}, async (ctx) => ctx.step('once', async () => 7, { retry: null as never }));
+  const ok = await o.start('n', {});
+  await o.claimNext('batch');
+  await o.tick(ok.id);
+  t.is((await o.findById(ok.id))?.status, 'completed');
+});
+
+test('ctx.spawnChild after the attempt ended (canceled parent) throws JobRunStateError and creates no child', async (t) => {
+  const o = system();
+  const gate = deferred();
+  let spawnError: unknown = null;
+  o.registerHandler('parent', {}, async (ctx) => {
+    await gate.promise; // does not watch ctx.signal
+    try {
+      await ctx.spawnChild('child', {});
+    } catch (e) {
+      spawnError = e;
+    }
+  });
+  o.registerHandler('child', {}, async () => ({}));
+  const w = startW(t, o);
+  const parent = await o.start('parent', {});
+  await waitFor(() => w.inFlight === 1, 'the parent to start');
+  await o.cancel(parent.id);
+  gate.resolve();
+  await waitFor(() => spawnError !== null, 'the late spawnChild');
+  t.true(spawnError instanceof JobRunStateError, String(spawnError));
+  t.is((spawnError as JobRunStateError).status, 'canceled');
+  t.deepEqual((await o.getRunTree(parent.id))?.children, []);
+  t.deepEqual(
+    (await o.countByPoolAndStatus()).map((c) => [c.status, c.count]),
+    [['canceled', 1]],
+  );
 });
 
 // ── waitForRun ─────────────────────────────────────────────────────────

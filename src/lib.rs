@@ -119,7 +119,9 @@ type BatchFn = ThreadsafeFunction<String, UnknownReturnValue, String, Status, fa
 struct JsBatch {
     pub(crate) on_batch: BatchFn,
     /// Postgres tickets carry the row (JS cannot read it back synchronously);
-    /// in memory JS reads it on demand (`claimed_run`).
+    /// in memory JS reads it on demand (`claimed_run`), unless retention is
+    /// on: a canceled or timed-out run may then be deleted while its
+    /// handler still runs, and `ctx.run` / `ctx.logger` must still work.
     pub(crate) with_row: bool,
 }
 
@@ -773,7 +775,7 @@ impl NativeEngine {
         *guard = Some(worker.clone());
         napi::bindgen_prelude::spawn(worker.run(JsBatch {
             on_batch,
-            with_row: false,
+            with_row: self.engine.purges(),
         }));
         Ok(())
     }
@@ -892,7 +894,7 @@ impl NativeEngine {
                 if !out.is_empty() {
                     out.push('\n');
                 }
-                out.push_str(&ticket_text(&t, false));
+                out.push_str(&ticket_text(&t, self.engine.purges()));
             }
         }
         Ok(())
@@ -909,7 +911,7 @@ impl NativeEngine {
         let tickets = w.fill().map_err(to_napi)?;
         Ok(tickets
             .iter()
-            .map(|t| ticket_text(t, false))
+            .map(|t| ticket_text(t, self.engine.purges()))
             .collect::<Vec<_>>()
             .join("\n"))
     }
@@ -1075,6 +1077,9 @@ fn apply_start_opts(req: &mut StartRequest, text: &str) -> Result<()> {
     req.scope_entity_id_from_meta = o.scope_entity_id_from_meta;
     if matches!(&o.pool, Some(p) if p.is_empty()) {
         return Err(invalid("pool must be a non-empty string"));
+    }
+    if matches!(&o.pool, Some(p) if p.contains('\n')) {
+        return Err(invalid("pool must not contain a line break"));
     }
     req.pool = o.pool;
     req.run_at = match o.run_at {
@@ -1368,6 +1373,13 @@ fn parse_pools(text: &str) -> Result<Vec<WorkerPool>> {
     }
     let pools: Vec<PoolWire> =
         serde_json::from_str(text).map_err(|e| invalid(format!("worker pools: {e}")))?;
+    // Tickets cross to JS one per line.
+    if let Some(p) = pools.iter().find(|p| p.name.contains('\n')) {
+        return Err(invalid(format!(
+            "pool name {:?} must not contain a line break",
+            p.name
+        )));
+    }
     Ok(pools
         .iter()
         .map(|p| WorkerPool::new(&p.name, p.concurrency))

@@ -8,6 +8,7 @@ import {
   JobClockError,
   JobInputInvalidError,
   JobRunNotFoundError,
+  JobRunStateError,
   JobStepTimeoutError,
   JobWaitTimeoutError,
   JobWorkerStateError,
@@ -348,7 +349,7 @@ class RunContext implements JobContext<unknown> {
 
   get spawnChild(): JobContext<unknown>['spawnChild'] {
     return (this.spawnFn ??= (type: string, input: unknown, opts?: SpawnChildOptions) =>
-      this.host.spawnChild(this.ticket.id, type, input, opts));
+      this.host.spawnChild(this.ticket, this.attempt, type, input, opts));
   }
 
   get run(): JobRun {
@@ -369,7 +370,7 @@ class RunContext implements JobContext<unknown> {
 interface ContextHost {
   loggerFactory: (run: JobRun) => JobLogger;
   step<T>(ticket: Ticket, attempt: Attempt, stepId: string, fn: () => Promise<T> | T, opts?: StepOptions): Promise<T>;
-  spawnChild(parentId: string, type: string, input: unknown, opts?: SpawnChildOptions): Promise<JobRun>;
+  spawnChild(ticket: Ticket, attempt: Attempt, type: string, input: unknown, opts?: SpawnChildOptions): Promise<JobRun>;
 }
 
 /**
@@ -377,6 +378,30 @@ interface ContextHost {
  * only when a handler reads the signal (most never do, and constructing one
  * costs more than the rest of an attempt's bookkeeping).
  */
+/**
+ * A retry policy as the engine reads it (`RetryPolicy`), checked before
+ * anything runs: a step's policy is used only once its function failed.
+ */
+function checkRetryPolicy(p: unknown, what: string): void {
+  const bad = (why: string) => new JobInputInvalidError(`${what}: ${why}`);
+  if (p === null || typeof p !== 'object' || Array.isArray(p)) throw bad('must be an object');
+  const r = p as Record<string, unknown>;
+  const { attempts, backoff, baseMs, nonRetryableErrors } = r;
+  if (typeof attempts !== 'number' || !Number.isInteger(attempts) || attempts < 1 || attempts > 0xffffffff) {
+    throw bad(`attempts must be an integer >= 1, got ${String(attempts)}`);
+  }
+  if (backoff !== 'fixed' && backoff !== 'exponential') throw bad(`backoff must be 'fixed' or 'exponential', got ${String(backoff)}`);
+  if (typeof baseMs !== 'number' || !Number.isSafeInteger(baseMs) || baseMs < 0) {
+    throw bad(`baseMs must be an integer >= 0, got ${String(baseMs)}`);
+  }
+  if (nonRetryableErrors !== undefined && (!Array.isArray(nonRetryableErrors) || nonRetryableErrors.some((e) => typeof e !== 'string'))) {
+    throw bad('nonRetryableErrors must be an array of strings');
+  }
+}
+
+/** The run status an attempt's abort reason means. */
+const ABORTED_STATUS: Record<string, string> = { canceled: 'canceled', timed_out: 'timed_out', shutdown: 'pending' };
+
 class Attempt {
   private controller?: AbortController;
   private reason?: string;
@@ -389,6 +414,10 @@ class Attempt {
 
   get aborted(): boolean {
     return this.reason !== undefined;
+  }
+
+  get abortReason(): string | undefined {
+    return this.reason;
   }
 
   get signal(): AbortSignal {
@@ -1454,11 +1483,21 @@ export class JobOrchestrator {
     const args = [tenantGiven(opts), opts?.tenantId ?? null, String(rootRunId)] as const;
     const json = this.pg ? await db(this.pg.getRunTree(...args)) : call(() => this.native.getRunTree(...args));
     if (json === null) return null;
-    const walk = (n: { run: RunTuple; children: unknown[] }): RunTreeNode => ({
-      run: fromTuple(n.run),
-      children: n.children.map((c) => walk(c as { run: RunTuple; children: unknown[] })),
-    });
-    return walk(JSON.parse(json));
+    // Without recursion: a chain of runs each spawning the next can be
+    // thousands deep.
+    type RawNode = { run: RunTuple; children: RawNode[] };
+    const raw = JSON.parse(json) as RawNode;
+    const root: RunTreeNode = { run: fromTuple(raw.run), children: [] };
+    const todo: [RawNode, RunTreeNode][] = [[raw, root]];
+    for (let next = todo.pop(); next; next = todo.pop()) {
+      const [from, to] = next;
+      for (const c of from.children) {
+        const node: RunTreeNode = { run: fromTuple(c.run), children: [] };
+        to.children.push(node);
+        todo.push([c, node]);
+      }
+    }
+    return root;
   }
 
   // ── time ───────────────────────────────────────────────────────────
@@ -1970,8 +2009,16 @@ export class JobOrchestrator {
   private readonly contextHost: ContextHost = {
     loggerFactory: (run) => this.loggerFactory(run),
     step: (ticket, attempt, stepId, fn, opts) => this.runStep(ticket.id, ticket.epoch, attempt, stepId, fn, opts),
-    spawnChild: (id, type, input, opts) =>
-      this.start(type, input, {
+    spawnChild: async (ticket, attempt, type, input, opts) => {
+      // As ctx.step: only the run's current attempt may act for it (a child
+      // of a parent already canceled or timed out would escape the cascade).
+      const { id, epoch } = ticket;
+      const live = this.pg ? await db(this.pg.attemptLive(id, epoch)) : this.native.attemptLive(id, epoch);
+      if (!live) {
+        const status = attempt.aborted ? ABORTED_STATUS[attempt.abortReason ?? ''] ?? 'ended' : 'ended';
+        throw new JobRunStateError(id, status, 'ctx.spawnChild after its attempt ended');
+      }
+      return this.start(type, input, {
         parentRunId: id,
         parentClosePolicy: opts?.closePolicy,
         runAt: opts?.runAt,
@@ -1979,7 +2026,8 @@ export class JobOrchestrator {
         tags: opts?.tags,
         triggerSource: 'parent',
         triggerRef: id,
-      }),
+      });
+    },
   };
 
   private async runStep<T>(
@@ -1998,7 +2046,9 @@ export class JobOrchestrator {
     if (timeoutMs !== undefined && (typeof timeoutMs !== 'number' || !(timeoutMs > 0))) {
       throw new JobInputInvalidError(`step '${stepId}' timeoutMs must be a positive number`);
     }
-    const policyText = opts?.retry === undefined ? null : JSON.stringify(opts.retry);
+    const retry = opts?.retry ?? undefined;
+    if (retry !== undefined) checkRetryPolicy(retry, `step '${stepId}' retry`);
+    const policyText = retry === undefined ? null : JSON.stringify(retry);
     for (;;) {
       const pg = this.pg;
       const begin = JSON.parse(

@@ -335,6 +335,12 @@ impl<S: Store> Engine<S> {
         self.multi_tenant
     }
 
+    /// Whether retention deletes finished runs (so a run may be gone while
+    /// a late handler of it still runs).
+    pub fn purges(&self) -> bool {
+        self.retention.completed_ms.is_some() || self.retention.failed_ms.is_some()
+    }
+
     pub fn now(&self) -> Millis {
         self.clock.now()
     }
@@ -450,9 +456,16 @@ impl<S: Store> Engine<S> {
         if spec.job_type.is_empty() {
             return Err(JobError::invalid("job type must be a non-empty string"));
         }
+        // Runs cross to JS one per line (start batches, worker tickets).
+        if spec.job_type.contains('\n') {
+            return Err(JobError::invalid("job type must not contain a line break"));
+        }
         let pool = spec.pool.unwrap_or_else(|| "batch".to_owned());
         if pool.is_empty() {
             return Err(JobError::invalid("pool must be a non-empty string"));
+        }
+        if pool.contains('\n') {
+            return Err(JobError::invalid("pool must not contain a line break"));
         }
         let retry = spec.retry.unwrap_or_default();
         if retry.attempts == 0 {

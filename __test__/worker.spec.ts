@@ -1293,6 +1293,19 @@ test('control: without stop() a running worker keeps the process alive', async (
   t.true(res.killed, 'the child exited although its worker was still running');
 });
 
+test('a startWorker the engine refuses does not keep the process alive', async (t) => {
+  const script = `
+const { JobOrchestrator } = require(${JSON.stringify(DIST)});
+const o = new JobOrchestrator();
+o.registerHandler('t', {}, async () => ({}));
+try { o.startWorker({ pools: { 'p\\nq': { concurrency: 1 } } }); } catch (e) { console.log('REFUSED ' + e.code); }
+`;
+  const res = await runChild(script, 5000);
+  t.regex(res.stdout, /REFUSED JOB_INPUT_INVALID/);
+  t.is(res.signal, null, `child was killed after ${res.ms} ms (kept alive by the refused worker)`);
+  t.is(res.code, 0);
+});
+
 // ── buffered plain starts ──────────────────────────────────────────────
 
 test('plain starts answered in JS: every read sees them at once, in start order, with the rows start returned', async (t) => {

@@ -474,6 +474,13 @@ class WorkerRuntime {
     this.slotOf = new Map([...capacity.keys()].map((name, i) => [name, i]));
   }
 
+  /** A runtime whose engine worker was never started: lets Node exit. */
+  discard(): void {
+    this.running = false;
+    if (this.keepAlive) clearInterval(this.keepAlive);
+    this.keepAlive = null;
+  }
+
   /** Some attempt is executing (its report will carry buffered starts). */
   get busy(): boolean {
     return this.active > 0;
@@ -1724,7 +1731,13 @@ export class JobOrchestrator {
           this.logger,
         );
     const onBatch = (json: string) => this.onWorkerBatch(runtime, json);
-    call(() => (pg ? pg.startWorker(JSON.stringify(pools), onBatch) : this.native.startWorker(JSON.stringify(pools), onBatch)));
+    try {
+      call(() => (pg ? pg.startWorker(JSON.stringify(pools), onBatch) : this.native.startWorker(JSON.stringify(pools), onBatch)));
+    } catch (e) {
+      // Refused by the engine: the runtime never ran, so it must not keep Node alive.
+      runtime.discard();
+      throw e;
+    }
     this.worker = runtime;
     return runtime.handle(this.inFlight);
   }

@@ -281,6 +281,9 @@ export class JobsWorker implements OnModuleInit, OnModuleDestroy {
   }
 }
 
+/** Apps (by their module container) already warned of several registrations. */
+const warnedApps = new WeakSet<object>();
+
 /**
  * The worker's place in the app's lifecycle. Nest runs `onApplicationBootstrap`
  * by module distance (global modules such as JobsModule first) and
@@ -295,9 +298,6 @@ export class JobsWorker implements OnModuleInit, OnModuleDestroy {
  * lacks the field, hooks stay in Nest's order (the drain then still runs
  * before global modules).
  */
-/** Apps (by their module container) already warned of several registrations. */
-const warnedApps = new WeakSet<object>();
-
 @Injectable()
 class JobsWorkerLifecycle implements OnApplicationBootstrap, OnModuleDestroy {
   constructor(@Inject(WORKER_LINK) private readonly link: WorkerLink, @Inject(ModulesContainer) modules: ModulesContainer) {
@@ -359,6 +359,26 @@ const EXPORTS = [
   JobsWorker,
 ];
 
+/**
+ * One registration of JobsModule: its providers around `optionsProvider`
+ * (plus `extra`), and the lifecycle module that starts and drains its worker.
+ */
+function registration(
+  reg: JobsModuleRegistration,
+  optionsProvider: Provider,
+  imports: NonNullable<ModuleMetadata['imports']> = [],
+  extra: Provider[] = [],
+): DynamicModule {
+  const link: WorkerLink = { id: ++linkCount, worker: null };
+  return {
+    module: JobsModule,
+    global: reg.isGlobal ?? reg.global ?? true,
+    imports: [...imports, JobsWorkerModule.link(link)],
+    providers: [...extra, ...providers(optionsProvider, link)],
+    exports: EXPORTS,
+  };
+}
+
 function providers(optionsProvider: Provider, link: WorkerLink): Provider[] {
   return [
     optionsProvider,
@@ -381,14 +401,7 @@ function providers(optionsProvider: Provider, link: WorkerLink): Provider[] {
 export class JobsModule {
   /** `JobsModule.forRoot({ multiTenant?, pools?, worker?, backend?, postgres?, global? })`. */
   static forRoot(options: JobsModuleOptions & JobsModuleRegistration = {}): DynamicModule {
-    const link: WorkerLink = { id: ++linkCount, worker: null };
-    return {
-      module: JobsModule,
-      global: options.isGlobal ?? options.global ?? true,
-      imports: [JobsWorkerModule.link(link)],
-      providers: providers({ provide: JOBS_MODULE_OPTIONS, useValue: options }, link),
-      exports: EXPORTS,
-    };
+    return registration(options, { provide: JOBS_MODULE_OPTIONS, useValue: options });
   }
 
   /**
@@ -422,13 +435,6 @@ export class JobsModule {
           inject: options.inject ?? [],
         }
       : { provide: JOBS_MODULE_OPTIONS, useFactory: fromFactory, inject: [options.useClass ?? options.useExisting!] };
-    const link: WorkerLink = { id: ++linkCount, worker: null };
-    return {
-      module: JobsModule,
-      global: options.isGlobal ?? options.global ?? true,
-      imports: [...(options.imports ?? []), JobsWorkerModule.link(link)],
-      providers: [...(options.useClass ? [options.useClass] : []), ...providers(optionsProvider, link)],
-      exports: EXPORTS,
-    };
+    return registration(options, optionsProvider, options.imports, options.useClass ? [options.useClass] : []);
   }
 }

@@ -18,7 +18,7 @@ use crate::model::{AbortReason, AttemptOutcome, Millis, RunId};
 use crate::store::postgres::PgStore;
 use crate::worker::{BatchDispatcher, WorkerPool};
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::sync::Notify;
@@ -54,7 +54,7 @@ pub struct PgWorker {
     /// Where notices go: the dispatcher `run` was given.
     notices: Mutex<Option<NoticeSink>>,
     /// Settles failed in a row: the next one waits longer (see `backoff`).
-    settle_failures: std::sync::atomic::AtomicU32,
+    settle_failures: AtomicU32,
 }
 
 /// How long to wait after `failures` failed attempts in a row: doubling
@@ -103,7 +103,7 @@ impl PgWorker {
             last_error: Mutex::new(None),
             trouble: Mutex::new(Trouble::default()),
             notices: Mutex::new(None),
-            settle_failures: std::sync::atomic::AtomicU32::new(0),
+            settle_failures: AtomicU32::new(0),
         })
     }
 

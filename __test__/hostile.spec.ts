@@ -283,11 +283,12 @@ test('non-JSON inputs beyond the basic table (getters, proxies, toJSON, boxed va
       throw new Error('getter boom');
     },
   });
-  // A getter that is JSON on the first read and a BigInt on the second
-  // (the check and the serialisation read it separately).
+  // A nested getter that is JSON on the first read and a BigInt on the
+  // second (the check and the serialisation read it separately). A flat
+  // object's getters are read once ("flat inputs" below).
   let reads = 0;
-  const flipping = { k: 'a' };
-  Object.defineProperty(flipping, 'x', { enumerable: true, get: () => (reads++ === 0 ? 'ok' : 10n) });
+  const flipping = { k: 'a', inner: {} };
+  Object.defineProperty(flipping.inner, 'x', { enumerable: true, get: () => (reads++ === 0 ? 'ok' : 10n) });
   // A getter that returns a fresh object each time: infinitely deep.
   const bottomless: Record<string, unknown> = { k: 'a' };
   const mk = (): Record<string, unknown> => {
@@ -300,7 +301,7 @@ test('non-JSON inputs beyond the basic table (getters, proxies, toJSON, boxed va
   (bigDate as unknown as { toJSON: () => unknown }).toJSON = () => 10n;
   const cases: [string, unknown][] = [
     ['throwing getter', throwingGetter],
-    ['getter JSON then BigInt', flipping],
+    ['nested getter JSON then BigInt', flipping],
     ['getter returning fresh objects forever', bottomless],
     ['proxy with throwing ownKeys', new Proxy({ k: 'a' }, { ownKeys: () => { throw new Error('ownKeys boom'); } })],
     ['proxy with throwing get', new Proxy({ k: 'a' }, { get: () => { throw new Error('get boom'); } })],
@@ -373,6 +374,56 @@ test('JSON-representable oddities are normalised as JSON does and round-trip thr
     t.deepEqual(done.output, expected, `${label}: output`);
   }
   t.deepEqual(countsMap(await o.countByPoolAndStatus()), { 'batch/completed': cases.length });
+});
+
+test('flat inputs: the row, the stored run and the engine see exactly what JSON keeps (escapes, surrogates, integer keys, getters read once, inherited keys dropped)', async (t) => {
+  const o = manual();
+  o.registerHandler('flat', {}, noop);
+  // Plain starts of flat objects take a one-pass path in JS; every case
+  // must match what JSON.stringify / JSON.parse make of the input.
+  let reads = 0;
+  const withGetter = { a: 1 } as Record<string, unknown>;
+  Object.defineProperty(withGetter, 'g', { enumerable: true, get: () => ++reads });
+  const hidden = { a: 1 };
+  Object.defineProperty(hidden, 'h', { enumerable: false, value: 2 });
+  const chars = ['"', '\\', '\n', '\t', '\u0001', '\u001f', '\u007f', '\u2028', 'é', '€', '😀', '\ud800', '\udfff', 'x\udc00y', '\ud83d'];
+  const cases: [string, Record<string, unknown>][] = [
+    ['empty', {}],
+    ['every scalar kind', { s: 'text', n: 42, f: -1.5e-7, big: 1e21, t: true, fa: false, z: null }],
+    ['integer-like keys come first, ascending', { b: 1, 10: 'ten', 2: 'two', a: 'a', '-1': 'neg', '01': 'lead' }],
+    ['characters JSON escapes, in values', Object.fromEntries(chars.map((c, i) => [`k${i}`, `a${c}b`]))],
+    ['characters JSON escapes, in keys', Object.fromEntries(chars.map((c, i) => [`${c}${i}`, i]))],
+    ['a getter', withGetter],
+    ['a non-enumerable property', hidden],
+  ];
+  for (const [label, input] of cases) {
+    const expected = JSON.parse(JSON.stringify(input)) as unknown;
+    reads = 0; // JSON.stringify just read the getter
+    const r = await o.start('flat', input);
+    t.deepEqual(r.input, expected, `${label}: start row`);
+    t.not(r.input, input, `${label}: the row holds a copy`);
+    t.deepEqual((await o.findById(r.id))!.input, expected, `${label}: stored`);
+    if (label === 'a getter') t.is(reads, 1, 'the getter is read once per start');
+  }
+  // An enumerable property on Object.prototype is inherited by every
+  // object: JSON ignores it, and so must the row.
+  Object.defineProperty(Object.prototype, 'polluted', { value: 'yes', enumerable: true, configurable: true });
+  let r: JobRun;
+  try {
+    r = await o.start('flat', { a: 1 });
+  } finally {
+    delete (Object.prototype as Record<string, unknown>).polluted;
+  }
+  t.false(Object.prototype.hasOwnProperty.call(r.input, 'polluted'), 'an inherited key is not copied into the row');
+  t.deepEqual({ ...(r.input as object) }, { a: 1 });
+  t.deepEqual({ ...((await o.findById(r.id))!.input as object) }, { a: 1 });
+  // A mutation of the input after start changes neither row.
+  const mutable: Record<string, unknown> = { a: 1 };
+  const m = await o.start('flat', mutable);
+  mutable.a = 2;
+  mutable.b = 3;
+  t.deepEqual(m.input, { a: 1 });
+  t.deepEqual((await o.findById(m.id))!.input, { a: 1 });
 });
 
 // ── invalid dates ─────────────────────────────────────────────────────────

@@ -105,27 +105,45 @@ function isFlatJsonObject(v: unknown): boolean {
   return true;
 }
 
-/**
- * JSON text of a flat object (see `isFlatJsonObject`), or null for any
- * other value.
- */
-export function flatJsonText(value: unknown): string | null {
-  return isFlatJsonObject(value) ? JSON.stringify(value) : null;
+/** A flat object's JSON text and a copy of it (what `JSON.parse(text)` gives). */
+export interface FlatSnapshot {
+  text: string;
+  copy: Record<string, unknown>;
 }
 
 /**
- * What `JSON.parse(flatJsonText(o))` gives, without the parse: the
- * enumerable string-keyed properties (symbol keys and non-enumerable ones
- * are dropped, as JSON drops them). `o` must have passed `flatJsonText`.
+ * The JSON text of a flat object (see `isFlatJsonObject`) and a copy of
+ * it (what `JSON.parse(text)` gives); null for any other value, and for
+ * the rare flat object with an inherited enumerable key or an own
+ * `__proto__`, which then take the general path. Each property is read
+ * once, into the copy, and the text is written from the copy: a getter
+ * cannot make the two differ.
  */
-export function flatCopy(o: Record<string, unknown>): Record<string, unknown> {
+export function flatSnapshot(value: unknown): FlatSnapshot | null {
+  if (typeof value !== 'object' || value === null || Object.getPrototypeOf(value) !== Object.prototype) return null;
+  const o = value as Record<string, unknown>;
   const copy: Record<string, unknown> = {};
   for (const k in o) {
-    // Assigning '__proto__' would set the prototype; JSON.parse makes it a property.
-    if (k === '__proto__') return JSON.parse(JSON.stringify(o)) as Record<string, unknown>;
-    copy[k] = o[k];
+    // JSON writes own keys only; assigning '__proto__' would set the copy's prototype.
+    if (k === '__proto__' || !Object.prototype.hasOwnProperty.call(o, k)) return null;
+    const x = o[k];
+    switch (typeof x) {
+      case 'string':
+      case 'boolean':
+        break;
+      case 'number':
+        // -0 is excluded: JSON writes it as 0, a copy would keep the sign.
+        if (!Number.isFinite(x) || (x === 0 && 1 / x < 0)) return null;
+        break;
+      case 'object':
+        if (x !== null) return null;
+        break;
+      default:
+        return null;
+    }
+    copy[k] = x;
   }
-  return copy;
+  return { text: JSON.stringify(copy), copy };
 }
 
 /** JSON text of `value` after checking it, or the reason it is not JSON. */

@@ -24,7 +24,7 @@ import type {
 } from './handler';
 import { consoleLogger } from './handler';
 import { randomUUID } from 'node:crypto';
-import { flatCopy, flatJsonText, toJsonText } from './json';
+import { flatSnapshot, FlatSnapshot, toJsonText } from './json';
 import { NativeEngine, PgEngine } from './native';
 import type { JobDefinitionRow, JobRun, JobRunError, JobRunStatus, JobStep } from './rows';
 import { fromTuple, newRun, parseDefinition, parseRun, parseRuns, parseStep } from './rows';
@@ -1259,12 +1259,12 @@ export class JobOrchestrator {
   private startNow(type: string, input: unknown, opts: StartOptions | undefined): JobRun {
     if (typeof type !== 'string') throw new JobInputInvalidError('job type must be a string');
     const payload = input === undefined || input === null ? {} : input;
-    let inputText: string | null = null;
-    let flat = false;
+    let inputText: string;
+    let flat: FlatSnapshot | null = null;
     try {
-      inputText = flatJsonText(payload);
-      flat = inputText !== null;
-      if (inputText === null) {
+      flat = flatSnapshot(payload);
+      if (flat !== null) inputText = flat.text;
+      else {
         const j = toJsonText(payload, 'input');
         if (!j.ok) throw new JobInputInvalidError(j.reason);
         inputText = j.text;
@@ -1282,7 +1282,7 @@ export class JobOrchestrator {
       const plain = this.plainTypes.get(type);
       if (plain !== undefined) {
         // The row's input is a copy: a flat object's shallow copy is one.
-        const copy = flat ? flatCopy(payload as Record<string, unknown>) : (JSON.parse(inputText) as Record<string, unknown>);
+        const copy = flat !== null ? flat.copy : (JSON.parse(inputText) as Record<string, unknown>);
         return this.startBuffered(type, plain, inputText, copy);
       }
       const json = call(() => this.native.start(type, inputText, null));

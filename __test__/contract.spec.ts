@@ -2182,3 +2182,48 @@ forBackends('errors: JobKeyFunctionUnavailableError {jobType, kind} when a <fn> 
   t.is(e2.kind, 'dedupe');
   t.is(await o.claimNext('batch'), null);
 });
+
+forBackends('retention: dedupe never answers with a run past its retention (the same start would delete it)', async (t, make) => {
+  const o = await make.manual({ retention: { completedMs: 100 } });
+  o.registerHandler('ret.dd', { dedupe: { key: 'k', windowMs: 10_000 } }, ok);
+  const first = await o.start('ret.dd', {});
+  const claimed = await o.claimNext('batch');
+  t.is(claimed?.id, first.id);
+  await o.tick(first.id);
+  o.advanceTime(99);
+  t.is((await o.start('ret.dd', {})).id, first.id, 'within its retention the completed run dedupes');
+  o.advanceTime(1);
+  const second = await o.start('ret.dd', {});
+  t.not(second.id, first.id, 'past its retention: a new run');
+  t.is(second.status, 'pending');
+  t.is((await o.findById(second.id))?.id, second.id, 'the answered run exists');
+  t.is(await o.findById(first.id), null);
+});
+
+forBackends('retention: a finished run past its retention is gone for reads with no write in between (memory), or after the next write (postgres)', async (t, make) => {
+  const o = await make.manual({ retention: { completedMs: 100, failedMs: 100 } });
+  o.registerHandler('ret.ok', {}, ok);
+  o.registerHandler('ret.bad', {}, async () => {
+    throw new Error('no');
+  });
+  const good = await o.start('ret.ok', {});
+  const bad = await o.start('ret.bad', {});
+  for (const r of [good, bad]) {
+    t.is((await o.claimNext('batch'))?.id, r.id);
+    await o.tick(r.id);
+  }
+  o.advanceTime(100);
+  if (make.backend === 'postgres') {
+    // A database purges in writes only; reads before one may still see them.
+    await o.start('ret.ok', {});
+  }
+  t.is(await o.findById(good.id), null);
+  t.is(await o.findById(bad.id), null);
+  t.deepEqual(await o.listRecentFailed(), []);
+  const counts = await o.countByPoolAndStatus();
+  t.deepEqual(
+    counts.filter((c) => c.status !== 'pending'),
+    [],
+    'no finished run is counted',
+  );
+});

@@ -379,6 +379,34 @@ impl<S: Store> Engine<S> {
     }
 
     /// Deletes terminal runs past their retention (no-op when unset).
+    /// A store transaction that first purges the runs past their retention
+    /// where that costs nothing (see `Store::purges_in_every_call`): no
+    /// call then sees, returns or changes a run that is due to be deleted.
+    fn write<R>(&self, f: impl FnOnce(&mut S::Tx<'_>) -> Result<R>) -> Result<R> {
+        if self.purges() && self.store.purges_in_every_call() {
+            let now = self.now();
+            self.store.transaction(|tx| {
+                self.purge(tx, now);
+                f(tx)
+            })
+        } else {
+            self.store.transaction(f)
+        }
+    }
+
+    /// A read-only store call, after the same purge as `write`.
+    fn read<R>(&self, f: impl Fn(&mut S::Tx<'_>) -> Result<R>) -> Result<R> {
+        if self.purges() && self.store.purges_in_every_call() {
+            let now = self.now();
+            self.store.read(|tx| {
+                self.purge(tx, now);
+                f(tx)
+            })
+        } else {
+            self.store.read(f)
+        }
+    }
+
     fn purge(&self, tx: &mut S::Tx<'_>, now: Millis) {
         let r = self.retention;
         if r.completed_ms.is_some() || r.failed_ms.is_some() {
@@ -439,7 +467,7 @@ impl<S: Store> Engine<S> {
                 })
             })
             .collect::<Result<Vec<_>>>()?;
-        self.store.transaction(|tx| {
+        self.write(|tx| {
             Ok(validated
                 .into_iter()
                 .map(|mut def| {
@@ -506,10 +534,7 @@ impl<S: Store> Engine<S> {
     }
 
     pub fn definition(&self, job_type: &str) -> Option<Arc<JobDefinition>> {
-        self.store
-            .read(|tx| Ok(tx.definition(job_type)))
-            .ok()
-            .flatten()
+        self.read(|tx| Ok(tx.definition(job_type))).ok().flatten()
     }
 
     /// The checks of `start` that precede key evaluation (tenant gate, job
@@ -561,10 +586,11 @@ impl<S: Store> Engine<S> {
     pub fn start_with(&self, req: StartRequest, want_row: bool, wake: bool) -> Result<Started> {
         let now = self.now();
         let mut fx = Effects::default();
-        let started = self.store.transaction(|tx| {
-            let started = self.start_in(tx, req, now, want_row, &mut fx)?;
+        let started = self.write(|tx| {
+            // Purge first: dedupe must not answer with a run this very
+            // transaction deletes.
             self.purge(tx, now);
-            Ok(started)
+            self.start_in(tx, req, now, want_row, &mut fx)
         })?;
         self.deliver(fx);
         match &started {
@@ -595,7 +621,7 @@ impl<S: Store> Engine<S> {
         let mut failed = Vec::new();
         let mut pools: Vec<Arc<str>> = Vec::new();
         let mut latest = Millis::MIN;
-        self.store.transaction(|tx| {
+        self.write(|tx| {
             // Consecutive starts are usually of one type: look it up once.
             let mut last: Option<Arc<JobDefinition>> = None;
             for (i, run) in runs.into_iter().enumerate() {
@@ -901,7 +927,7 @@ impl<S: Store> Engine<S> {
         };
         let now = self.now();
         let mut fx = Effects::default();
-        self.store.transaction(|tx| {
+        self.write(|tx| {
             let Some(run) = tx.run(&id) else {
                 return Ok(());
             };
@@ -977,7 +1003,7 @@ impl<S: Store> Engine<S> {
     /// Claims the next due, claimable run of `pool`. O(log n).
     pub fn claim_next(&self, pool: &str) -> Result<Option<RunRow>> {
         let now = self.now();
-        self.store.transaction(|tx| {
+        self.write(|tx| {
             let Some(id) = tx.next_claimable(pool, now) else {
                 return Ok(None);
             };
@@ -998,7 +1024,7 @@ impl<S: Store> Engine<S> {
             run_id: run_id.to_owned(),
         };
         let id = parse_run_id(run_id).ok_or_else(not_found)?;
-        let ticket = self.store.transaction(|tx| {
+        let ticket = self.write(|tx| {
             let run = tx.run(&id).ok_or_else(not_found)?;
             if run.status != RunStatus::Running {
                 return Err(JobError::JobRunState {
@@ -1058,7 +1084,7 @@ impl<S: Store> Engine<S> {
     ) -> Result<Option<RunRow>> {
         let now = self.now();
         let mut fx = Effects::default();
-        let result = self.store.transaction(|tx| {
+        let result = self.write(|tx| {
             let out = self.finish_in(tx, (run_id, epoch), outcome, now, true, &mut fx);
             self.purge(tx, now);
             out
@@ -1092,7 +1118,7 @@ impl<S: Store> Engine<S> {
         let mut wake = false;
         let mut first_error = None;
         let mut ended = Vec::with_capacity(finished.len());
-        let tickets = self.store.transaction(|tx| {
+        let tickets = self.write(|tx| {
             for (id, epoch, outcome) in finished {
                 let Some(o) = outcome else { continue };
                 match self.finish_in(tx, (&id, epoch), o, now, false, &mut fx) {
@@ -1257,7 +1283,7 @@ impl<S: Store> Engine<S> {
             return Ok(Vec::new());
         }
         let now = self.now();
-        self.store.transaction(|tx| {
+        self.write(|tx| {
             let mut out = Vec::new();
             Self::claim_into(tx, pool, max, now, &mut out);
             Ok(out)
@@ -1306,7 +1332,7 @@ impl<S: Store> Engine<S> {
     ) -> Result<(usize, Vec<AttemptTicket>)> {
         let now = self.now();
         let mut fx = Effects::default();
-        let result = self.store.transaction(|tx| {
+        let result = self.write(|tx| {
             let ids: Vec<RunId> = finished.iter().map(|f| f.0).collect();
             tx.prefetch(&ids);
             let mut applied = 0;
@@ -1342,21 +1368,17 @@ impl<S: Store> Engine<S> {
     /// is due already, `None` if none is waiting. O(log n).
     pub fn next_due(&self, pool: &str) -> Option<Millis> {
         let now = self.now();
-        self.store
-            .read(|tx| Ok(tx.next_due(pool, now)))
-            .ok()
-            .flatten()
+        self.read(|tx| Ok(tx.next_due(pool, now))).ok().flatten()
     }
 
     /// Whether `epoch` is still the running attempt of the run. O(1).
     pub fn attempt_current(&self, run_id: &RunId, epoch: u32) -> bool {
-        self.store
-            .read(|tx| {
-                Ok(tx
-                    .run(run_id)
-                    .is_some_and(|r| r.status == RunStatus::Running && r.claim_epoch == epoch))
-            })
-            .unwrap_or(false)
+        self.read(|tx| {
+            Ok(tx
+                .run(run_id)
+                .is_some_and(|r| r.status == RunStatus::Running && r.claim_epoch == epoch))
+        })
+        .unwrap_or(false)
     }
 
     /// Puts a run whose attempt was interrupted by a shutdown back to
@@ -1364,7 +1386,7 @@ impl<S: Store> Engine<S> {
     /// Returns whether it was released. O(log n).
     pub fn release_attempt(&self, run_id: &RunId, epoch: u32) -> Result<bool> {
         let now = self.now();
-        let released = self.store.transaction(|tx| {
+        let released = self.write(|tx| {
             let Some(run) = tx.run(run_id) else {
                 return Ok(false);
             };
@@ -1449,7 +1471,7 @@ impl<S: Store> Engine<S> {
             run_id: run_id.to_owned(),
         })?;
         let now = self.now();
-        self.store.transaction(|tx| {
+        self.write(|tx| {
             Self::check_attempt(tx, &id, epoch, run_id)?;
             let existing = tx.step(&id, step_id).cloned();
             if let Some(s) = &existing {
@@ -1499,7 +1521,7 @@ impl<S: Store> Engine<S> {
             run_id: run_id.to_owned(),
         })?;
         let now = self.now();
-        self.store.transaction(|tx| {
+        self.write(|tx| {
             Self::check_attempt(tx, &id, epoch, run_id)?;
             let Some(mut s) = tx.step(&id, step_id).cloned() else {
                 return Err(JobError::JobRunState {
@@ -1531,7 +1553,7 @@ impl<S: Store> Engine<S> {
             run_id: run_id.to_owned(),
         })?;
         let now = self.now();
-        self.store.transaction(|tx| {
+        self.write(|tx| {
             // A step of an attempt that is over still gets its failure
             // recorded if the row is this attempt's.
             let Some(mut s) = tx.step(&id, step_id).cloned() else {
@@ -1571,7 +1593,7 @@ impl<S: Store> Engine<S> {
         };
         let id = parse_run_id(run_id).ok_or_else(not_found)?;
         let now = self.now();
-        let row = self.store.transaction(|tx| {
+        let row = self.write(|tx| {
             let run = tx.run(&id).ok_or_else(not_found)?;
             if !run.status.is_terminal() {
                 return Err(JobError::JobNotReplayable {
@@ -1613,7 +1635,7 @@ impl<S: Store> Engine<S> {
     /// A run's row with no tenant gate, for the process that holds the run
     /// (a handler reading `ctx.run`).
     pub fn run_row(&self, id: &RunId) -> Option<RunRow> {
-        self.store.read(|tx| Ok(tx.run(id).cloned())).ok().flatten()
+        self.read(|tx| Ok(tx.run(id).cloned())).ok().flatten()
     }
 
     pub fn find_by_id(&self, run_id: &str, tenant: &TenantArg) -> Result<Option<RunRow>> {
@@ -1621,8 +1643,7 @@ impl<S: Store> Engine<S> {
         let Some(id) = parse_run_id(run_id) else {
             return Ok(None);
         };
-        self.store
-            .read(|tx| Ok(tx.run(&id).filter(|r| Self::visible(&filter, r)).cloned()))
+        self.read(|tx| Ok(tx.run(&id).filter(|r| Self::visible(&filter, r)).cloned()))
     }
 
     /// Steps of a run in seq order. O(k log k) for its k steps.
@@ -1631,7 +1652,7 @@ impl<S: Store> Engine<S> {
         let Some(id) = parse_run_id(run_id) else {
             return Ok(Vec::new());
         };
-        self.store.read(|tx| match tx.run(&id) {
+        self.read(|tx| match tx.run(&id) {
             Some(r) if Self::visible(&filter, r) => Ok(tx.steps(&id)),
             _ => Ok(Vec::new()),
         })
@@ -1647,7 +1668,7 @@ impl<S: Store> Engine<S> {
     ) -> Result<Vec<RunRow>> {
         let filter = self.gate("listForScope", tenant)?;
         let t = filter.flatten();
-        self.store.read(|tx| {
+        self.read(|tx| {
             let mut ids = tx.scope_runs(t.as_deref(), entity_type, entity_id);
             if !q.ascending {
                 ids.reverse();
@@ -1679,7 +1700,7 @@ impl<S: Store> Engine<S> {
         let t = filter.flatten();
         let now = self.now();
         let mut fx = Effects::default();
-        let n = self.store.transaction(|tx| {
+        let n = self.write(|tx| {
             let live: Vec<RunId> = tx
                 .scope_runs(t.as_deref(), entity_type, entity_id)
                 .into_iter()
@@ -1713,7 +1734,7 @@ impl<S: Store> Engine<S> {
         let t = filter.flatten();
         let now = self.now();
         let run_at = clamp_time(run_at);
-        let n = self.store.transaction(|tx| {
+        let n = self.write(|tx| {
             let mut n = 0;
             for id in tx.scope_runs(t.as_deref(), entity_type, entity_id) {
                 if tx.run(&id).is_some_and(|r| r.status == RunStatus::Pending) {
@@ -1738,14 +1759,14 @@ impl<S: Store> Engine<S> {
     ) -> Result<Vec<(Arc<str>, RunStatus, u64)>> {
         let filter = self.gate("countByPoolAndStatus", tenant)?;
         let t = filter.flatten();
-        self.store.read(|tx| Ok(tx.status_counts(t.as_deref())))
+        self.read(|tx| Ok(tx.status_counts(t.as_deref())))
     }
 
     /// Most recently finished failed runs. O(log n + k).
     pub fn list_recent_failed(&self, tenant: &TenantArg, limit: usize) -> Result<Vec<RunRow>> {
         let filter = self.gate("listRecentFailed", tenant)?;
         let t = filter.flatten();
-        self.store.read(|tx| {
+        self.read(|tx| {
             Ok(tx
                 .recent_failed(t.as_deref(), limit)
                 .iter()
@@ -1771,7 +1792,7 @@ impl<S: Store> Engine<S> {
             },
             None => None,
         };
-        self.store.read(|tx| {
+        self.read(|tx| {
             // One extra row tells whether another page exists.
             let ids = tx.page_runs(&PageQuery {
                 tenant: t.as_deref(),
@@ -1800,7 +1821,7 @@ impl<S: Store> Engine<S> {
         let Some(id) = parse_run_id(root_run_id) else {
             return Ok(None);
         };
-        self.store.read(|tx| {
+        self.read(|tx| {
             match tx.run(&id) {
                 Some(r) if Self::visible(&filter, r) => {}
                 _ => return Ok(None),
@@ -1825,7 +1846,7 @@ impl<S: Store> Engine<S> {
         let Some(id) = parse_run_id(run_id) else {
             return Ok(None);
         };
-        self.store.read(|tx| match tx.run(&id) {
+        self.read(|tx| match tx.run(&id) {
             Some(r) if Self::visible(&filter, r) => Ok(tx.step(&id, step_id).cloned()),
             _ => Ok(None),
         })
@@ -1842,7 +1863,7 @@ impl<S: Store> Engine<S> {
         if rec.step_id.is_empty() {
             return Err(JobError::invalid("stepId must be a non-empty string"));
         }
-        self.store.transaction(|tx| {
+        self.write(|tx| {
             let run = tx
                 .run(&id)
                 .filter(|r| Self::visible(&filter, r))

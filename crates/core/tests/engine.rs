@@ -484,6 +484,50 @@ fn retention_purges_finished_runs_and_reuses_their_slots() {
 }
 
 #[test]
+fn retention_holds_for_reads_and_dedupe_without_another_write() {
+    let e = Engine::new(
+        MemoryStore::new(),
+        EngineOptions {
+            multi_tenant: false,
+            clock: ClockKind::Manual,
+            retention: jobforge_core::engine::Retention {
+                completed_ms: Some(100),
+                failed_ms: None,
+            },
+        },
+    );
+    let mut s = spec("t");
+    s.dedupe_key = Some("{{k}}".into());
+    s.dedupe_window_ms = Some(1_000_000);
+    e.register(s).unwrap();
+    let first = e.start(req("t", r#"{"k":"a"}"#)).unwrap();
+    complete(&e, &e.claim_next("batch").unwrap().unwrap());
+    let find = |id: &RunId| e.find_by_id(&id.to_string(), &TenantArg::Missing).unwrap();
+    let completed = || {
+        e.count_by_pool_and_status(&TenantArg::Missing)
+            .unwrap()
+            .iter()
+            .filter(|c| c.1 == RunStatus::Completed)
+            .map(|c| c.2)
+            .sum::<u64>()
+    };
+    e.advance_time(99);
+    // Within its retention the run answers reads and dedupe.
+    assert!(find(&first.id).is_some());
+    assert_eq!(completed(), 1);
+    assert_eq!(e.start(req("t", r#"{"k":"a"}"#)).unwrap().id, first.id);
+    e.advance_time(1);
+    // Due for deletion: gone for every read, though nothing wrote since.
+    assert!(find(&first.id).is_none());
+    assert_eq!(completed(), 0);
+    e.store().verify_indexes().unwrap();
+    // Dedupe does not answer with a run its own call deletes.
+    let second = e.start(req("t", r#"{"k":"a"}"#)).unwrap();
+    assert_ne!(second.id, first.id);
+    assert!(find(&second.id).is_some());
+}
+
+#[test]
 fn start_batch_creates_runs_with_their_preset_ids_and_reports_the_rest() {
     let e = engine(false);
     e.register(spec("a")).unwrap();

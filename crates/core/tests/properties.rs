@@ -662,15 +662,18 @@ impl Harness {
         }
     }
 
-    /// Runs that vanished during an operation: each must have been terminal
-    /// (before it or through it) with its retention elapsed at `now`. They
-    /// are then forgotten, and `before` and `exp` forget them too.
+    /// Runs that vanished during an operation (at `now`) or the reads after
+    /// it (at `read_at`, later if the operation moved the clock: reads purge
+    /// too): each must have been terminal (before it or through it) with its
+    /// retention elapsed at `read_at`. They are then forgotten, and `before`
+    /// and `exp` forget them too.
     fn take_purged(
         &mut self,
         before: &mut Vec<RunRow>,
         after: Vec<Option<RunRow>>,
         exp: &mut Expect,
         now: Millis,
+        read_at: Millis,
     ) -> std::result::Result<Vec<RunRow>, String> {
         let mut gone = HashSet::new();
         for (i, a) in after.iter().enumerate() {
@@ -690,7 +693,7 @@ impl Harness {
             let ok = ended.is_some_and(|(status, finished)| {
                 self.retention_of(status)
                     .zip(finished)
-                    .is_some_and(|(ms, at)| at <= now - ms)
+                    .is_some_and(|(ms, at)| at <= read_at - ms)
             });
             ensure!(
                 ok,
@@ -900,6 +903,10 @@ impl Harness {
                 .min();
             if let Some(t) = due.filter(|t| *t > now) {
                 self.e.advance_time(t - now);
+                // Reads purge too: runs whose retention ran out meanwhile go.
+                let mut rows = rows;
+                let fetched = self.fetch()?;
+                self.take_purged(&mut rows, fetched, &mut Expect::default(), now, t)?;
             }
         }
         let before = self.rows()?;
@@ -1158,7 +1165,8 @@ impl Harness {
         }
         let mut before = before;
         let fetched = self.fetch()?;
-        let after = self.take_purged(&mut before, fetched, &mut exp, now)?;
+        let read_at = self.e.now();
+        let after = self.take_purged(&mut before, fetched, &mut exp, now, read_at)?;
         self.check_transitions(&before, &after, &exp, now)?;
         self.check_steps(&exp)?;
         self.check_state(&after)

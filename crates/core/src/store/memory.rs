@@ -691,6 +691,10 @@ pub struct MemoryTx<'a>(MutexGuard<'a, MemoryState>);
 impl Store for MemoryStore {
     type Tx<'a> = MemoryTx<'a>;
 
+    fn purges_in_every_call(&self) -> bool {
+        true
+    }
+
     fn transaction<R>(&self, f: impl FnOnce(&mut MemoryTx<'_>) -> Result<R>) -> Result<R> {
         // A panic inside a rule must not wedge the engine: recover the guard.
         let guard = self.state.lock().unwrap_or_else(|p| p.into_inner());

@@ -32,6 +32,14 @@ pub trait Store: Send + Sync + 'static {
     fn read<R>(&self, f: impl Fn(&mut Self::Tx<'_>) -> Result<R>) -> Result<R> {
         self.transaction(f)
     }
+
+    /// Whether expired runs can be purged at the start of every call, reads
+    /// included, at no real cost (the in-memory store: a peek at the oldest
+    /// finished run when none is due). A networked store purges in writes
+    /// only: a purge there is a statement of its own.
+    fn purges_in_every_call(&self) -> bool {
+        false
+    }
 }
 
 /// Tenant + key identity used by lanes and dedupe. In single-tenant mode

@@ -305,6 +305,85 @@ postgresOnly('a string the database cannot store is a typed error and stores not
   t.is((await o.start('t', { s: 'fine' })).status, 'pending');
 });
 
+postgresOnly('advanceTime on a manual clock wakes the worker at once, whatever its poll interval', async (t, make) => {
+  const o = await make.manual({ postgres: { url: PG_URL, pollMs: 100_000 } });
+  let startedAfter: number | null = null;
+  let movedAt = 0;
+  o.registerHandler('later', {}, async () => {
+    startedAfter = Date.now() - movedAt;
+  });
+  const worker = o.startWorker({ pools: { batch: { concurrency: 1 } } });
+  t.teardown(() => worker.stop());
+  const run = await o.start('later', {}, { runAt: new Date(o.now().getTime() + 3_600_000) });
+  await sleep(300); // the worker has looked and gone to sleep for its poll interval
+  t.is((await o.findById(run.id))?.status, 'pending');
+  movedAt = Date.now();
+  o.advanceTime(3_600_000);
+  const done = await o.waitForRun(run.id, { timeoutMs: 5_000 });
+  t.is(done.status, 'completed');
+  t.true(startedAfter !== null && startedAfter < 2_000, `started ${startedAfter} ms after advanceTime`);
+});
+
+postgresOnly('a lease renewal moves updatedAt with claimedAt', async (t, make) => {
+  const o = await make.system({ postgres: { url: PG_URL, leaseMs: 300, pollMs: 50 } });
+  let release: () => void = () => undefined;
+  const gate = new Promise<void>((r) => (release = r));
+  o.registerHandler('slow', {}, async () => {
+    await gate;
+  });
+  const worker = o.startWorker({ pools: { batch: { concurrency: 1 } } });
+  t.teardown(async () => {
+    release();
+    await worker.stop();
+  });
+  const run = await o.start('slow', {});
+  // Renewed every leaseMs / 3: claimedAt soon moves past startedAt.
+  const running = await until('a renewed lease', async () => {
+    const r = await o.findById(run.id);
+    return r && r.status === 'running' && r.claimedAt!.getTime() > r.startedAt!.getTime() + 150 ? r : null;
+  });
+  t.true(running.updatedAt.getTime() >= running.claimedAt!.getTime(), 'updatedAt is not older than the renewed claimedAt');
+  release();
+  const done = await o.waitForRun(run.id, { timeoutMs: 10_000 });
+  t.is(done.status, 'completed');
+  t.true(done.finishedAt!.getTime() >= done.claimedAt!.getTime(), 'finishedAt is not before claimedAt');
+});
+
+postgresOnly('a run finishes when its handler did, not when its outcome could be stored', async (t, make) => {
+  const opts = make.options({ loggerFactory: () => silentLogger, logger: silentLogger, postgres: { url: PG_URL, pollMs: 50 } });
+  const o = new JobOrchestrator(opts);
+  t.teardown(() => o.close());
+  await o.migrate();
+  let release: () => void = () => undefined;
+  const gate = new Promise<void>((r) => (release = r));
+  let endedAt = 0;
+  o.registerHandler('held', {}, async () => {
+    await gate;
+    endedAt = Date.now();
+  });
+  const worker = o.startWorker({ pools: { batch: { concurrency: 1 } } });
+  t.teardown(() => worker.stop());
+  const run = await o.start('held', {});
+  await until('the run to start', async () => (await o.findById(run.id))?.status === 'running');
+  // The table is away for ~800 ms: storing the outcome fails and is retried.
+  // eslint-disable-next-line @typescript-eslint/no-require-imports
+  const { Client } = require('pg') as typeof import('pg');
+  const admin = new Client({ connectionString: PG_URL });
+  await admin.connect();
+  t.teardown(() => admin.end());
+  const schema = opts.postgres!.schema;
+  await admin.query(`ALTER TABLE ${schema}.job_run RENAME TO job_run_away`);
+  release();
+  await until('the handler to end', async () => endedAt > 0);
+  await sleep(800);
+  await admin.query(`ALTER TABLE ${schema}.job_run_away RENAME TO job_run`);
+  const done = await o.waitForRun(run.id, { timeoutMs: 10_000 });
+  t.is(done.status, 'completed');
+  const lag = done.finishedAt!.getTime() - endedAt;
+  t.true(lag < 400, `finishedAt is ${lag} ms after the handler ended (stored 800+ ms later)`);
+  t.true(done.updatedAt.getTime() >= done.finishedAt!.getTime());
+});
+
 test('an unreachable database is a typed error, not a crash', async (t) => {
   const o = new JobOrchestrator({
     backend: 'postgres',

@@ -1327,7 +1327,7 @@ impl<S: Store> Engine<S> {
     /// On error nothing changed and the caller may retry the same batch.
     pub fn settle(
         &self,
-        finished: &[(RunId, u32, Option<AttemptOutcome>)],
+        finished: &[(RunId, u32, Option<AttemptOutcome>, Millis)],
         claims: &[(Arc<str>, usize)],
     ) -> Result<(usize, Vec<AttemptTicket>)> {
         let now = self.now();
@@ -1336,10 +1336,16 @@ impl<S: Store> Engine<S> {
             let ids: Vec<RunId> = finished.iter().map(|f| f.0).collect();
             tx.prefetch(&ids);
             let mut applied = 0;
-            for (id, epoch, outcome) in finished {
+            for (id, epoch, outcome, at) in finished {
                 if let Some(o) = outcome {
+                    // The run ended when its handler did, not when the
+                    // outcome was stored (later under load or an outage);
+                    // but not before its row last changed (a lease renewal
+                    // after the handler ended), so its times stay ordered.
+                    let since = tx.run(id).map_or(*at, |r| r.updated_at);
+                    let ended = (*at).max(since).min(now);
                     if self
-                        .finish_in(tx, (id, *epoch), o.clone(), now, false, &mut fx)?
+                        .finish_in(tx, (id, *epoch), o.clone(), ended, false, &mut fx)?
                         .is_some()
                     {
                         applied += 1;
@@ -1356,7 +1362,7 @@ impl<S: Store> Engine<S> {
             Ok((applied, tickets))
         });
         if result.is_ok() {
-            for (id, epoch, _) in finished {
+            for (id, epoch, _, _) in finished {
                 self.end_in_flight(id, *epoch);
             }
             self.deliver(fx);
@@ -1911,7 +1917,13 @@ impl<S: Store> Engine<S> {
 
     /// Moves a manual clock. `None` on the system clock.
     pub fn advance_time(&self, ms: i64) -> Option<Millis> {
-        self.clock.advance(ms)
+        let moved = self.clock.advance(ms);
+        if moved.is_some() {
+            // Runs (and retries) may be due now: a worker that waits on a
+            // poll interval rather than on this clock (Postgres) looks again.
+            self.activity.notify_one();
+        }
+        moved
     }
 }
 

@@ -23,7 +23,16 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::sync::Notify;
 
-type Done = (RunId, u32, Option<AttemptOutcome>, Arc<str>);
+/// An attempt's outcome waiting to be stored.
+struct Done {
+    id: RunId,
+    epoch: u32,
+    outcome: Option<AttemptOutcome>,
+    pool: Arc<str>,
+    /// When the handler ended: the run's `finishedAt`, however late the
+    /// outcome reaches the database.
+    at: Millis,
+}
 type NoticeSink = Arc<dyn Fn(String) + Send + Sync>;
 
 pub struct PgWorker {
@@ -144,8 +153,15 @@ impl PgWorker {
             .iter()
             .find(|p| &*p.name == pool)
             .map_or_else(|| Arc::from(pool), |p| p.name.clone());
+        let at = self.engine.now();
         if let Ok(mut d) = self.done.lock() {
-            d.push((id, epoch, outcome, pool));
+            d.push(Done {
+                id,
+                epoch,
+                outcome,
+                pool,
+                at,
+            });
             self.unsaved.fetch_add(1, Ordering::SeqCst);
         }
         self.wake.notify_one();
@@ -245,8 +261,8 @@ impl PgWorker {
                 Vec::new()
             };
             // Slots freed by this batch are claimable in the same transaction.
-            for (id, _, _, pool) in &batch {
-                self.slot_freed(pool, id);
+            for d in &batch {
+                self.slot_freed(&d.pool, &d.id);
             }
             let starved = self.starved.load(Ordering::SeqCst);
             let claims: Vec<(Arc<str>, usize)> = if stopping || starved || !room {
@@ -300,9 +316,9 @@ impl PgWorker {
         claims: Vec<(Arc<str>, usize)>,
     ) {
         let engine = self.engine.clone();
-        let settle_batch: Vec<(RunId, u32, Option<AttemptOutcome>)> = batch
+        let settle_batch: Vec<(RunId, u32, Option<AttemptOutcome>, Millis)> = batch
             .iter()
-            .map(|(id, e, o, _)| (*id, *e, o.clone()))
+            .map(|d| (d.id, d.epoch, d.outcome.clone(), d.at))
             .collect();
         let claims_for_tx = claims.clone();
         let result =
@@ -382,13 +398,13 @@ impl PgWorker {
     }
 
     fn requeue(&self, batch: Vec<Done>) {
-        for (id, epoch, _, pool) in &batch {
-            if let Some(p) = self.pools.iter().find(|p| &p.name == pool) {
+        for d in &batch {
+            if let Some(p) = self.pools.iter().find(|p| p.name == d.pool) {
                 // The slot is still taken until the outcome lands.
                 p.reserve(1);
             }
             if let Ok(mut h) = self.held.lock() {
-                h.insert(*id, *epoch);
+                h.insert(d.id, d.epoch);
             }
         }
         if let Ok(mut d) = self.done.lock() {

@@ -196,13 +196,33 @@ fn batch_settle_claims_and_finishes_in_one_transaction() {
     let pool: Arc<str> = Arc::from("batch");
     let (_, first) = e.settle(&[], &[(pool.clone(), 20)]).unwrap();
     assert_eq!(first.len(), 20);
+    let ended = e.now();
     let finished: Vec<_> = first
         .iter()
-        .map(|t| (t.run.id, t.epoch, Some(AttemptOutcome::Completed(None))))
+        .map(|t| {
+            (
+                t.run.id,
+                t.epoch,
+                Some(AttemptOutcome::Completed(None)),
+                ended,
+            )
+        })
         .collect();
+    // The outcomes reach the database later than the handlers ended.
+    std::thread::sleep(std::time::Duration::from_millis(30));
     let (applied, next) = e.settle(&finished, &[(pool.clone(), 40)]).unwrap();
     assert_eq!(applied, 20);
     assert_eq!(next.len(), 30);
+    let row = e
+        .find_by_id(&first[0].run.id.to_string(), &TenantArg::Missing)
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        row.finished_at.get(),
+        Some(ended),
+        "finished when the handler ended"
+    );
+    assert_eq!(row.updated_at, ended);
     let counts = e.count_by_pool_and_status(&TenantArg::Missing).unwrap();
     let get = |s: RunStatus| counts.iter().find(|c| c.1 == s).map_or(0, |c| c.2);
     assert_eq!(get(RunStatus::Completed), 20);

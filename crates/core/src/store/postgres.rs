@@ -820,7 +820,8 @@ const SQL_PAGE_ROOT: &str = "SELECT {R} FROM {S}.job_run WHERE {T} AND root_run_
     AND ($5::timestamptz IS NULL OR (created_at, id) < ($5, $6::uuid)) \
     ORDER BY created_at DESC, id DESC LIMIT $7";
 const SQL_TREE: &str = "SELECT {R} FROM {S}.job_run WHERE root_run_id = $1 ORDER BY seq";
-const SQL_HEARTBEAT: &str = "UPDATE {S}.job_run r SET claimed_at = $3 FROM unnest($1::uuid[], $2::int4[]) \
+/// The lease is `claimed_at`; the row changed, so `updated_at` moves too.
+const SQL_HEARTBEAT: &str = "UPDATE {S}.job_run r SET claimed_at = $3, updated_at = GREATEST(r.updated_at, $3) FROM unnest($1::uuid[], $2::int4[]) \
     AS h(id, epoch) WHERE r.id = h.id AND r.claim_epoch = h.epoch AND r.status = 'running' RETURNING r.id";
 const SQL_EXPIRED: &str = "SELECT id, claim_epoch FROM {S}.job_run WHERE status = 'running' \
     AND claimed_at < $1 ORDER BY claimed_at LIMIT $2";

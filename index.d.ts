@@ -71,7 +71,7 @@ export declare class NativeEngine {
   findStep(tenantGiven: boolean, tenantId: string | undefined | null, runId: string, stepId: string): string | null
   recordStep(tenantGiven: boolean, tenantId: string | undefined | null, recordJson: string): string
   /**
-   * Drains queued notices: `{"aborts":[{"runId","reason"}],"events":[row…]}`,
+   * Drains queued notices: `{"aborts":[{"runId","epoch"?,"reason"}],"events":[row…]}`,
    * or null when there are none.
    */
   takeNotices(): string | null

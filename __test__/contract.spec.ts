@@ -2227,3 +2227,37 @@ forBackends('retention: a finished run past its retention is gone for reads with
     'no finished run is counted',
   );
 });
+
+forBackends('cancel: a run canceled while claimed, then replayed, is not stopped by a later unrelated cancel', async (t, make) => {
+  // The first cancel found the run claimed but not executing: its abort
+  // notice belongs to that attempt only, not to the replayed run's next one.
+  const o = await make.manual();
+  let aborted: unknown = null;
+  let entered: () => void = () => undefined;
+  const inside = new Promise<void>((r) => (entered = r));
+  let finish: () => void = () => undefined;
+  const gate = new Promise<void>((r) => (finish = r));
+  o.registerHandler('stale.abort', {}, async (ctx) => {
+    ctx.signal.addEventListener('abort', () => (aborted = ctx.signal.reason));
+    entered();
+    await gate;
+    return { done: true };
+  });
+  const other = await o.start('stale.abort', {}, { pool: 'elsewhere' });
+  const run = await o.start('stale.abort', {});
+  t.is((await o.claimNext('batch'))?.id, run.id);
+  await o.cancel(run.id);
+  await o.replay(run.id);
+  t.is((await o.claimNext('batch'))?.id, run.id);
+  const ticking = o.tick(run.id);
+  await inside;
+  await o.cancel(randomUUID()); // unknown: a no-op
+  await o.cancel(other.id); // another run
+  finish();
+  await ticking;
+  t.is(aborted, null, 'the signal of the running attempt did not fire');
+  const row = await o.findById(run.id);
+  t.is(row?.status, 'completed');
+  t.is(row?.attempts, 1);
+  t.deepEqual(row?.output, { done: true });
+});

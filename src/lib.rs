@@ -65,7 +65,7 @@ type AbortFn = ThreadsafeFunction<String, UnknownReturnValue, String, Status, fa
 /// events. Queued here, drained by `take_notices`.
 #[derive(Default)]
 struct Notices {
-    aborts: Vec<(RunId, AbortReason)>,
+    aborts: Vec<(RunId, Option<u32>, AbortReason)>,
     events: Vec<String>,
 }
 
@@ -96,9 +96,9 @@ impl JsObserver {
 }
 
 impl EngineObserver for JsObserver {
-    fn run_aborted(&self, run_id: RunId, reason: AbortReason) {
+    fn run_aborted(&self, run_id: RunId, epoch: Option<u32>, reason: AbortReason) {
         if let Ok(mut p) = self.pending.lock() {
-            p.aborts.push((run_id, reason));
+            p.aborts.push((run_id, epoch, reason));
         }
         self.nudge();
     }
@@ -733,7 +733,7 @@ impl NativeEngine {
         ops::record_step(&self.engine, tenant_given, tenant_id, record_json)
     }
 
-    /// Drains queued notices: `{"aborts":[{"runId","reason"}],"events":[row…]}`,
+    /// Drains queued notices: `{"aborts":[{"runId","epoch"?,"reason"}],"events":[row…]}`,
     /// or null when there are none.
     #[napi(catch_unwind)]
     pub fn take_notices(&self) -> Option<String> {
@@ -1355,7 +1355,10 @@ fn take_notices(pending: &PendingAborts) -> Option<String> {
     let aborts: Vec<Value> = taken
         .aborts
         .iter()
-        .map(|(id, r)| json!({ "runId": id.to_string(), "reason": r.as_str() }))
+        .map(|(id, epoch, r)| match epoch {
+            Some(e) => json!({ "runId": id.to_string(), "epoch": e, "reason": r.as_str() }),
+            None => json!({ "runId": id.to_string(), "reason": r.as_str() }),
+        })
         .collect();
     Some(format!(
         "{{\"aborts\":{},\"events\":[{}]}}",

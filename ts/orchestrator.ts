@@ -1561,8 +1561,13 @@ export class JobOrchestrator {
   private flushAborts(): void {
     const json = this.local.takeNotices();
     if (json === null) return;
-    const notices = JSON.parse(json) as { aborts: { runId: string; reason: string }[]; events: RunTuple[] };
-    for (const { runId, reason } of notices.aborts) this.inFlight.get(runId)?.abort(reason);
+    const notices = JSON.parse(json) as { aborts: { runId: string; epoch?: number; reason: string }[]; events: RunTuple[] };
+    for (const { runId, epoch, reason } of notices.aborts) {
+      // A notice is for one attempt: one queued while the run was claimed
+      // but not executing must not stop a later attempt (after a replay).
+      const attempt = this.inFlight.get(runId);
+      if (attempt !== undefined && (epoch === undefined || attempt.epoch === epoch)) attempt.abort(reason);
+    }
     for (const raw of notices.events) this.emit(fromTuple(raw));
   }
 
@@ -1980,6 +1985,7 @@ export class JobOrchestrator {
       const ticket = new Ticket(line);
       runId = ticket.id;
       const attempt = new Attempt();
+      attempt.epoch = ticket.epoch;
       this.inFlight.set(runId, attempt);
       outcome = await this.execute(ticket, attempt);
     } catch (e) {
@@ -1998,6 +2004,7 @@ export class JobOrchestrator {
    */
   private attempt(ticket: Ticket, attempt: Attempt): Promise<Outcome | null> {
     // Registered first, so a cancel from now on reaches this attempt.
+    attempt.epoch = ticket.epoch;
     this.inFlight.set(ticket.id, attempt);
     return new Promise((resolve) => this.runHandler(ticket, attempt, resolve));
   }

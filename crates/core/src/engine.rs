@@ -39,8 +39,11 @@ pub struct Retention {
 /// Told about transitions that the JS side must act on.
 pub trait EngineObserver: Send + Sync {
     /// A run whose handler is executing was canceled or timed out: its
-    /// `ctx.signal` must fire.
-    fn run_aborted(&self, run_id: RunId, reason: AbortReason);
+    /// `ctx.signal` must fire, if the attempt executing is `epoch` (`None`:
+    /// whichever is; a cancel notified by an older process). A run claimed
+    /// but not executing yet gets a notice too, which no later attempt of it
+    /// may take for its own.
+    fn run_aborted(&self, run_id: RunId, epoch: Option<u32>, reason: AbortReason);
 
     /// Runs that ended (completed, failed, timed out, canceled) or were put
     /// back for a retry, in transition order. Only sent while events are
@@ -157,7 +160,8 @@ pub enum Started {
 /// Side effects collected inside a transaction and delivered after it.
 #[derive(Default)]
 struct Effects {
-    aborted: Vec<(RunId, AbortReason)>,
+    /// Attempts stopped: run, claim epoch, why.
+    aborted: Vec<(RunId, Option<u32>, AbortReason)>,
     /// Rows after a terminal or retry transition (only with events on).
     transitions: Vec<RunRow>,
     /// Something may have become claimable for a waiting worker (a lane
@@ -356,13 +360,18 @@ impl<S: Store> Engine<S> {
             }
         }
         let mut in_flight = self.in_flight.lock().unwrap_or_else(|p| p.into_inner());
-        for (id, reason) in fx.aborted {
+        for (id, epoch, reason) in fx.aborted {
             // The attempt is over: wake a waiting `tick` and forget it.
-            if let Some(f) = in_flight.remove(&id) {
-                f.abort.notify_one();
+            if in_flight
+                .get(&id)
+                .is_some_and(|f| epoch.is_none_or(|e| f.epoch == e))
+            {
+                if let Some(f) = in_flight.remove(&id) {
+                    f.abort.notify_one();
+                }
             }
             if let Some(o) = &observer {
-                o.run_aborted(id, reason);
+                o.run_aborted(id, epoch, reason);
             }
         }
     }
@@ -370,9 +379,9 @@ impl<S: Store> Engine<S> {
     /// Reports that a run executing in this process was stopped by another
     /// process (its attempt's outcome will be ignored): the observer fires
     /// the handler's signal. A no-op for runs this process is not running.
-    pub fn abort_local(&self, id: RunId, reason: AbortReason) {
+    pub fn abort_local(&self, id: RunId, epoch: Option<u32>, reason: AbortReason) {
         self.deliver(Effects {
-            aborted: vec![(id, reason)],
+            aborted: vec![(id, epoch, reason)],
             transitions: Vec::new(),
             wake: false,
         });
@@ -982,7 +991,8 @@ impl<S: Store> Engine<S> {
                 continue;
             }
             if run.status == RunStatus::Running {
-                fx.aborted.push((id, AbortReason::Canceled));
+                fx.aborted
+                    .push((id, Some(run.claim_epoch), AbortReason::Canceled));
             }
             fx.wake = true;
             let events = self.wants_event(&id);
@@ -1444,7 +1454,7 @@ impl<S: Store> Engine<S> {
                 let applied = self.finish_attempt(&id, epoch, o)?;
                 if timed_out && applied.is_some() {
                     self.deliver(Effects {
-                        aborted: vec![(id, AbortReason::TimedOut)],
+                        aborted: vec![(id, Some(epoch), AbortReason::TimedOut)],
                         ..Effects::default()
                     });
                 }

@@ -482,10 +482,10 @@ impl PgWorker {
                 let mut failures = 0;
                 while listening.load(Ordering::SeqCst) {
                     let keep = || listening.load(Ordering::SeqCst);
-                    let notify = |stopped: Option<RunId>| match stopped {
+                    let notify = |stopped: Option<(RunId, Option<u32>)>| match stopped {
                         // A run this process may be executing was canceled
                         // elsewhere: fire its signal here.
-                        Some(id) => engine.abort_local(id, AbortReason::Canceled),
+                        Some((id, epoch)) => engine.abort_local(id, epoch, AbortReason::Canceled),
                         None => wake.notify_one(),
                     };
                     let began = std::time::Instant::now();

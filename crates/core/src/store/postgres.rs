@@ -590,7 +590,7 @@ impl PgStore {
     pub fn listen(
         &self,
         keep_going: &dyn Fn() -> bool,
-        on_notify: &dyn Fn(Option<RunId>),
+        on_notify: &dyn Fn(Option<(RunId, Option<u32>)>),
     ) -> Result<()> {
         let mut client = self.pool.config.connect(NoTls).map_err(db_err)?;
         client
@@ -602,7 +602,7 @@ impl PgStore {
             loop {
                 match fallible_next(&mut it) {
                     Ok(Some(payload)) => {
-                        on_notify(payload.strip_prefix("c:").and_then(|id| id.parse().ok()))
+                        on_notify(payload.strip_prefix("c:").and_then(parse_stopped))
                     }
                     Ok(None) => break,
                     Err(e) => return Err(db_err(e)),
@@ -681,9 +681,9 @@ impl PgStore {
                 if notify {
                     commit.push_str(&format!("SELECT pg_notify({}, '');", self.channel_literal));
                 }
-                for id in &stopped {
+                for (id, epoch) in &stopped {
                     commit.push_str(&format!(
-                        "SELECT pg_notify({}, 'c:{id}');",
+                        "SELECT pg_notify({}, 'c:{id}:{epoch}');",
                         self.channel_literal
                     ));
                 }
@@ -724,6 +724,15 @@ impl Store for PgStore {
             }
             return out;
         }
+    }
+}
+
+/// A cancel notification's `<run id>[:<claim epoch>]` (processes of an
+/// earlier version send no epoch).
+fn parse_stopped(text: &str) -> Option<(RunId, Option<u32>)> {
+    match text.split_once(':') {
+        Some((id, epoch)) => Some((id.parse().ok()?, Some(epoch.parse().ok()?))),
+        None => Some((text.parse().ok()?, None)),
     }
 }
 
@@ -848,7 +857,8 @@ pub struct PgTx<'a> {
     notify: bool,
     /// Running runs this transaction canceled: the process executing them
     /// is told on commit (it fires their `ctx.signal`).
-    stopped_running: Vec<RunId>,
+    /// Running attempts this transaction canceled: run, claim epoch.
+    stopped_running: Vec<(RunId, u32)>,
     failure: RefCell<Option<postgres::Error>>,
 }
 
@@ -1186,7 +1196,7 @@ impl StoreTx for PgTx<'_> {
         let key = row.concurrency_key().map(str::to_owned);
         let tenant = row.tenant_id.clone();
         if before_status == RunStatus::Running && row.status == RunStatus::Canceled {
-            self.stopped_running.push(*id);
+            self.stopped_running.push((*id, row.claim_epoch));
         }
         let wakes = (row.status == RunStatus::Pending && before_status != RunStatus::Pending)
             || (row.concurrency_key().is_some()

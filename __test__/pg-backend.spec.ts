@@ -295,14 +295,58 @@ postgresOnly('upsertJobRows reports the stored job types no entry names', async 
   t.deepEqual(orphaned, ['gone']);
 });
 
-postgresOnly('a string the database cannot store is a typed error and stores nothing', async (t, make) => {
+postgresOnly('a string the database cannot store is JobInputInvalidError and stores nothing', async (t, make) => {
   const o = await make.manual();
   o.registerHandler('t', {}, async () => undefined);
-  const err = await t.throwsAsync(o.start('t', { s: 'a\u0000b' }));
-  t.true(err instanceof JobStoreError, String(err));
-  t.deepEqual(await o.countByPoolAndStatus(), []);
+  // The key function makes a NUL the input does not hold.
+  o.registerHandler('laned', { concurrency: { key: (i: { k: string }) => i.k.replace('~', '\u0000'), collisionMode: 'replace' } }, async () => undefined);
+  const incumbent = await o.start('laned', { k: 'same' });
+  const cases: [string, () => Promise<unknown>][] = [
+    ['NUL in the input', () => o.start('t', { s: 'a\u0000b' })],
+    ['lone surrogate in the input', () => o.start('t', { s: 'a\ud800b' })],
+    ['NUL in a tag', () => o.start('t', {}, { tags: { a: 'x\u0000' } })],
+    ['NUL in the scope', () => o.start('t', {}, { scope: { entityType: 'user', entityId: 'u\u0000' } })],
+    ['NUL in a function key', () => o.start('laned', { k: 'k~' })],
+    ['NUL in triggerRef', () => o.start('t', {}, { triggerRef: 'r\u0000' })],
+  ];
+  for (const [label, call] of cases) {
+    const err = await t.throwsAsync(call(), undefined, label);
+    t.true(err instanceof JobInputInvalidError, `${label}: ${String(err)}`);
+    t.regex(err!.message, /cannot be stored/, label);
+  }
+  t.deepEqual(await o.countByPoolAndStatus(), [{ pool: 'batch', status: 'pending', count: 1 }]);
+  t.is((await o.findById(incumbent.id))?.status, 'pending', 'nothing changed, the lane incumbent included');
   // The orchestrator is still usable.
   t.is((await o.start('t', { s: 'fine' })).status, 'pending');
+});
+
+postgresOnly('an output or error the database cannot store still ends the run (failed, with the reason), never left running', async (t, make) => {
+  const o = await make.manual();
+  const results: Record<string, () => unknown> = {
+    'out.nul': () => ({ v: 'a\u0000b' }),
+    'out.lone': () => ({ v: 'a\ud800b' }),
+    'err.nul': () => {
+      throw new Error('bad \u0000 byte');
+    },
+    'err.lone': () => {
+      throw new Error('half \ud800 a pair');
+    },
+  };
+  for (const [type, f] of Object.entries(results)) o.registerHandler(type, {}, async () => f());
+  for (const type of Object.keys(results)) {
+    const run = await o.start(type, {});
+    t.is((await o.claimNext('batch'))?.id, run.id);
+    await o.tick(run.id);
+    const row = await o.findById(run.id);
+    t.is(row?.status, 'failed', type);
+    t.is(row?.output, null, type);
+    if (type.startsWith('out.')) {
+      t.regex(row!.error!.message, /^handler output cannot be stored: it holds a (NUL character|lone surrogate)/, type);
+    } else {
+      // The message is kept, with U+FFFD for what cannot be stored.
+      t.is(row?.error?.message, type === 'err.nul' ? 'bad \ufffd byte' : 'half \ufffd a pair', type);
+    }
+  }
 });
 
 postgresOnly('advanceTime on a manual clock wakes the worker at once, whatever its poll interval', async (t, make) => {

@@ -623,10 +623,13 @@ function call<T>(f: () => T): T {
   }
 }
 
+/** Lone surrogates (a JS string may hold them; the engine's text cannot) become U+FFFD. */
+const wellFormed = (s: string): string => s.replace(/[\ud800-\udbff](?![\udc00-\udfff])|(?<![\ud800-\udbff])[\udc00-\udfff]/g, '\ufffd');
+
 function describeFailure(err: unknown): { message: string; stack?: string; name?: string; code?: string } {
   let message: string;
   try {
-    message = err instanceof Error ? err.message : String(err);
+    message = wellFormed(err instanceof Error ? err.message : String(err));
   } catch {
     message = 'handler threw a value that cannot be turned into a string';
   }
@@ -634,9 +637,9 @@ function describeFailure(err: unknown): { message: string; stack?: string; name?
   if (err !== null && typeof err === 'object') {
     const e = err as { stack?: unknown; name?: unknown; code?: unknown };
     try {
-      if (typeof e.stack === 'string') out.stack = e.stack;
-      if (typeof e.name === 'string') out.name = e.name;
-      if (typeof e.code === 'string') out.code = e.code;
+      if (typeof e.stack === 'string') out.stack = wellFormed(e.stack);
+      if (typeof e.name === 'string') out.name = wellFormed(e.name);
+      if (typeof e.code === 'string') out.code = wellFormed(e.code);
     } catch {
       /* hostile getters: keep what we have */
     }

@@ -388,6 +388,59 @@ impl<S: Store> Engine<S> {
     }
 
     /// Deletes terminal runs past their retention (no-op when unset).
+    /// Refuses a start whose values the store cannot hold (before anything
+    /// changes, e.g. a `replace` lane's incumbent).
+    fn storable(&self, req: &StartRequest) -> Result<()> {
+        let json = [("input", Some(&*req.input)), ("tags", req.tags.as_deref())];
+        for (what, value) in json {
+            if let Some(p) = value.and_then(|v| self.store.json_problem(v.get())) {
+                return Err(JobError::JobInputInvalid {
+                    reason: format!("{what} cannot be stored: it holds {p}"),
+                });
+            }
+        }
+        let scope = req.scope.as_ref();
+        let tenant = match &req.tenant {
+            TenantArg::Id(t) => Some(t.as_str()),
+            _ => None,
+        };
+        let text = [
+            ("scope.entityType", scope.map(|s| s.0.as_str())),
+            ("scope.entityId", scope.map(|s| s.1.as_str())),
+            ("scope entity id", req.scope_entity_id_from_meta.as_deref()),
+            ("tenantId", tenant),
+            ("triggerRef", req.trigger_ref.as_deref()),
+            ("pool", req.pool.as_deref()),
+            ("concurrency key", req.concurrency_key.as_deref()),
+            ("dedupe key", req.dedupe_key.as_deref()),
+        ];
+        for (what, value) in text {
+            if let Some(p) = value.and_then(|v| self.store.text_problem(v)) {
+                return Err(JobError::JobInputInvalid {
+                    reason: format!("{what} cannot be stored: it holds {p}"),
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// An output the store cannot hold fails the attempt instead (the run
+    /// must not stay `running` because its result cannot be written).
+    fn storable_outcome(&self, outcome: AttemptOutcome) -> AttemptOutcome {
+        let AttemptOutcome::Completed(Some(output)) = &outcome else {
+            return outcome;
+        };
+        match self.store.json_problem(output.get()) {
+            None => outcome,
+            Some(p) => AttemptOutcome::Failed(FailureInfo {
+                message: format!("handler output cannot be stored: it holds {p}"),
+                stack: None,
+                name: Some("JobOutputInvalidError".to_owned()),
+                code: None,
+            }),
+        }
+    }
+
     /// A store transaction that first purges the runs past their retention
     /// where that costs nothing (see `Store::purges_in_every_call`): no
     /// call then sees, returns or changes a run that is due to be deleted.
@@ -750,6 +803,7 @@ impl<S: Store> Engine<S> {
             .ok_or_else(|| JobError::JobTypeNotFound {
                 job_type: req.job_type.clone(),
             })?;
+        self.storable(&req)?;
         // Lineage is checked in step 5, but the tenant of a child depends on
         // its parent, so look the parent up now.
         let parent: Option<(RunId, RunId, Option<Arc<str>>)> = req
@@ -1173,6 +1227,7 @@ impl<S: Store> Engine<S> {
         want_row: bool,
         fx: &mut Effects,
     ) -> Result<Option<Finished>> {
+        let outcome = self.storable_outcome(outcome);
         {
             let Some(run) = tx.run(run_id) else {
                 return Ok(None);

@@ -290,3 +290,41 @@ fn migrate_upgrades_a_seed_shaped_database() {
     let fresh = e.start(req("legacy", "{}")).unwrap();
     assert!(fresh.seq > claimed.seq);
 }
+
+/// What `jsonb` refuses, found before the database does (no server needed).
+#[test]
+fn jsonb_problem_finds_nul_and_lone_surrogates_only() {
+    use jobforge_core::store::postgres::jsonb_problem;
+    let ok = [
+        r#"{"a":"plain"}"#,
+        r#"{"a":"\u0001\u001f\u00e9\u20ac"}"#,
+        r#"{"pair":"\ud83d\ude00","after":"x"}"#,
+        r#"{"escaped backslash then u0000":"\\u0000"}"#,
+        r#"{"quote":"\"\\\/\b\f\n\r\t"}"#,
+        r#"["\ud800\udc00",1,true,null]"#,
+    ];
+    for text in ok {
+        assert_eq!(jsonb_problem(text), None, "{text}");
+    }
+    let nul = [r#"{"a":"x\u0000y"}"#, r#"["\u0000"]"#, r#"{"\u0000":1}"#];
+    for text in nul {
+        assert!(
+            jsonb_problem(text).is_some_and(|p| p.contains("NUL")),
+            "{text}"
+        );
+    }
+    let lone = [
+        r#"{"a":"\ud800"}"#,
+        r#"{"a":"\ud800x"}"#,
+        r#"{"a":"\udc00"}"#,
+        r#"{"a":"\ud800\ud800"}"#,
+        r#"{"a":"\ud800\n"}"#,
+        r#"["\ude00\ud83d"]"#,
+    ];
+    for text in lone {
+        assert!(
+            jsonb_problem(text).is_some_and(|p| p.contains("surrogate")),
+            "{text}"
+        );
+    }
+}

@@ -40,6 +40,18 @@ pub trait Store: Send + Sync + 'static {
     fn purges_in_every_call(&self) -> bool {
         false
     }
+
+    /// Why this store cannot hold a JSON text, if it cannot (PostgreSQL's
+    /// `jsonb` refuses `\u0000` and lone surrogates). Memory holds any.
+    fn json_problem(&self, _json: &str) -> Option<&'static str> {
+        None
+    }
+
+    /// Why this store cannot hold a string, if it cannot (PostgreSQL's
+    /// `text` refuses NUL).
+    fn text_problem(&self, _text: &str) -> Option<&'static str> {
+        None
+    }
 }
 
 /// Tenant + key identity used by lanes and dedupe. In single-tenant mode

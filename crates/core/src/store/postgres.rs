@@ -179,7 +179,67 @@ impl<'a> FromSql<'a> for JsonText {
 }
 
 fn error_json(e: &RunError) -> String {
-    serde_json::to_string(e).unwrap_or_else(|_| "null".to_owned())
+    let text = serde_json::to_string(e).unwrap_or_else(|_| "null".to_owned());
+    if jsonb_problem(&text).is_none() {
+        return text;
+    }
+    // A NUL in a thrown error's message (or stack) cannot go into jsonb:
+    // store U+FFFD in its place rather than fail to record the outcome.
+    let mut v = serde_json::to_value(e).unwrap_or(serde_json::Value::Null);
+    replace_nul(&mut v);
+    v.to_string()
+}
+
+fn replace_nul(v: &mut serde_json::Value) {
+    match v {
+        serde_json::Value::String(s) if s.contains('\0') => *s = s.replace('\0', "\u{FFFD}"),
+        serde_json::Value::Array(a) => a.iter_mut().for_each(replace_nul),
+        serde_json::Value::Object(o) => o.values_mut().for_each(replace_nul),
+        _ => {}
+    }
+}
+
+const NUL: &str = "a NUL character (PostgreSQL cannot store it)";
+const LONE_SURROGATE: &str = "a lone surrogate (PostgreSQL cannot store it)";
+
+/// Why PostgreSQL's `jsonb` refuses a JSON text, if it does: a `\u0000`
+/// escape or an escaped surrogate without its pair. (Valid JSON text in a
+/// Rust string holds neither unescaped.) One pass over the bytes.
+pub fn jsonb_problem(json: &str) -> Option<&'static str> {
+    let b = json.as_bytes();
+    let hex = |at: usize| -> Option<u32> {
+        let s = json.get(at..at + 4)?;
+        u32::from_str_radix(s, 16).ok()
+    };
+    let mut high = false; // the previous escape was a high surrogate
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] != b'\\' {
+            if high {
+                return Some(LONE_SURROGATE);
+            }
+            i += 1;
+            continue;
+        }
+        if b.get(i + 1) != Some(&b'u') {
+            if high {
+                return Some(LONE_SURROGATE);
+            }
+            i += 2; // an escaped character, e.g. \\ or \"
+            continue;
+        }
+        let u = hex(i + 2)?;
+        i += 6;
+        match (high, u) {
+            (true, 0xDC00..=0xDFFF) => high = false,
+            (true, _) => return Some(LONE_SURROGATE),
+            (false, 0) => return Some(NUL),
+            (false, 0xD800..=0xDBFF) => high = true,
+            (false, 0xDC00..=0xDFFF) => return Some(LONE_SURROGATE),
+            _ => {}
+        }
+    }
+    high.then_some(LONE_SURROGATE)
 }
 
 fn parse_error(v: Option<JsonText>) -> Option<Box<RunError>> {
@@ -705,6 +765,14 @@ impl PgStore {
 
 impl Store for PgStore {
     type Tx<'a> = PgTx<'a>;
+
+    fn json_problem(&self, json: &str) -> Option<&'static str> {
+        jsonb_problem(json)
+    }
+
+    fn text_problem(&self, text: &str) -> Option<&'static str> {
+        text.contains('\0').then_some(NUL)
+    }
 
     fn transaction<R>(&self, f: impl FnOnce(&mut PgTx<'_>) -> Result<R>) -> Result<R> {
         self.run_tx(true, &mut false, f)

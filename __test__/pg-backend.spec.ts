@@ -333,6 +333,25 @@ postgresOnly('an output or error the database cannot store still ends the run (f
     },
   };
   for (const [type, f] of Object.entries(results)) o.registerHandler(type, {}, async () => f());
+  // A step whose output cannot be stored fails (it is not left running), and
+  // ctx.step throws JobInputInvalidError.
+  let stepError: unknown = null;
+  o.registerHandler('step.nul', {}, async (ctx) => {
+    try {
+      await ctx.step('a', async () => ({ v: 'x\u0000' }));
+    } catch (e) {
+      stepError = e;
+      throw e;
+    }
+  });
+  const s = await o.start('step.nul', {});
+  t.is((await o.claimNext('batch'))?.id, s.id);
+  await o.tick(s.id);
+  t.true(stepError instanceof JobInputInvalidError, String(stepError));
+  t.is((await o.findById(s.id))?.status, 'failed');
+  const [step] = await o.listSteps(s.id);
+  t.is(step.status, 'failed');
+  t.regex(step.error!.message, /step 'a' output cannot be stored: it holds a NUL character/);
   for (const type of Object.keys(results)) {
     const run = await o.start(type, {});
     t.is((await o.claimNext('batch'))?.id, run.id);

@@ -1541,6 +1541,11 @@ impl<S: Store> Engine<S> {
         let id = parse_run_id(run_id).ok_or_else(|| JobError::JobRunNotFound {
             run_id: run_id.to_owned(),
         })?;
+        if let Some(p) = self.store.text_problem(step_id) {
+            return Err(JobError::JobInputInvalid {
+                reason: format!("step id cannot be stored: it holds {p}"),
+            });
+        }
         let now = self.now();
         self.write(|tx| {
             Self::check_attempt(tx, &id, epoch, run_id)?;
@@ -1591,6 +1596,20 @@ impl<S: Store> Engine<S> {
         let id = parse_run_id(run_id).ok_or_else(|| JobError::JobRunNotFound {
             run_id: run_id.to_owned(),
         })?;
+        if let Some(p) = output
+            .as_deref()
+            .and_then(|o| self.store.json_problem(o.get()))
+        {
+            // The step must not stay `running`: it failed, with the reason.
+            let reason = format!("step '{step_id}' output cannot be stored: it holds {p}");
+            let info = FailureInfo {
+                message: reason.clone(),
+                name: Some("JobOutputInvalidError".to_owned()),
+                ..FailureInfo::default()
+            };
+            self.step_fail(run_id, epoch, step_id, info, None)?;
+            return Err(JobError::JobInputInvalid { reason });
+        }
         let now = self.now();
         self.write(|tx| {
             Self::check_attempt(tx, &id, epoch, run_id)?;

@@ -387,7 +387,6 @@ impl<S: Store> Engine<S> {
         });
     }
 
-    /// Deletes terminal runs past their retention (no-op when unset).
     /// Refuses a start whose values the store cannot hold (before anything
     /// changes, e.g. a `replace` lane's incumbent).
     fn storable(&self, req: &StartRequest) -> Result<()> {
@@ -469,6 +468,7 @@ impl<S: Store> Engine<S> {
         }
     }
 
+    /// Deletes terminal runs past their retention (no-op when unset).
     fn purge(&self, tx: &mut S::Tx<'_>, now: Millis) {
         let r = self.retention;
         if r.completed_ms.is_some() || r.failed_ms.is_some() {

@@ -85,24 +85,24 @@ export function jsonProblem(value: unknown): string | null {
 function isFlatJsonObject(v: unknown): boolean {
   if (typeof v !== 'object' || v === null || Object.getPrototypeOf(v) !== Object.prototype) return false;
   const o = v as Record<string, unknown>;
-  for (const k in o) {
-    const x = o[k];
-    switch (typeof x) {
-      case 'string':
-      case 'boolean':
-        continue;
-      case 'number':
-        // -0 is excluded: JSON writes it as 0, a copy would keep the sign.
-        if (Number.isFinite(x) && (x !== 0 || 1 / x > 0)) continue;
-        return false;
-      case 'object':
-        if (x === null) continue;
-        return false;
-      default:
-        return false;
-    }
-  }
+  for (const k in o) if (!isFlatJsonValue(o[k])) return false;
   return true;
+}
+
+/** A string, a finite number other than -0, a boolean or null. */
+function isFlatJsonValue(x: unknown): boolean {
+  switch (typeof x) {
+    case 'string':
+    case 'boolean':
+      return true;
+    case 'number':
+      // -0 is excluded: JSON writes it as 0, a copy would keep the sign.
+      return Number.isFinite(x) && (x !== 0 || 1 / x > 0);
+    case 'object':
+      return x === null;
+    default:
+      return false;
+  }
 }
 
 /** A flat object's JSON text and a copy of it (what `JSON.parse(text)` gives). */
@@ -127,20 +127,7 @@ export function flatSnapshot(value: unknown): FlatSnapshot | null {
     // JSON writes own keys only; assigning '__proto__' would set the copy's prototype.
     if (k === '__proto__' || !Object.prototype.hasOwnProperty.call(o, k)) return null;
     const x = o[k];
-    switch (typeof x) {
-      case 'string':
-      case 'boolean':
-        break;
-      case 'number':
-        // -0 is excluded: JSON writes it as 0, a copy would keep the sign.
-        if (!Number.isFinite(x) || (x === 0 && 1 / x < 0)) return null;
-        break;
-      case 'object':
-        if (x !== null) return null;
-        break;
-      default:
-        return null;
-    }
+    if (!isFlatJsonValue(x)) return null;
     copy[k] = x;
   }
   return { text: JSON.stringify(copy), copy };

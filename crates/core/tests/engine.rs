@@ -419,19 +419,24 @@ async fn tick_applies_outcomes_and_times_out_on_the_engine_clock() {
     ));
 }
 
-#[test]
-fn retention_purges_finished_runs_and_reuses_their_slots() {
-    let e = Engine::new(
+/// A manual-clock engine that deletes completed runs `ms` after they finish.
+fn retaining_completed(ms: i64) -> Engine<MemoryStore> {
+    Engine::new(
         MemoryStore::new(),
         EngineOptions {
             multi_tenant: false,
             clock: ClockKind::Manual,
             retention: jobforge_core::engine::Retention {
-                completed_ms: Some(100),
+                completed_ms: Some(ms),
                 failed_ms: None,
             },
         },
-    );
+    )
+}
+
+#[test]
+fn retention_purges_finished_runs_and_reuses_their_slots() {
+    let e = retaining_completed(100);
     let mut s = spec("t");
     s.dedupe_key = Some("{{k}}".into());
     s.dedupe_window_ms = Some(1_000_000);
@@ -485,17 +490,7 @@ fn retention_purges_finished_runs_and_reuses_their_slots() {
 
 #[test]
 fn retention_holds_for_reads_and_dedupe_without_another_write() {
-    let e = Engine::new(
-        MemoryStore::new(),
-        EngineOptions {
-            multi_tenant: false,
-            clock: ClockKind::Manual,
-            retention: jobforge_core::engine::Retention {
-                completed_ms: Some(100),
-                failed_ms: None,
-            },
-        },
-    );
+    let e = retaining_completed(100);
     let mut s = spec("t");
     s.dedupe_key = Some("{{k}}".into());
     s.dedupe_window_ms = Some(1_000_000);

@@ -2261,3 +2261,18 @@ forBackends('cancel: a run canceled while claimed, then replayed, is not stopped
   t.is(row?.attempts, 1);
   t.deepEqual(row?.output, { done: true });
 });
+
+forBackends('definitions: createdAt/updatedAt are the time of registerHandler, even when the write lands later', async (t, make) => {
+  const o = await make.manual();
+  const at = o.now().getTime();
+  o.registerHandler('def.when', {}, ok);
+  // Postgres writes definitions in the background: move the clock before it lands.
+  o.advanceTime(1_000);
+  const def = await o.getDefinition('def.when');
+  t.is(def?.createdAt.getTime(), at);
+  t.is(def?.updatedAt.getTime(), at);
+  o.registerHandler('def.when', { pool: 'other' }, ok);
+  const again = await o.getDefinition('def.when');
+  t.is(again?.createdAt.getTime(), at, 'createdAt stays');
+  t.is(again?.updatedAt.getTime(), at + 1_000);
+});

@@ -1067,6 +1067,8 @@ export class JobOrchestrator {
   }
 
   private registerAll(entries: { type: string; meta: JobHandlerMeta<unknown>; handler: JobHandler<unknown> }[]): void {
+    // Postgres writes definitions in the background: they carry this time.
+    const registeredAt = this.local.now();
     const specs = entries.map(({ type, meta, handler }) => {
       if (typeof type !== 'string' || type.length === 0) {
         throw new JobInputInvalidError('job type must be a non-empty string');
@@ -1111,6 +1113,7 @@ export class JobOrchestrator {
         dedupeKey: key(m.dedupe?.key, 'dedupe'),
         dedupeWindowMs: m.dedupe?.windowMs,
         replayFrom: m.replayFrom,
+        registeredAt,
       };
     });
     const specsText = JSON.stringify(specs);

@@ -518,8 +518,9 @@ impl<S: Store> Engine<S> {
             .into_iter()
             .map(|s| {
                 let job_type = s.job_type.clone();
+                let at = s.registered_at.map_or(now, |t| clamp_time(t).min(now));
                 // Name the type: one call may register many.
-                Self::validate_spec(s, now).map_err(|e| match e {
+                Self::validate_spec(s, at).map_err(|e| match e {
                     JobError::JobInputInvalid { reason } if !job_type.is_empty() => {
                         JobError::JobInputInvalid {
                             reason: format!("job type '{job_type}': {reason}"),
@@ -535,6 +536,9 @@ impl<S: Store> Engine<S> {
                 .map(|mut def| {
                     if let Some(old) = tx.definition(&def.job_type) {
                         def.created_at = old.created_at;
+                        // A later registration (another process) may have
+                        // been written first.
+                        def.updated_at = def.updated_at.max(old.updated_at);
                     }
                     tx.put_definition(def)
                 })

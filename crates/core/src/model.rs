@@ -183,6 +183,10 @@ pub struct DefinitionSpec {
     pub dedupe_window_ms: Option<i64>,
     pub replay_from: Option<ReplayFrom>,
     pub priority_default: Option<i32>,
+    /// When the caller registered it (the definition's `createdAt` /
+    /// `updatedAt`), if the write happens later (Postgres writes in the
+    /// background); `None` = now.
+    pub registered_at: Option<Millis>,
 }
 
 /// Serialised error of a failed attempt or step.

@@ -82,6 +82,7 @@ impl DefCfg {
             dedupe_window_ms: self.dedupe.flatten(),
             replay_from: Some(self.replay_from),
             priority_default: self.priority_default,
+            registered_at: None,
         }
     }
 

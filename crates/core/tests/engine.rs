@@ -419,9 +419,10 @@ async fn tick_applies_outcomes_and_times_out_on_the_engine_clock() {
     ));
 }
 
-/// A manual-clock engine that deletes completed runs `ms` after they finish.
+/// A manual-clock engine that deletes completed runs `ms` after they
+/// finish, with type `t` deduped on `{{k}}` (a long window).
 fn retaining_completed(ms: i64) -> Engine<MemoryStore> {
-    Engine::new(
+    let e = Engine::new(
         MemoryStore::new(),
         EngineOptions {
             multi_tenant: false,
@@ -431,16 +432,17 @@ fn retaining_completed(ms: i64) -> Engine<MemoryStore> {
                 failed_ms: None,
             },
         },
-    )
+    );
+    let mut s = spec("t");
+    s.dedupe_key = Some("{{k}}".into());
+    s.dedupe_window_ms = Some(1_000_000);
+    e.register(s).unwrap();
+    e
 }
 
 #[test]
 fn retention_purges_finished_runs_and_reuses_their_slots() {
     let e = retaining_completed(100);
-    let mut s = spec("t");
-    s.dedupe_key = Some("{{k}}".into());
-    s.dedupe_window_ms = Some(1_000_000);
-    e.register(s).unwrap();
     let parent = e.start(req("t", r#"{"k":"p"}"#)).unwrap();
     let mut child = req("t", r#"{"k":"c"}"#);
     child.parent_run_id = Some(parent.id.to_string());
@@ -491,10 +493,6 @@ fn retention_purges_finished_runs_and_reuses_their_slots() {
 #[test]
 fn retention_holds_for_reads_and_dedupe_without_another_write() {
     let e = retaining_completed(100);
-    let mut s = spec("t");
-    s.dedupe_key = Some("{{k}}".into());
-    s.dedupe_window_ms = Some(1_000_000);
-    e.register(s).unwrap();
     let first = e.start(req("t", r#"{"k":"a"}"#)).unwrap();
     complete(&e, &e.claim_next("batch").unwrap().unwrap());
     let find = |id: &RunId| e.find_by_id(&id.to_string(), &TenantArg::Missing).unwrap();

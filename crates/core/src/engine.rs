@@ -479,6 +479,20 @@ impl<S: Store> Engine<S> {
         }
     }
 
+    /// Whether `purge` at `now` deletes `r` (the same test as
+    /// `StoreTx::purge_finished`'s).
+    fn past_retention(&self, r: &RunRow, now: Millis) -> bool {
+        let Some(finished) = r.finished_at.get() else {
+            return false;
+        };
+        let keep = if r.status == RunStatus::Completed {
+            self.retention.completed_ms
+        } else {
+            self.retention.failed_ms
+        };
+        keep.is_some_and(|ms| finished <= now.saturating_sub(ms))
+    }
+
     /// Tenant gate of queries and cancel: `None` = no filtering (single
     /// tenant), `Some(t)` = only rows whose tenant is `t`.
     fn gate(&self, method: &str, tenant: &TenantArg) -> Result<Option<Option<String>>> {
@@ -856,12 +870,18 @@ impl<S: Store> Engine<S> {
         let dedupe_key = eval(&def.dedupe_key_template, &req.dedupe_key, "dedupe")?;
         if let (Some(key), Some(window)) = (&dedupe_key, def.dedupe_window_ms) {
             if window > 0 {
-                if let Some(hit) = tx.find_dedupe(
-                    tenant.as_deref(),
-                    &req.job_type,
-                    key,
-                    now.saturating_sub(window),
-                ) {
+                let hit = tx
+                    .find_dedupe(
+                        tenant.as_deref(),
+                        &req.job_type,
+                        key,
+                        now.saturating_sub(window),
+                    )
+                    // A run past its retention is as good as deleted: the
+                    // purge skips a row another transaction holds locked,
+                    // and must not leave it to answer a dedupe.
+                    .filter(|hit| !self.past_retention(hit, now));
+                if let Some(hit) = hit {
                     return Ok(Started::Row(Box::new(hit.clone())));
                 }
             }

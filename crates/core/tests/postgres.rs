@@ -328,3 +328,107 @@ fn jsonb_problem_finds_nul_and_lone_surrogates_only() {
         );
     }
 }
+
+/// Holds `FOR UPDATE` locks on `ids` from another connection until told to
+/// let go (or 10 s pass), as a concurrent cancel or settle does.
+fn hold_row_locks(cfg: &PgConfig, ids: Vec<RunId>) -> std::sync::mpsc::Sender<()> {
+    let (locked_tx, locked_rx) = std::sync::mpsc::channel();
+    let (release_tx, release_rx) = std::sync::mpsc::channel::<()>();
+    let (url, schema) = (cfg.url.clone(), cfg.schema.clone());
+    std::thread::spawn(move || {
+        let mut client = postgres::Client::connect(&url, postgres::NoTls).unwrap();
+        let mut tx = client.transaction().unwrap();
+        tx.execute(
+            &format!("SELECT 1 FROM \"{schema}\".job_run WHERE id = ANY($1) FOR UPDATE"),
+            &[&ids],
+        )
+        .unwrap();
+        locked_tx.send(()).unwrap();
+        let _ = release_rx.recv_timeout(std::time::Duration::from_secs(10));
+        tx.commit().unwrap();
+    });
+    locked_rx.recv().unwrap();
+    release_tx
+}
+
+/// The lease renewal and the retention purge sweep many rows and need none
+/// in particular: they must skip a row another transaction holds instead of
+/// waiting for it. Waiting made them close deadlock cycles: the heartbeat
+/// with its own process's settle (both lock the same finished runs, in
+/// different orders), the purge with cancels and settles that lock terminal
+/// rows before purging themselves.
+#[test]
+fn lease_renewal_and_purge_skip_rows_locked_elsewhere() {
+    let Some((_, cfg)) = engine("skiplocked") else {
+        return;
+    };
+    let store = PgStore::new(cfg.clone()).unwrap();
+    let e = Engine::new(
+        store,
+        EngineOptions {
+            multi_tenant: false,
+            clock: ClockKind::System,
+            retention: jobforge_core::engine::Retention {
+                completed_ms: Some(1),
+                failed_ms: None,
+            },
+        },
+    );
+    e.register(spec("a")).unwrap();
+    e.register(DefinitionSpec {
+        dedupe_key: Some("d:{{k}}".to_owned()),
+        dedupe_window_ms: Some(60_000),
+        ..spec("d")
+    })
+    .unwrap();
+    let running = e.start(req("a", "{}")).unwrap();
+    let claimed = e.claim_next("batch").unwrap().unwrap();
+    assert_eq!(claimed.id, running.id);
+    let done = e.start(req("d", r#"{"k":1}"#)).unwrap();
+    let c = e.claim_next("batch").unwrap().unwrap();
+    assert_eq!(c.id, done.id);
+    e.finish_attempt(&c.id, c.claim_epoch, AttemptOutcome::Completed(None))
+        .unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(5)); // past its 1 ms retention
+    let release = hold_row_locks(&cfg, vec![running.id, done.id]);
+    let quick = std::time::Duration::from_secs(3);
+
+    let t = std::time::Instant::now();
+    let renewed = e
+        .store()
+        .heartbeat(&[(running.id, claimed.claim_epoch)], e.now())
+        .unwrap();
+    assert!(
+        t.elapsed() < quick,
+        "the heartbeat waited {:?}",
+        t.elapsed()
+    );
+    assert_eq!(renewed, 0, "a locked row is left for the next beat");
+
+    // A start purges first: the completed run is held, so it stays for now,
+    // and the dedupe must not answer with it (it is past its retention).
+    let t = std::time::Instant::now();
+    let again = e.start(req("d", r#"{"k":1}"#)).unwrap();
+    assert!(t.elapsed() < quick, "the purge waited {:?}", t.elapsed());
+    assert_ne!(
+        again.id, done.id,
+        "dedupe answered with a run past its retention"
+    );
+    let id = done.id.to_string();
+    assert!(e.find_by_id(&id, &TenantArg::Missing).unwrap().is_some());
+
+    release.send(()).unwrap();
+    // Released: the next beat renews, the next write purges.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    while e
+        .store()
+        .heartbeat(&[(running.id, claimed.claim_epoch)], e.now())
+        .unwrap()
+        == 0
+    {
+        assert!(std::time::Instant::now() < deadline, "never renewed");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    e.start(req("a", "{}")).unwrap();
+    assert!(e.find_by_id(&id, &TenantArg::Missing).unwrap().is_none());
+}

@@ -26,7 +26,11 @@
 //!   running;
 //! - a claimed run's `claimed_at` is its lease: the worker renews it
 //!   ([`PgStore::heartbeat`]) and [`PgStore::expired_leases`] finds runs
-//!   whose worker died.
+//!   whose worker died;
+//! - the statements that sweep many rows and need none in particular (the
+//!   lease renewal, the retention purge) skip rows another transaction
+//!   holds (`SKIP LOCKED`): never waiting for a lock, they cannot close a
+//!   deadlock cycle, and what one skips the next one takes.
 
 use crate::error::{JobError, Result};
 use crate::model::*;
@@ -877,10 +881,13 @@ const SQL_PUT_DEF: &str = "INSERT INTO {S}.job (type, version, pool, scope_entit
     dedupe_window_ms=EXCLUDED.dedupe_window_ms, priority_default=EXCLUDED.priority_default, \
     replay_from=EXCLUDED.replay_from, updated_at=EXCLUDED.updated_at";
 const SQL_JOB_TYPES: &str = "SELECT type FROM {S}.job ORDER BY type";
+/// Skips rows another transaction holds (see the module docs): a purge
+/// that waited deadlocked with transactions that lock terminal rows before
+/// their own purge (a cancel's tree walk, a settle of a run canceled meanwhile).
 const SQL_PURGE: &str =
     "WITH gone AS (DELETE FROM {S}.job_run WHERE id IN (SELECT id FROM {S}.job_run \
     WHERE finished_at IS NOT NULL AND ((status = 'completed' AND finished_at <= $1) \
-    OR (status <> 'completed' AND finished_at <= $2)) LIMIT 1000) RETURNING id) \
+    OR (status <> 'completed' AND finished_at <= $2)) LIMIT 1000 FOR UPDATE SKIP LOCKED) RETURNING id) \
     DELETE FROM {S}.job_step WHERE job_run_id IN (SELECT id FROM gone)";
 const SQL_SCOPE: &str = "SELECT {R} FROM {S}.job_run WHERE {T} AND scope_entity_type = $2 \
     AND scope_entity_id = $3 ORDER BY seq";
@@ -898,8 +905,16 @@ const SQL_PAGE_ROOT: &str = "SELECT {R} FROM {S}.job_run WHERE {T} AND root_run_
     ORDER BY created_at DESC, id DESC LIMIT $7";
 const SQL_TREE: &str = "SELECT {R} FROM {S}.job_run WHERE root_run_id = $1 ORDER BY seq";
 /// The lease is `claimed_at`; the row changed, so `updated_at` moves too.
-const SQL_HEARTBEAT: &str = "UPDATE {S}.job_run r SET claimed_at = $3, updated_at = GREATEST(r.updated_at, $3) FROM unnest($1::uuid[], $2::int4[]) \
-    AS h(id, epoch) WHERE r.id = h.id AND r.claim_epoch = h.epoch AND r.status = 'running' RETURNING r.id";
+/// Never waits for a row lock: a row another transaction holds (this
+/// process's own settle of that run, a cancel, a sweep) is skipped and
+/// renewed by the next beat. Waiting there deadlocked with a settle that
+/// locks the same rows in id order (the heartbeat's unnest order is a
+/// HashMap's), and a renewal is not worth blocking for.
+const SQL_HEARTBEAT: &str =
+    "UPDATE {S}.job_run r SET claimed_at = $3, updated_at = GREATEST(r.updated_at, $3) \
+    FROM (SELECT j.id FROM {S}.job_run j JOIN unnest($1::uuid[], $2::int4[]) AS h(id, epoch) \
+    ON j.id = h.id AND j.claim_epoch = h.epoch WHERE j.status = 'running' ORDER BY j.id \
+    FOR UPDATE OF j SKIP LOCKED) AS l WHERE r.id = l.id RETURNING r.id";
 const SQL_EXPIRED: &str = "SELECT id, claim_epoch FROM {S}.job_run WHERE status = 'running' \
     AND claimed_at < $1 ORDER BY claimed_at LIMIT $2";
 

@@ -1292,6 +1292,66 @@ try { o.startWorker({ pools: { 'p\\nq': { concurrency: 1 } } }); } catch (e) { c
   t.is(res.code, 0);
 });
 
+// ── the event loop keeps turning ───────────────────────────────────────
+
+// Handlers that settle without I/O chain outcome reports through
+// microtasks; the worker must still let timers, I/O and signal handlers run.
+test('a job that starts its own successor does not starve the event loop: a timer fires and stops the worker', async (t) => {
+  const script = `
+const { JobOrchestrator } = require(${JSON.stringify(DIST)});
+const o = new JobOrchestrator();
+let runs = 0;
+o.registerHandler('again', {}, async () => { runs++; await o.start('again', {}); });
+const w = o.startWorker({ pools: { batch: { concurrency: 1 } } });
+const t0 = Date.now();
+setTimeout(async () => {
+  const late = Date.now() - t0;
+  await w.stop();
+  console.log('DONE ' + JSON.stringify({ late, runs }));
+}, 20);
+void o.start('again', {});
+`;
+  const res = await runChild(script, 10_000);
+  t.false(res.killed, 'the 20 ms timer never fired (killed after 10 s)');
+  const done = JSON.parse(res.stdout.split('DONE ')[1] ?? 'null') as { late: number; runs: number } | null;
+  t.truthy(done, res.stderr);
+  t.true(done!.late < 1000, `the timer fired ${done!.late} ms after it was set (20 ms asked)`);
+  t.true(done!.runs > 1, 'the chain ran');
+  t.log(`timer after ${done!.late} ms, ${done!.runs} runs by then`);
+});
+
+test('a backlog of quick runs drains in slices: a timer fires long before the backlog is done', async (t) => {
+  const script = `
+const { JobOrchestrator } = require(${JSON.stringify(DIST)});
+const o = new JobOrchestrator();
+o.registerHandler('quick', {}, async () => ({}));
+(async () => {
+  const n = 100000;
+  for (let i = 0; i < n; i++) await o.start('quick', { i });
+  let done = 0;
+  o.on('run:completed', () => { done++; });
+  const w = o.startWorker({ pools: { batch: { concurrency: 20 } } });
+  const t0 = Date.now();
+  let gaps = 0, last = t0;
+  const beat = setInterval(() => { const now = Date.now(); gaps = Math.max(gaps, now - last); last = now; }, 1);
+  await new Promise((r) => setTimeout(r, 5));
+  const atTimer = done;
+  const late = Date.now() - t0;
+  while (done < n) await new Promise((r) => setTimeout(r, 5));
+  clearInterval(beat);
+  await w.stop();
+  console.log('DONE ' + JSON.stringify({ atTimer, late, total: Date.now() - t0, gaps, n }));
+})();
+`;
+  const res = await runChild(script, 60_000);
+  const done = JSON.parse(res.stdout.split('DONE ')[1] ?? 'null') as { atTimer: number; late: number; total: number; gaps: number; n: number } | null;
+  t.truthy(done, res.stderr || `no report (${res.ms} ms)`);
+  t.true(done!.atTimer < done!.n, `the 5 ms timer fired only after all ${done!.n} runs were done`);
+  // Slices are ~5 ms; allow for a slow, shared machine.
+  t.true(done!.gaps < 250, `the event loop stalled for ${done!.gaps} ms`);
+  t.log(`timer after ${done!.late} ms with ${done!.atTimer} runs done; drained in ${done!.total} ms; longest stall ${done!.gaps} ms`);
+});
+
 // ── buffered plain starts ──────────────────────────────────────────────
 
 test('plain starts answered in JS: every read sees them at once, in start order, with the rows start returned', async (t) => {

@@ -21,6 +21,7 @@ import {
   JobHandler,
   JobHandlerBase,
   JobHandlerNotProviderError,
+  JobforgeError,
   JobsModule,
   getJobHandlerMetadata,
 } from '../dist/nest';
@@ -84,6 +85,7 @@ test.serial('a handler class that is not a provider fails init with the class na
     .setLogger(new CaptureLogger())
     .compile();
   const err = await t.throwsAsync(() => mod.init(), { instanceOf: JobHandlerNotProviderError });
+  t.true(err instanceof JobforgeError, 'one instanceof catches the Nest errors too');
   t.is(err?.handlerClass, 'OrphanHandler');
   t.is(err?.jobType, 'reg.orphan');
   t.regex(err!.message, /OrphanHandler/);
@@ -164,6 +166,7 @@ test.serial('a duplicate job type throws in production, warns in development, is
   const P2 = make('ProdTwo');
   JobHandler('dup.prod')(P1);
   const err = t.throws(() => JobHandler('dup.prod')(P2), { instanceOf: DuplicateJobHandlerError });
+  t.true(err instanceof JobforgeError);
   t.regex(err!.message, /ProdOne and ProdTwo/);
   t.is(HandlerRegistry.get('dup.prod')?.handlerClass, P1);
   // Re-decorating the same class is not a duplicate.

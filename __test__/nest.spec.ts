@@ -25,6 +25,7 @@ import {
   JobHandlerBase,
   JobOrchestrator,
   JobPoolNotConfiguredError,
+  JobforgeError,
   JobsModule,
   JobsWorker,
   MissingTenantIdError,
@@ -448,6 +449,7 @@ test('declared pools must cover every handler pool', async (t) => {
     .setLogger(new CaptureLogger())
     .compile();
   const err = await t.throwsAsync(() => mod.init(), { instanceOf: JobPoolNotConfiguredError });
+  t.true(err instanceof JobforgeError);
   t.is(err?.pool, 'reports');
   t.is(err?.jobType, 'nest.report');
   await mod.close().catch(() => undefined);

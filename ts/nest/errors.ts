@@ -1,7 +1,8 @@
 /** Errors raised by the Nest binding itself (the core's error classes are re-exported by index.ts). */
+import { JobforgeError } from '../index';
 
 /** A `@JobHandler` class (or a class given to `registerHandler`) that the app's DI graph does not provide. */
-export class JobHandlerNotProviderError extends Error {
+export class JobHandlerNotProviderError extends JobforgeError {
   override readonly name = 'JobHandlerNotProviderError';
   readonly code = 'JOB_HANDLER_NOT_PROVIDER';
   constructor(
@@ -20,7 +21,7 @@ export class JobHandlerNotProviderError extends Error {
 }
 
 /** A handler declares a pool that `JobsModule.forRoot({ pools })` does not list. */
-export class JobPoolNotConfiguredError extends Error {
+export class JobPoolNotConfiguredError extends JobforgeError {
   override readonly name = 'JobPoolNotConfiguredError';
   readonly code = 'JOB_POOL_NOT_CONFIGURED';
   constructor(

@@ -5,7 +5,7 @@
  */
 import 'reflect-metadata';
 import { Injectable, Logger } from '@nestjs/common';
-import type { JobContext, JobHandlerMeta } from '../index';
+import { JobforgeError, type JobContext, type JobHandlerMeta } from '../index';
 
 /** A handler class: constructed by Nest (so its `@Inject` dependencies work), with `run(ctx)`. */
 // eslint-disable-next-line @typescript-eslint/no-explicit-any
@@ -24,7 +24,7 @@ const INJECTABLE_WATERMARK = '__injectable__';
 export const JOB_HANDLER_METADATA = 'jobforge:job-handler';
 
 /** Two different classes declared the same job type (thrown when `NODE_ENV=production`). */
-export class DuplicateJobHandlerError extends Error {
+export class DuplicateJobHandlerError extends JobforgeError {
   override readonly name = 'DuplicateJobHandlerError';
   readonly code = 'JOB_HANDLER_DUPLICATE';
   constructor(

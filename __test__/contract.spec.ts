@@ -1282,6 +1282,57 @@ forBackends('ctx.step: the memoized output is the stored one, and a repeated ste
   t.deepEqual(results, [{ n: 1 }, { n: 1 }, { n: 1 }, { n: 1 }]);
 });
 
+forBackends('ctx.step: the first attempt gets the output as stored too (a Date as its ISO string, undefined as null), as a retry does', async (t, make) => {
+  const o = await make.manual();
+  const seen: unknown[][] = [];
+  o.registerHandler('st.stored', { retry: { attempts: 2, backoff: 'fixed', baseMs: 0 } }, async (ctx) => {
+    const d = await ctx.step('d', async () => ({ at: new Date(0), gone: undefined, n: 1 }));
+    const u = await ctx.step('u', async () => undefined);
+    seen.push([d, u]);
+    if (ctx.run.attempts === 0) throw new Error('retry me');
+    return {};
+  });
+  await o.start('st.stored', {});
+  await runNext(o);
+  await runNext(o);
+  const stored = [{ at: '1970-01-01T00:00:00.000Z', n: 1 }, null];
+  t.deepEqual(seen, [stored, stored], 'the same value on the first attempt and on the retry');
+});
+
+forBackends('ctx.step: an output that is not JSON fails the step without re-running fn (its work is done), even with a retry policy', async (t, make) => {
+  const o = await make.manual();
+  class Receipt {
+    id = 'r1';
+  }
+  let calls = 0;
+  let caught: unknown;
+  o.registerHandler('st.unstorable', {}, async (ctx) => {
+    try {
+      await ctx.step(
+        'send',
+        async () => {
+          calls++;
+          return new Receipt();
+        },
+        { retry: { attempts: 3, backoff: 'fixed', baseMs: 0 } },
+      );
+    } catch (e) {
+      caught = e;
+      throw e;
+    }
+  });
+  const r = await o.start('st.unstorable', {});
+  const done = await runNext(o);
+  t.is(calls, 1, 'fn ran once');
+  t.true(caught instanceof JobInputInvalidError);
+  t.regex((caught as Error).message, /step 'send' output is a Receipt instance.*not retried/);
+  t.is(done.status, 'failed');
+  const steps = await stepsById(o, r.id);
+  t.is(steps.send?.status, 'failed');
+  t.is(steps.send?.attempts, 1);
+  t.is(steps.send?.output, null);
+});
+
 forBackends('ctx.step: rows get seq in call order; a step is recorded running while fn runs', async (t, make) => {
   const o = await make.manual();
   const during: unknown[] = [];

@@ -19,7 +19,7 @@ import {
   JobWorkerStateError,
 } from '../dist';
 import type { JobContext, JobRun, RunEventName, WorkerHandle, WorkerOptions } from '../dist';
-import { deferred, hanging, manual, realSleep, system, waitFor } from './helpers';
+import { deferred, hanging, manual, realSleep, runNext, system, waitFor } from './helpers';
 
 /** "Within a few ms", on a loaded machine. */
 const FEW_MS = 50;
@@ -770,6 +770,67 @@ test('off() stops a listener; a throwing listener does not break the worker and 
   await waitFor(() => errors.length >= 2, 'both logged errors');
   t.regex(String(errors[0][0]), /'run:completed' listener threw/);
   t.is((errors[0][1] as Error).message, 'listener bug');
+});
+
+test('an async listener that rejects is reported to options.logger; the process and the worker go on', async (t) => {
+  const errors: unknown[][] = [];
+  const logger = { log() {}, warn() {}, debug() {}, error: (...a: unknown[]) => void errors.push(a) };
+  const o = system({ logger });
+  o.on('run:completed', async () => {
+    await null;
+    throw new Error('async listener bug');
+  });
+  // A thenable whose then() throws, from a listener typed as void.
+  o.on('run:completed', (() => ({
+    get then() {
+      throw new Error('hostile thenable');
+    },
+  })) as unknown as () => void);
+  o.registerHandler('ok', {}, async () => ({}));
+  startW(t, o);
+  for (let i = 0; i < 2; i++) {
+    const r = await o.start('ok', {});
+    t.is((await o.waitForRun(r.id, { timeoutMs: 2000 })).status, 'completed');
+  }
+  await waitFor(() => errors.length >= 4, 'every rejection logged');
+  const messages = errors.map((e) => `${String(e[0])} ${(e[1] as Error).message}`).sort();
+  t.deepEqual(messages, [
+    "jobforge: a 'run:completed' listener threw async listener bug",
+    "jobforge: a 'run:completed' listener threw async listener bug",
+    "jobforge: a 'run:completed' listener threw hostile thenable",
+    "jobforge: a 'run:completed' listener threw hostile thenable",
+  ]);
+});
+
+test('the default ctx.logger prints an Error with its stack and a BigInt or a cyclic value without throwing', async (t) => {
+  const printed: unknown[][] = [];
+  const saved = { log: console.log, error: console.error };
+  console.log = (...a: unknown[]) => void printed.push(a);
+  console.error = (...a: unknown[]) => void printed.push(a);
+  try {
+    const o = new JobOrchestrator(); // the default loggerFactory: consoleLogger
+    const cyclic: Record<string, unknown> = { a: 1 };
+    cyclic.self = cyclic;
+    o.registerHandler('logs', {}, async (ctx) => {
+      ctx.logger.error(new Error('db down'));
+      ctx.logger.log({ n: 10n });
+      ctx.logger.log(cyclic);
+      ctx.logger.log('plain text', 42);
+      return { logged: true };
+    });
+    const r = await o.start('logs', {});
+    const done = await runNext(o);
+    t.is(done.status, 'completed', JSON.stringify(done.error));
+    const tag = `[JobRun:${r.id}]`;
+    t.deepEqual(printed.map((a) => a[0]), [tag, tag, tag, tag]);
+    t.true(printed[0][1] instanceof Error && (printed[0][1] as Error).message === 'db down', 'the Error itself reaches console');
+    t.deepEqual(printed[1][1], { n: 10n });
+    t.is(printed[2][1], cyclic);
+    t.deepEqual(printed[3].slice(1), ['plain text', 42]);
+  } finally {
+    console.log = saved.log;
+    console.error = saved.error;
+  }
 });
 
 test('a logger without error() and warn() is refused', (t) => {

@@ -53,12 +53,22 @@ export interface JobLogger {
 export interface JobContext<TInput = unknown> {
   readonly input: TInput;
   readonly run: JobRun;
-  /** Memoized unit of work: a completed step returns its stored output. */
+  /**
+   * Memoized unit of work: a completed step returns its stored output. The
+   * result is always the output as stored (JSON: a `Date` becomes its ISO
+   * string, `undefined` becomes null), on the first attempt as on a replay.
+   * A failing `fn` is retried per `retry`; an output that is not JSON fails
+   * the step without a retry (`fn` already did its work).
+   */
   step<T>(stepId: string, fn: () => Promise<T> | T, opts?: StepOptions): Promise<T>;
   /** Starts a child run (fire-and-forget; `closePolicy` decides cascade). */
   spawnChild(type: string, input: unknown, opts?: SpawnChildOptions): Promise<JobRun>;
   readonly logger: JobLogger;
-  /** Fires when the run is canceled or its attempt times out. */
+  /**
+   * Aborts when the run is canceled, its attempt times out, or a worker's
+   * stop() gives up on it; `signal.reason` is `'canceled'`, `'timed_out'`
+   * or `'shutdown'`.
+   */
   readonly signal: AbortSignal;
 }
 
@@ -72,13 +82,17 @@ export type JobHandler<TInput = unknown> =
   | ((ctx: JobContext<TInput>) => unknown)
   | { run(ctx: JobContext<TInput>): unknown };
 
-/** Console-backed logger named after the run (the Nest binding swaps in Nest's Logger). */
+/**
+ * Console-backed logger named after the run (the Nest binding swaps in
+ * Nest's Logger). Values go to `console` as they are, so an `Error` shows
+ * its stack and a BigInt or a cyclic object is printed, not thrown on.
+ */
 export function consoleLogger(context: string): JobLogger {
-  const fmt = (m: unknown) => `[${context}] ${typeof m === 'string' ? m : JSON.stringify(m)}`;
+  const tag = `[${context}]`;
   return {
-    log: (m, ...r) => console.log(fmt(m), ...r),
-    warn: (m, ...r) => console.warn(fmt(m), ...r),
-    error: (m, ...r) => console.error(fmt(m), ...r),
-    debug: (m, ...r) => console.debug(fmt(m), ...r),
+    log: (m, ...r) => console.log(tag, m, ...r),
+    warn: (m, ...r) => console.warn(tag, m, ...r),
+    error: (m, ...r) => console.error(tag, m, ...r),
+    debug: (m, ...r) => console.debug(tag, m, ...r),
   };
 }

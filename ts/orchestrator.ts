@@ -89,6 +89,7 @@ export interface StartOptions {
 
 export interface CancelOptions {
   cascade?: boolean;
+  /** Accepted for parity with the seed (CONTRACT.md); not stored. */
   reason?: string;
   tenantId?: string | null;
 }
@@ -122,6 +123,7 @@ export interface WorkerHandle {
 }
 
 export type RunEventName = 'run:completed' | 'run:failed' | 'run:canceled' | 'run:timed_out' | 'run:retrying';
+/** A listener may be async (`void` accepts that): a rejection is logged like a throw. */
 export type RunEventListener = (run: JobRun) => void;
 
 export interface WaitForRunOptions extends TenantOptions {
@@ -1691,7 +1693,12 @@ export class JobOrchestrator {
     const event = (run.status === 'pending' ? 'run:retrying' : `run:${run.status}`) as RunEventName;
     for (const listener of this.listeners.get(event) ?? []) {
       try {
-        listener(run);
+        const r: unknown = listener(run);
+        // An async listener's rejection would otherwise be unhandled (and
+        // end the process): logged like a throw.
+        if ((typeof r === 'object' && r !== null) || typeof r === 'function') {
+          Promise.resolve(r).then(undefined, (e: unknown) => this.logger.error(`jobforge: a '${event}' listener threw`, e));
+        }
       } catch (e) {
         // A throwing listener must not break the engine or other listeners.
         this.logger.error(`jobforge: a '${event}' listener threw`, e);
@@ -2114,12 +2121,8 @@ export class JobOrchestrator {
         | { memoized: false; attempt: number };
       if (begin.memoized) return begin.output;
       let value: T;
-      let outputText: string;
       try {
         value = await this.withTimeout(Promise.resolve().then(fn), stepId, timeoutMs);
-        const j = toJsonText(value ?? null, `step '${stepId}' output`);
-        if (!j.ok) throw new JobInputInvalidError(j.reason);
-        outputText = j.text;
       } catch (err) {
         const failure = JSON.stringify(describeFailure(err));
         const failedAt = this.local.now();
@@ -2136,9 +2139,21 @@ export class JobOrchestrator {
         if (attempt.aborted) throw err;
         continue;
       }
-      if (pg) await db(pg.stepComplete(runId, epoch, stepId, outputText));
-      else call(() => this.native.stepComplete(runId, epoch, stepId, outputText));
-      return value;
+      const j = toJsonText(value ?? null, `step '${stepId}' output`);
+      if (!j.ok) {
+        // The function did its work; running it again would repeat that
+        // work and meet the same output. The step fails without a retry.
+        const err = new JobInputInvalidError(`${j.reason} (a step's output must be JSON; the step is not retried)`);
+        const failure = JSON.stringify(describeFailure(err));
+        if (pg) await db(pg.stepFail(runId, epoch, stepId, failure, null));
+        else call(() => this.native.stepFail(runId, epoch, stepId, failure, null));
+        throw err;
+      }
+      if (pg) await db(pg.stepComplete(runId, epoch, stepId, j.text));
+      else call(() => this.native.stepComplete(runId, epoch, stepId, j.text));
+      // The output as stored, as a replay's memoized step answers it: the
+      // same value on every attempt (a Date as its ISO string, undefined as null).
+      return JSON.parse(j.text) as T;
     }
   }
 

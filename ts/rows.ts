@@ -23,6 +23,7 @@ export interface RetryPolicy {
   attempts: number;
   backoff: 'fixed' | 'exponential';
   baseMs: number;
+  /** Errors that end the run at once: matched against the thrown error's `name` or `code`. */
   nonRetryableErrors?: string[];
 }
 

@@ -55,8 +55,9 @@ export interface JobContext<TInput = unknown> {
   readonly run: JobRun;
   /**
    * Memoized unit of work: a completed step returns its stored output. The
-   * result is always the output as stored (JSON: a `Date` becomes its ISO
-   * string, `undefined` becomes null), on the first attempt as on a replay.
+   * result is the output as stored (JSON: a `Date` becomes its ISO string),
+   * on the first attempt as on a replay; a step that returns nothing
+   * resolves with undefined, and with null once memoized.
    * A failing `fn` is retried per `retry`; an output that is not JSON fails
    * the step without a retry (`fn` already did its work).
    */

@@ -2152,8 +2152,9 @@ export class JobOrchestrator {
       if (pg) await db(pg.stepComplete(runId, epoch, stepId, j.text));
       else call(() => this.native.stepComplete(runId, epoch, stepId, j.text));
       // The output as stored, as a replay's memoized step answers it: the
-      // same value on every attempt (a Date as its ISO string, undefined as null).
-      return JSON.parse(j.text) as T;
+      // same value on every attempt (a Date as its ISO string). A step that
+      // returns nothing stays undefined here, as in the seed (stored: null).
+      return value === undefined ? value : (JSON.parse(j.text) as T);
     }
   }
 

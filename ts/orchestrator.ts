@@ -1458,7 +1458,7 @@ export class JobOrchestrator {
     return call(() => this.native.rescheduleForScope(...args));
   }
 
-  /** Live run counts per pool and status (maintained incrementally). */
+  /** Run counts per pool and status, terminal statuses included (maintained incrementally). */
   async countByPoolAndStatus(tenantId?: string | null): Promise<PoolStatusCount[]> {
     checkTenant(tenantId);
     const given = tenantId !== undefined;

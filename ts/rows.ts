@@ -34,8 +34,10 @@ export interface JobDefinitionRow {
   scopeEntityType: string | null;
   retryPolicy: RetryPolicy;
   timeoutMs: number | null;
+  /** `'<fn>'` when the key is a function. */
   concurrencyKeyTemplate: string | null;
   collisionMode: 'queue' | 'reject' | 'replace';
+  /** `'<fn>'` when the key is a function. */
   dedupeKeyTemplate: string | null;
   dedupeWindowMs: number | null;
   priorityDefault: number;
@@ -69,6 +71,7 @@ export interface JobRunRow {
   startedAt: Date | null;
   finishedAt: Date | null;
   claimedAt: Date | null;
+  /** Finished attempts: 0 while the first one runs (a run error's `attempt` counts from 1). */
   attempts: number;
   waitKind: 'signal' | null;
   resumeToken: string | null;

@@ -51,9 +51,16 @@ export type {
 } from './jobs.module';
 
 // The core API a Nest app needs, so one import path is enough.
-export { JobHandlerBase, JobOrchestrator, ParentClosePolicy } from '../index';
+export { JobHandlerBase, JobOrchestrator, ParentClosePolicy, consoleLogger } from '../index';
 export type {
   CancelOptions,
+  JobOrchestratorOptions,
+  KeySource,
+  PostgresOptions,
+  RunEventListener,
+  RunEventName,
+  WaitForRunOptions,
+  WorkerPoolOptions,
   HandlerRegistration,
   JobContext,
   JobDefinitionRow,

@@ -23,7 +23,7 @@ export interface RetryPolicy {
   attempts: number;
   backoff: 'fixed' | 'exponential';
   baseMs: number;
-  /** Errors that end the run at once: matched against the thrown error's `name` or `code`. */
+  /** Errors that are not retried, matched against the thrown error's `name` or `code`. */
   nonRetryableErrors?: string[];
 }
 

@@ -329,7 +329,7 @@ function errorsMatch(baseName: string | null, forgeName: string | null): boolean
 
 // ── one side of the comparison ──────────────────────────────────────────
 
-type Outcome = { value: unknown; error: string | null; collisionIncumbent?: number | null };
+type Outcome = { value: unknown; error: string | null; collisionIncumbent?: number | null | undefined };
 
 interface Side {
   register(type: TypeName, meta: Raw): void;

@@ -271,7 +271,7 @@ test.serial('a request-scoped handler and the request-scoped services it uses ge
 });
 
 test.serial("the orchestrator's own messages reach the app's Nest logger (context 'Jobforge')", async (t) => {
-  const errors: { message: string; context?: string }[] = [];
+  const errors: { message: string; context?: string | undefined }[] = [];
   const capture = {
     log() {},
     warn() {},

@@ -175,7 +175,7 @@ const ALL_POOLS = { batch: { concurrency: 4 }, reports: { concurrency: 1 } };
 
 /** Records what Nest loggers print, with their context. */
 class CaptureLogger implements LoggerService {
-  readonly lines: { level: string; message: unknown; context?: string }[] = [];
+  readonly lines: { level: string; message: unknown; context?: string | undefined }[] = [];
   private push(level: string, message: unknown, rest: unknown[]) {
     const ctx = rest.length > 0 ? rest[rest.length - 1] : undefined;
     this.lines.push({ level, message, context: typeof ctx === 'string' ? ctx : undefined });
@@ -453,6 +453,23 @@ test('declared pools must cover every handler pool', async (t) => {
   t.is(err?.pool, 'reports');
   t.is(err?.jobType, 'nest.report');
   await mod.close().catch(() => undefined);
+});
+
+test("clock: 'manual' gives the app an orchestrator whose time moves only with advanceTime", async (t) => {
+  const app = await boot(t, JobsModule.forRoot({ clock: 'manual', worker: false }));
+  const jobs = orch(app);
+  t.is(jobs.clock, 'manual');
+  const t0 = jobs.now().getTime();
+  await sleep(30);
+  t.is(jobs.now().getTime(), t0, 'the manual clock did not move by itself');
+  // A run due in an hour is claimable only once the app's clock is there.
+  const run = await jobs.start('nest.greet', { name: 'later' }, { runAt: new Date(t0 + 3_600_000) });
+  t.is(await jobs.claimNext('batch'), null);
+  jobs.advanceTime(3_600_000);
+  t.is((await jobs.claimNext('batch'))?.id, run.id);
+  // The default stays the system clock.
+  const sys = orch(await boot(t, JobsModule.forRoot({ worker: false })));
+  t.is(sys.clock, 'system');
 });
 
 test('registerHandler with a class on the Nest orchestrator also resolves it through DI', async (t) => {

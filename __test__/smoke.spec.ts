@@ -12,3 +12,34 @@ test('a run completes through claimNext + tick', async (t) => {
   t.is(after?.status, 'completed');
   t.deepEqual(after?.output, { done: true });
 });
+
+test("the package's runtime exports: the orchestrator, the handler helpers and every error class, nothing internal", (t) => {
+  // eslint-disable-next-line @typescript-eslint/no-require-imports
+  const pkg = require('../dist') as Record<string, unknown>;
+  t.deepEqual(Object.keys(pkg).sort(), [
+    'JobClockError',
+    'JobCollisionError',
+    'JobHandlerBase',
+    'JobInputInvalidError',
+    'JobKeyFunctionUnavailableError',
+    'JobNotReplayableError',
+    'JobOrchestrator',
+    'JobRunNotFoundError',
+    'JobRunStateError',
+    'JobStepConflictError',
+    'JobStepTimeoutError',
+    'JobStoreError',
+    'JobTemplateFieldMissingError',
+    'JobTypeNotFoundError',
+    'JobWaitTimeoutError',
+    'JobWorkerStateError',
+    'JobforgeError',
+    'MissingTenantIdError',
+    'ParentClosePolicy',
+    'ParentRunNotFoundError',
+    'consoleLogger',
+  ]);
+  for (const [name, value] of Object.entries(pkg)) {
+    if (name.endsWith('Error')) t.true((value as { prototype: unknown }).prototype instanceof Error, name);
+  }
+});

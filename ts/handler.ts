@@ -1,5 +1,6 @@
 /** Handler-facing types: metadata, context, base class. */
 import type { JobRun, RetryPolicy } from './rows';
+import type { AnyJobs, InputArgs, JobInputOf, JobTypeName } from './typed';
 
 export type { RetryPolicy };
 
@@ -14,33 +15,33 @@ export type KeySource<TInput> = string | ((input: TInput) => string);
 
 export interface JobHandlerMeta<TInput = unknown> {
   /** Pool whose workers claim the runs. Default `'batch'`. */
-  pool?: string;
+  pool?: string | undefined;
   /** Scope stamped on runs started without `opts.scope`. */
-  scope?: { entity: string; from: (input: TInput) => string };
+  scope?: { entity: string; from: (input: TInput) => string } | undefined;
   /** Run-level retry. Default: one attempt. */
-  retry?: RetryPolicy;
+  retry?: RetryPolicy | undefined;
   /** One lane per key: runs of a lane execute one at a time. */
-  concurrency?: { key: KeySource<TInput>; collisionMode?: 'queue' | 'reject' | 'replace' };
+  concurrency?: { key: KeySource<TInput>; collisionMode?: 'queue' | 'reject' | 'replace' | undefined } | undefined;
   /** Starts with the same key inside the window return the existing run. */
-  dedupe?: { key: KeySource<TInput>; windowMs: number };
+  dedupe?: { key: KeySource<TInput>; windowMs: number } | undefined;
   /** Per-attempt time limit. */
-  timeoutMs?: number;
+  timeoutMs?: number | undefined;
   /** What `replay` keeps. Default `'last_checkpoint'`. */
-  replayFrom?: 'scratch' | 'last_step' | 'last_checkpoint';
+  replayFrom?: 'scratch' | 'last_step' | 'last_checkpoint' | undefined;
 }
 
 export interface StepOptions {
   /** Retry the step in place with this policy's backoff before failing. */
-  retry?: RetryPolicy;
+  retry?: RetryPolicy | undefined;
   /** Fail the step with `JobStepTimeoutError` after this many ms. */
-  timeoutMs?: number;
+  timeoutMs?: number | undefined;
 }
 
 export interface SpawnChildOptions {
-  closePolicy?: ParentClosePolicy | 'terminate' | 'cancel' | 'abandon';
-  runAt?: Date;
-  priority?: number;
-  tags?: Record<string, string>;
+  closePolicy?: ParentClosePolicy | 'terminate' | 'cancel' | 'abandon' | undefined;
+  runAt?: Date | undefined;
+  priority?: number | undefined;
+  tags?: Record<string, string> | undefined;
 }
 
 export interface JobLogger {
@@ -50,7 +51,11 @@ export interface JobLogger {
   debug(message: unknown, ...rest: unknown[]): void;
 }
 
-export interface JobContext<TInput = unknown> {
+/**
+ * What a handler receives. `Jobs`: the app's job map (see `AnyJobs`), which
+ * types `spawnChild`.
+ */
+export interface JobContext<TInput = unknown, Jobs extends object = AnyJobs> {
   readonly input: TInput;
   readonly run: JobRun;
   /**
@@ -63,7 +68,7 @@ export interface JobContext<TInput = unknown> {
    */
   step<T>(stepId: string, fn: () => Promise<T> | T, opts?: StepOptions): Promise<T>;
   /** Starts a child run (fire-and-forget; `closePolicy` decides cascade). */
-  spawnChild(type: string, input: unknown, opts?: SpawnChildOptions): Promise<JobRun>;
+  spawnChild<K extends JobTypeName<Jobs>>(type: K, ...args: InputArgs<JobInputOf<Jobs, K>, SpawnChildOptions>): Promise<JobRun>;
   readonly logger: JobLogger;
   /**
    * Aborts when the run is canceled, its attempt times out, or a worker's
@@ -73,15 +78,20 @@ export interface JobContext<TInput = unknown> {
   readonly signal: AbortSignal;
 }
 
-export abstract class JobHandlerBase<TInput = unknown, TOutput = unknown> {
-  abstract run(ctx: JobContext<TInput>): Promise<TOutput>;
+export abstract class JobHandlerBase<TInput = unknown, TOutput = unknown, Jobs extends object = AnyJobs> {
+  abstract run(ctx: JobContext<TInput, Jobs>): Promise<TOutput>;
 }
 
-/** A handler: a class constructed per execution, a function, or an object with `run`. */
-export type JobHandler<TInput = unknown> =
-  | (new (...args: never[]) => { run(ctx: JobContext<TInput>): unknown })
-  | ((ctx: JobContext<TInput>) => unknown)
-  | { run(ctx: JobContext<TInput>): unknown };
+/**
+ * A handler: a class constructed per execution, a function, or an object
+ * with `run`. The core constructs a class with no arguments; the type
+ * admits constructor parameters because the Nest binding, which is handed
+ * this same class type, builds handler classes through DI.
+ */
+export type JobHandler<TInput = unknown, Jobs extends object = AnyJobs> =
+  | (new (...args: never[]) => { run(ctx: JobContext<TInput, Jobs>): unknown })
+  | ((ctx: JobContext<TInput, Jobs>) => unknown)
+  | { run(ctx: JobContext<TInput, Jobs>): unknown };
 
 /**
  * Console-backed logger named after the run (the Nest binding swaps in

@@ -10,6 +10,7 @@
  * ```
  */
 export { JobOrchestrator } from './orchestrator';
+export type { AnyJobs, HandlerInput, InputArgs, JobInputOf, JobTypeName } from './typed';
 export type {
   CancelOptions,
   HandlerRegistration,
@@ -24,6 +25,7 @@ export type {
   RunEventListener,
   RunEventName,
   RunTreeNode,
+  StartArgs,
   StartOptions,
   TenantOptions,
   WaitForRunOptions,
@@ -51,4 +53,22 @@ export type {
   JobStep,
   JobStepRow,
 } from './rows';
-export * from './errors';
+export {
+  JobClockError,
+  JobCollisionError,
+  JobforgeError,
+  JobInputInvalidError,
+  JobKeyFunctionUnavailableError,
+  JobNotReplayableError,
+  JobRunNotFoundError,
+  JobRunStateError,
+  JobStepConflictError,
+  JobStepTimeoutError,
+  JobStoreError,
+  JobTemplateFieldMissingError,
+  JobTypeNotFoundError,
+  JobWaitTimeoutError,
+  JobWorkerStateError,
+  MissingTenantIdError,
+  ParentRunNotFoundError,
+} from './errors';

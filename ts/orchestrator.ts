@@ -26,76 +26,77 @@ import { consoleLogger } from './handler';
 import { randomUUID } from 'node:crypto';
 import { flatSnapshot, FlatSnapshot, toJsonText } from './json';
 import { NativeEngine, PgEngine } from './native';
+import type { AnyJobs, HandlerInput, JobInputOf, JobTypeName } from './typed';
 import type { JobDefinitionRow, JobRun, JobRunError, JobRunStatus, JobStep } from './rows';
 import { fromTuple, newRun, parseDefinition, parseRun, parseRuns, parseStep } from './rows';
 import type { RunDefaults, RunTuple } from './rows';
 
 export interface JobOrchestratorOptions {
   /** Every start/cancel/query needs `tenantId` (null = cross-tenant work). */
-  multiTenant?: boolean;
+  multiTenant?: boolean | undefined;
   /** `'manual'` time moves only with `advanceTime` (for tests). Default `'system'`. */
-  clock?: 'system' | 'manual';
+  clock?: 'system' | 'manual' | undefined;
   /** Builds `ctx.logger` for a run. Default: console, prefixed `JobRun:<id>`. */
-  loggerFactory?: (run: JobRun) => JobLogger;
+  loggerFactory?: ((run: JobRun) => JobLogger) | undefined;
   /**
    * Where the orchestrator's own messages go: an event listener that
    * threw, a worker's database trouble, a stop that could not settle every
    * outcome. Default: `console`. (The Nest module passes a Nest `Logger`.)
    */
-  logger?: JobLogger;
+  logger?: JobLogger | undefined;
   /**
    * How long terminal runs (with their steps) are kept after `finishedAt`
    * before they are deleted. Default: forever. Keep it longer than any
    * dedupe window that should still see completed runs.
    */
-  retention?: { completedMs?: number; failedMs?: number };
+  retention?: { completedMs?: number | undefined; failedMs?: number | undefined } | undefined;
   /**
    * Where runs live: `'memory'` (default; this process only) or
    * `'postgres'` (any number of processes on one database; needs
    * `postgres.url` and `await migrate()` once).
    */
-  backend?: 'memory' | 'postgres';
-  postgres?: PostgresOptions;
+  backend?: 'memory' | 'postgres' | undefined;
+  postgres?: PostgresOptions | undefined;
 }
 
 export interface PostgresOptions {
   /** `postgres://user:password@host:port/database`. */
   url: string;
   /** Schema of jobforge's tables (created by `migrate()`). Default `public`. */
-  schema?: string;
+  schema?: string | undefined;
   /** Connection pool size of this process. Default 10. */
-  maxConnections?: number;
+  maxConnections?: number | undefined;
   /**
    * A claimed run whose lease is not renewed for this long goes back to
    * `pending` (its worker died). The worker renews every leaseMs/3. Default 30000.
    */
-  leaseMs?: number;
+  leaseMs?: number | undefined;
   /** Polling fallback of the worker when no notification arrives. Default 1000. */
-  pollMs?: number;
+  pollMs?: number | undefined;
 }
 
 export interface StartOptions {
-  scope?: { entityType: string; entityId: string };
-  pool?: string;
-  runAt?: Date;
-  priority?: number;
-  tags?: Record<string, string>;
-  triggerSource?: 'manual' | 'schedule' | 'event' | 'parent';
-  triggerRef?: string;
-  parentClosePolicy?: 'terminate' | 'cancel' | 'abandon';
-  parentRunId?: string;
-  tenantId?: string | null;
+  scope?: { entityType: string; entityId: string } | undefined;
+  pool?: string | undefined;
+  runAt?: Date | undefined;
+  priority?: number | undefined;
+  tags?: Record<string, string> | undefined;
+  triggerSource?: 'manual' | 'schedule' | 'event' | 'parent' | undefined;
+  triggerRef?: string | undefined;
+  parentClosePolicy?: 'terminate' | 'cancel' | 'abandon' | undefined;
+  parentRunId?: string | undefined;
+  tenantId?: string | null | undefined;
 }
 
 export interface CancelOptions {
-  cascade?: boolean;
+  cascade?: boolean | undefined;
   /** Accepted for parity with the seed (CONTRACT.md); not stored. */
-  reason?: string;
-  tenantId?: string | null;
+  reason?: string | undefined;
+  tenantId?: string | null | undefined;
 }
 
 export interface TenantOptions {
-  tenantId?: string | null;
+  tenantId?: string | null | undefined;
 }
 
 export interface WorkerPoolOptions {
@@ -105,9 +106,9 @@ export interface WorkerPoolOptions {
 
 export interface WorkerOptions {
   /** Pools to serve. Default: `batch` (concurrency 5) and `interactive` (20). */
-  pools?: Record<string, WorkerPoolOptions>;
+  pools?: Record<string, WorkerPoolOptions> | undefined;
   /** How long `stop()` lets in-flight handlers finish before aborting them. Default 10 000. */
-  shutdownTimeoutMs?: number;
+  shutdownTimeoutMs?: number | undefined;
 }
 
 export interface WorkerHandle {
@@ -128,29 +129,29 @@ export type RunEventListener = (run: JobRun) => void;
 
 export interface WaitForRunOptions extends TenantOptions {
   /** Reject with JobWaitTimeoutError after this many ms (real time). */
-  timeoutMs?: number;
+  timeoutMs?: number | undefined;
 }
 
 const RUN_EVENTS: ReadonlySet<string> = new Set(['run:completed', 'run:failed', 'run:canceled', 'run:timed_out', 'run:retrying']);
 const TERMINAL: ReadonlySet<string> = new Set(['completed', 'failed', 'timed_out', 'canceled']);
 
 export interface ListForScopeOptions extends TenantOptions {
-  status?: JobRunStatus | JobRunStatus[];
-  jobType?: string;
-  limit?: number;
-  offset?: number;
-  orderBy?: 'createdAt:desc' | 'createdAt:asc';
+  status?: JobRunStatus | JobRunStatus[] | undefined;
+  jobType?: string | undefined;
+  limit?: number | undefined;
+  offset?: number | undefined;
+  orderBy?: 'createdAt:desc' | 'createdAt:asc' | undefined;
 }
 
 export interface ListJobRunsOptions extends TenantOptions {
-  poolId?: string;
-  rootRunId?: string;
-  status?: JobRunStatus;
+  poolId?: string | undefined;
+  rootRunId?: string | undefined;
+  status?: JobRunStatus | undefined;
   /** Only runs created at or after this instant. */
-  since?: Date;
+  since?: Date | undefined;
   /** `nextCursor` of the previous page. */
-  cursor?: string;
-  limit?: number;
+  cursor?: string | undefined;
+  limit?: number | undefined;
 }
 
 export interface PoolStatusCount {
@@ -167,15 +168,15 @@ export interface RunTreeNode {
 export interface RecordStepInput {
   jobRunId: string;
   stepId: string;
-  kind?: 'task';
-  seq?: number;
+  kind?: 'task' | undefined;
+  seq?: number | undefined;
   status: JobStep['status'];
-  input?: unknown;
-  output?: unknown;
-  error?: JobRunError;
-  attempts?: number;
-  startedAt?: Date;
-  finishedAt?: Date;
+  input?: unknown | undefined;
+  output?: unknown | undefined;
+  error?: JobRunError | undefined;
+  attempts?: number | undefined;
+  startedAt?: Date | undefined;
+  finishedAt?: Date | undefined;
 }
 
 export interface JobUpsertEntry {
@@ -188,7 +189,7 @@ export interface JobPoolDef {
   queue: string;
   concurrency: number;
   reserved: boolean;
-  description?: string;
+  description?: string | undefined;
 }
 
 export interface HandlerRegistration {
@@ -405,13 +406,13 @@ function checkRetryPolicy(p: unknown, what: string): void {
 const ABORTED_STATUS: Record<string, string> = { canceled: 'canceled', timed_out: 'timed_out', shutdown: 'pending' };
 
 class Attempt {
-  private controller?: AbortController;
-  private reason?: string;
-  private waiters?: (() => void)[];
+  private controller?: AbortController | undefined;
+  private reason?: string | undefined;
+  private waiters?: (() => void)[] | undefined;
   /** Set by `attempt()` to stop racing the handler. */
-  onAbort?: () => void;
+  onAbort?: (() => void) | undefined;
   /** The worker executing this attempt, and its claim epoch (worker attempts only). */
-  worker?: WorkerRuntime;
+  worker?: WorkerRuntime | undefined;
   epoch = 0;
 
   get aborted(): boolean {
@@ -765,7 +766,20 @@ const REPORT_TURNS = 3;
  */
 const WORKER_SLICE_MS = 5;
 
-export class JobOrchestrator {
+/**
+ * `start`'s arguments after the job type: the input may be left out only
+ * where the job's input type admits `undefined` (it is then stored as `{}`).
+ */
+export type StartArgs<Input> = undefined extends Input
+  ? [input?: Input | null, opts?: StartOptions, tx?: unknown]
+  : [input: Input, opts?: StartOptions, tx?: unknown];
+
+/**
+ * `Jobs`: the app's job map (job type → input type), which types
+ * `registerHandler`, `start` and `ctx.spawnChild`; default `AnyJobs`
+ * (any type, inputs unknown). See `AnyJobs`.
+ */
+export class JobOrchestrator<Jobs extends object = AnyJobs> {
   /**
    * The in-memory engine (with the Postgres backend, a scratch engine that
    * only validates definitions). Read it through `native`, which first
@@ -858,7 +872,7 @@ export class JobOrchestrator {
       positive(pgo.maxConnections, 'maxConnections');
       positive(pgo.leaseMs, 'leaseMs');
       positive(pgo.pollMs, 'pollMs');
-      const cb = JobOrchestrator.engineCallbacks(new WeakRef(this));
+      const cb = JobOrchestrator.engineCallbacks(new WeakRef(this as JobOrchestrator));
       this.pg = call(
         () =>
           new PgEngine(
@@ -885,7 +899,7 @@ export class JobOrchestrator {
       );
       return;
     }
-    const cb = JobOrchestrator.engineCallbacks(new WeakRef(this));
+    const cb = JobOrchestrator.engineCallbacks(new WeakRef(this as JobOrchestrator));
     this.engine = call(
       () =>
         new NativeEngine(
@@ -1052,8 +1066,16 @@ export class JobOrchestrator {
 
   // ── registration ───────────────────────────────────────────────────
 
-  /** Creates or replaces the definition of `type` and remembers its handler. */
-  registerHandler<TInput>(type: string, meta: JobHandlerMeta<TInput>, handler: JobHandler<TInput>): void {
+  /**
+   * Creates or replaces the definition of `type` and remembers its handler.
+   * With a job map, `ctx.input` is the map's input of `type`; without one,
+   * `TInput` is inferred from the handler or the meta, or given explicitly.
+   */
+  registerHandler<TInput = unknown, K extends JobTypeName<Jobs> = JobTypeName<Jobs>>(
+    type: K,
+    meta: JobHandlerMeta<HandlerInput<Jobs, K, TInput>>,
+    handler: JobHandler<HandlerInput<Jobs, K, TInput>, Jobs>,
+  ): void {
     this.registerAll([{ type, meta: meta as JobHandlerMeta<unknown>, handler: handler as JobHandler<unknown> }]);
   }
 
@@ -1165,6 +1187,7 @@ export class JobOrchestrator {
   // ── start ──────────────────────────────────────────────────────────
 
   /** Starts a run (contract "start"). `tx` is accepted for signature parity and ignored. */
+  start<K extends JobTypeName<Jobs>>(type: K, ...args: StartArgs<JobInputOf<Jobs, K>>): Promise<JobRun>;
   async start(type: string, input?: unknown, opts?: StartOptions, tx?: unknown): Promise<JobRun> {
     void tx;
     if (this.pg) return this.startPg(this.pg, type, input, opts);
@@ -2081,7 +2104,7 @@ export class JobOrchestrator {
         const status = attempt.aborted ? ABORTED_STATUS[attempt.abortReason ?? ''] ?? 'ended' : 'ended';
         throw new JobRunStateError(id, status, 'ctx.spawnChild after its attempt ended');
       }
-      return this.start(type, input, {
+      return (this as JobOrchestrator).start(type, input, {
         parentRunId: id,
         parentClosePolicy: opts?.closePolicy,
         runAt: opts?.runAt,

@@ -14,7 +14,7 @@ export type JobRunStatus =
 
 export interface JobRunError {
   message: string;
-  stack?: string;
+  stack?: string | undefined;
   retryable: boolean;
   attempt: number;
 }
@@ -24,7 +24,7 @@ export interface RetryPolicy {
   backoff: 'fixed' | 'exponential';
   baseMs: number;
   /** Errors that are not retried, matched against the thrown error's `name` or `code`. */
-  nonRetryableErrors?: string[];
+  nonRetryableErrors?: string[] | undefined;
 }
 
 export interface JobDefinitionRow {

@@ -53,8 +53,14 @@ export type {
 // The core API a Nest app needs, so one import path is enough.
 export { JobHandlerBase, JobOrchestrator, ParentClosePolicy, consoleLogger } from '../index';
 export type {
+  AnyJobs,
   CancelOptions,
+  HandlerInput,
+  InputArgs,
+  JobInputOf,
   JobOrchestratorOptions,
+  JobTypeName,
+  StartArgs,
   KeySource,
   PostgresOptions,
   RunEventListener,

@@ -20,7 +20,15 @@ import {
 } from '@nestjs/common';
 import { ContextIdFactory, ModuleRef, ModulesContainer } from '@nestjs/core';
 import { JobInputInvalidError, JobOrchestrator } from '../index';
-import type { JobContext, JobLogger, JobOrchestratorOptions, JobPoolDef, JobRun, WorkerHandle, WorkerOptions } from '../index';
+import type {
+  JobContext,
+  JobLogger,
+  JobOrchestratorOptions,
+  JobPoolDef,
+  JobRun,
+  WorkerHandle,
+  WorkerOptions,
+} from '../index';
 import { JobHandlerNotProviderError, JobPoolNotConfiguredError } from './errors';
 import { HandlerRegistry, type JobHandlerClass } from './handler-registry';
 import { NestJobOrchestrator, type HandlerResolver } from './nest-orchestrator';
@@ -35,39 +43,41 @@ import {
 /** A pool: how many of its runs one worker executes at once, plus the seed's pool fields. */
 export interface JobsPoolOptions {
   concurrency: number;
-  queue?: string;
-  reserved?: boolean;
-  description?: string;
+  queue?: string | undefined;
+  reserved?: boolean | undefined;
+  description?: string | undefined;
 }
 
 export interface JobsModuleOptions {
   /** Every start/cancel/query needs `tenantId` (null = cross-tenant). Default false. */
-  multiTenant?: boolean;
+  multiTenant?: boolean | undefined;
+  /** `'manual'`: time moves only with `advanceTime` (tests of time-dependent jobs). Default `'system'`. */
+  clock?: JobOrchestratorOptions['clock'];
   /**
    * Pools the worker serves (and that handlers may name). When given, a
    * handler whose pool is not listed fails module init. Default: the core
    * worker's `batch` (5) and `interactive` (20).
    */
-  pools?: Record<string, JobsPoolOptions>;
+  pools?: Record<string, JobsPoolOptions> | undefined;
   /**
    * `false`: no worker in this process (runs are only enqueued, or driven by
    * `claimNext`/`tick`). `true` (default) or worker options: start it once
    * the application has bootstrapped; `app.close()` drains it.
    */
-  worker?: boolean | WorkerOptions;
+  worker?: boolean | WorkerOptions | undefined;
   /** Builds `ctx.logger`. Default: a Nest `Logger` named `JobRun:<runId>`. */
-  loggerFactory?: (run: JobRun) => JobLogger;
+  loggerFactory?: ((run: JobRun) => JobLogger) | undefined;
   /** The orchestrator's own messages (a listener that threw, database trouble). Default: a Nest `Logger` named `Jobforge`. */
-  logger?: JobLogger;
+  logger?: JobLogger | undefined;
   /** How long terminal runs are kept (see the core's `retention`). Default: forever. */
-  retention?: JobOrchestratorOptions['retention'];
+  retention?: JobOrchestratorOptions['retention'] | undefined;
   /**
    * `'memory'` (default) or `'postgres'`: runs live in PostgreSQL and any
    * number of processes (each importing this module) share them.
    */
-  backend?: JobOrchestratorOptions['backend'];
+  backend?: JobOrchestratorOptions['backend'] | undefined;
   /** Connection settings of the `'postgres'` backend (`url` required). */
-  postgres?: JobOrchestratorOptions['postgres'];
+  postgres?: JobOrchestratorOptions['postgres'] | undefined;
   /**
    * Which `@JobHandler` classes this app registers. `'registered'`
    * (default): every one loaded in the process; one that is not a
@@ -75,20 +85,20 @@ export interface JobsModuleOptions {
    * are providers of this app; the others are left alone (several apps in
    * one process, modules imported conditionally).
    */
-  handlers?: 'registered' | 'provided';
+  handlers?: 'registered' | 'provided' | undefined;
   /**
    * Postgres: create or upgrade the schema on module init (idempotent,
    * safe from several processes). Default true; set false where
    * migrations are run separately (`npx jobforge migrate --url ...`).
    */
-  migrate?: boolean;
+  migrate?: boolean | undefined;
 }
 
 export interface JobsModuleRegistration {
   /** Register the module as global (its tokens injectable everywhere). Default true. */
-  global?: boolean;
+  global?: boolean | undefined;
   /** Same as `global` (the name Nest's own ConfigModule uses); wins when both are given. */
-  isGlobal?: boolean;
+  isGlobal?: boolean | undefined;
 }
 
 /** A provider that builds the module's options (`forRootAsync({ useClass | useExisting })`). */
@@ -98,15 +108,15 @@ export interface JobsOptionsFactory {
 
 /** Exactly one of `useFactory`, `useClass`, `useExisting`, as in Nest's own async modules. */
 export interface JobsModuleAsyncOptions extends JobsModuleRegistration {
-  imports?: ModuleMetadata['imports'];
+  imports?: ModuleMetadata['imports'] | undefined;
   /** Injected into `useFactory`. */
-  inject?: (InjectionToken | OptionalFactoryDependency)[];
+  inject?: (InjectionToken | OptionalFactoryDependency)[] | undefined;
   // eslint-disable-next-line @typescript-eslint/no-explicit-any
-  useFactory?: (...args: any[]) => JobsModuleOptions | Promise<JobsModuleOptions>;
+  useFactory?: ((...args: any[]) => JobsModuleOptions | Promise<JobsModuleOptions>) | undefined;
   /** A class JobsModule provides (with its injected dependencies) and asks for the options. */
-  useClass?: Type<JobsOptionsFactory>;
+  useClass?: Type<JobsOptionsFactory> | undefined;
   /** A provider already available (from `imports` or global) that builds the options. */
-  useExisting?: InjectionToken;
+  useExisting?: InjectionToken | undefined;
 }
 
 /** A Nest `Logger` named after the run: `JobRun:<id>`. */
@@ -339,6 +349,7 @@ function orchestratorFactory(options: JobsModuleOptions, moduleRef: ModuleRef): 
   return new NestJobOrchestrator(
     {
       multiTenant: options.multiTenant === true,
+      clock: options.clock,
       loggerFactory: options.loggerFactory ?? nestRunLogger,
       logger: options.logger ?? new Logger('Jobforge'),
       retention: options.retention,

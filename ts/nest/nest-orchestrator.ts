@@ -7,12 +7,15 @@
  */
 import { JobOrchestrator } from '../index';
 import type {
+  AnyJobs,
+  HandlerInput,
   HandlerRegistration,
   JobContext,
   JobHandler,
   JobHandlerMeta,
   JobOrchestratorOptions,
   JobPoolDef,
+  JobTypeName,
   JobUpsertEntry,
 } from '../index';
 import type { JobHandlerClass } from './handler-registry';
@@ -33,7 +36,7 @@ function isHandlerClass(h: unknown): h is JobHandlerClass {
   return typeof h === 'function' && typeof (h as { prototype?: { run?: unknown } }).prototype?.run === 'function';
 }
 
-export class NestJobOrchestrator extends JobOrchestrator {
+export class NestJobOrchestrator<Jobs extends object = AnyJobs> extends JobOrchestrator<Jobs> {
   /** type → the class and the runner the engine holds for it. */
   private readonly diHandlers = new Map<string, { handlerClass: JobHandlerClass; runner: Runner }>();
 
@@ -51,9 +54,13 @@ export class NestJobOrchestrator extends JobOrchestrator {
     return { handler: runner, cls, runner };
   }
 
-  override registerHandler<TInput>(type: string, meta: JobHandlerMeta<TInput>, handler: JobHandler<TInput>): void {
+  override registerHandler<TInput = unknown, K extends JobTypeName<Jobs> = JobTypeName<Jobs>>(
+    type: K,
+    meta: JobHandlerMeta<HandlerInput<Jobs, K, TInput>>,
+    handler: JobHandler<HandlerInput<Jobs, K, TInput>, Jobs>,
+  ): void {
     const r = this.runnerFor(type, handler);
-    super.registerHandler(type, meta, r.handler as JobHandler<TInput>);
+    super.registerHandler(type, meta, r.handler as JobHandler<HandlerInput<Jobs, K, TInput>, Jobs>);
     this.remember(type, r);
   }
 

@@ -4,17 +4,24 @@
  * all three services (JobsModule provides the three tokens with it).
  */
 import type {
+  AnyJobs,
   CancelOptions,
   JobOrchestrator,
   JobPoolDef,
   JobRun,
+  JobInputOf,
+  JobTypeName,
   JobUpsertEntry,
-  StartOptions,
+  StartArgs,
 } from '../index';
 
-/** What the seed's `MemoryJobOrchestrator` implements (`job-orchestrator.protocol`). */
-export interface IJobOrchestrator {
-  start(type: string, input: unknown, opts?: StartOptions, tx?: unknown): Promise<JobRun>;
+/**
+ * What the seed's `MemoryJobOrchestrator` implements (`job-orchestrator.protocol`).
+ * `Jobs`: the app's job map, which types `start`
+ * (`@Inject(JOB_ORCHESTRATOR) jobs: IJobOrchestrator<AppJobs>`).
+ */
+export interface IJobOrchestrator<Jobs extends object = AnyJobs> {
+  start<K extends JobTypeName<Jobs>>(type: K, ...args: StartArgs<JobInputOf<Jobs, K>>): Promise<JobRun>;
   cancel(runId: string, opts?: CancelOptions): Promise<void>;
   replay(runId: string): Promise<JobRun>;
   upsertJobRows(

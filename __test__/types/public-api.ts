@@ -1,0 +1,160 @@
+/**
+ * Compile-time checks of the public types, run by `npm run test:types`
+ * (`tsc -p tsconfig.test.json`, which has `strict` and
+ * `exactOptionalPropertyTypes` on). Nothing here is executed: a line that
+ * should compile fails the step if it does not, and a `@ts-expect-error`
+ * fails it when the line below compiles after all.
+ */
+import { JobHandlerBase, JobOrchestrator } from '../../dist';
+import type { AnyJobs, JobContext, JobInputOf, JobRun } from '../../dist';
+import { JobsModule, NestJobOrchestrator } from '../../dist/nest';
+import type { IJobOrchestrator } from '../../dist/nest';
+
+/** An app's job map: job type → input type. */
+interface AppJobs {
+  'email.send': { to: string; subject: string };
+  'report.build': { month: string };
+  'cache.sweep': { olderThanDays?: number } | undefined;
+}
+
+export async function typedStart(jobs: JobOrchestrator<AppJobs>): Promise<JobRun[]> {
+  const runs = [
+    await jobs.start('email.send', { to: 'a@b.c', subject: 'hi' }),
+    await jobs.start('report.build', { month: '2026-11' }, { priority: 5, tenantId: undefined }),
+    // An input type that admits undefined may be left out (stored as {}).
+    await jobs.start('cache.sweep'),
+    await jobs.start('cache.sweep', { olderThanDays: 3 }),
+  ];
+  // @ts-expect-error a job type the map does not name
+  await jobs.start('email.sned', { to: 'a@b.c', subject: 'hi' });
+  // @ts-expect-error an input field of the wrong type
+  await jobs.start('report.build', { month: 11 });
+  // @ts-expect-error a required input left out
+  await jobs.start('email.send');
+  // @ts-expect-error an input missing a required field
+  await jobs.start('email.send', { to: 'a@b.c' });
+  const dynamic: string = 'email.send';
+  // @ts-expect-error a job type only known at run time needs the untyped orchestrator
+  await jobs.start(dynamic, {});
+  return runs;
+}
+
+export function typedHandlers(jobs: JobOrchestrator<AppJobs>): void {
+  jobs.registerHandler(
+    'email.send',
+    // The meta's key functions see the map's input type too.
+    { dedupe: { key: (input) => input.to.toLowerCase(), windowMs: 60_000 } },
+    async (ctx) => {
+      const to: string = ctx.input.to;
+      // @ts-expect-error not a field of this job's input
+      void ctx.input.cc;
+      await ctx.spawnChild('report.build', { month: '2026-11' }, { priority: 1 });
+      // @ts-expect-error a child's input is checked against the map as well
+      await ctx.spawnChild('report.build', { month: 11 });
+      // @ts-expect-error a child of a job type the map does not name
+      await ctx.spawnChild('nope', {});
+      return { to };
+    },
+  );
+  // @ts-expect-error a handler written for another input
+  jobs.registerHandler('report.build', {}, async (ctx: JobContext<{ year: number }>) => ctx.input.year);
+  // @ts-expect-error registering a job type the map does not name
+  jobs.registerHandler('email.sned', {}, async () => null);
+
+  class BuildReport extends JobHandlerBase<AppJobs['report.build'], { rows: number }, AppJobs> {
+    async run(ctx: JobContext<AppJobs['report.build'], AppJobs>): Promise<{ rows: number }> {
+      await ctx.spawnChild('email.send', { to: 'ops@b.c', subject: ctx.input.month });
+      return { rows: 0 };
+    }
+  }
+  jobs.registerHandler('report.build', { pool: 'batch' }, BuildReport);
+}
+
+/** Without a map, any string is a job type and inputs are unknown, as before. */
+export async function untyped(jobs: JobOrchestrator, type: string): Promise<void> {
+  jobs.registerHandler<{ n: number }>('x.fn', {}, async (ctx) => ctx.input.n + 1);
+  jobs.registerHandler('x.key', { concurrency: { key: (i: { acct: string }) => i.acct } }, async (ctx) => ctx.input.acct);
+  await jobs.start(type, { anything: [1, 2] });
+  await jobs.start(type);
+  await jobs.start(type, null, { runAt: new Date() }, { tx: 'ignored' });
+  const any: JobOrchestrator<AnyJobs> = jobs;
+  void any;
+  const input: JobInputOf<AnyJobs, 'whatever'> = Symbol('unknown accepts anything');
+  void input;
+}
+
+/** The Nest binding: the seed's interface, typed by the same map. */
+export async function nest(typed: IJobOrchestrator<AppJobs>, plain: IJobOrchestrator): Promise<void> {
+  await typed.start('report.build', { month: '2026-11' });
+  // @ts-expect-error checked against the map
+  await typed.start('report.build', { month: 11 });
+  await plain.start('anything', { at: 1 });
+  const core: IJobOrchestrator<AppJobs> = new JobOrchestrator<AppJobs>();
+  const untypedCore: IJobOrchestrator = new JobOrchestrator();
+  const nestTyped: JobOrchestrator<AppJobs> = null as unknown as NestJobOrchestrator<AppJobs>;
+  void [core, untypedCore, nestTyped];
+}
+
+/**
+ * Under `exactOptionalPropertyTypes`, an option may be given as
+ * `undefined` (a value read from config that may be absent).
+ */
+export async function explicitUndefined(jobs: JobOrchestrator, maybe: { date?: Date; n?: number; s?: string }): Promise<void> {
+  const o = new JobOrchestrator({
+    multiTenant: undefined,
+    clock: undefined,
+    loggerFactory: undefined,
+    logger: undefined,
+    retention: { completedMs: maybe.n, failedMs: undefined },
+    backend: undefined,
+    postgres: undefined,
+  });
+  void o;
+  new JobOrchestrator({ backend: 'postgres', postgres: { url: 'postgres://x', schema: maybe.s, maxConnections: maybe.n, leaseMs: undefined, pollMs: undefined } });
+  jobs.registerHandler(
+    't',
+    {
+      pool: maybe.s,
+      retry: { attempts: 2, backoff: 'fixed', baseMs: 0, nonRetryableErrors: undefined },
+      concurrency: { key: '{{k}}', collisionMode: undefined },
+      timeoutMs: maybe.n,
+      replayFrom: undefined,
+      scope: undefined,
+      dedupe: undefined,
+    },
+    async (ctx) => ctx.step('s', () => 1, { retry: undefined, timeoutMs: maybe.n }),
+  );
+  await jobs.start('t', {}, {
+    scope: undefined,
+    pool: maybe.s,
+    runAt: maybe.date,
+    priority: maybe.n,
+    tags: undefined,
+    triggerSource: undefined,
+    triggerRef: maybe.s,
+    parentClosePolicy: undefined,
+    parentRunId: maybe.s,
+    tenantId: undefined,
+  });
+  await jobs.cancel('id', { cascade: undefined, reason: maybe.s, tenantId: undefined });
+  await jobs.findById('id', { tenantId: undefined });
+  await jobs.listForScope('e', 'id', { status: undefined, jobType: maybe.s, limit: maybe.n, offset: undefined, orderBy: undefined });
+  await jobs.listJobRuns({ poolId: maybe.s, rootRunId: undefined, status: undefined, since: maybe.date, cursor: maybe.s, limit: maybe.n });
+  await jobs.waitForRun('id', { timeoutMs: maybe.n, tenantId: undefined });
+  await jobs.recordStep({ jobRunId: 'r', stepId: 's', status: 'completed', kind: undefined, seq: maybe.n, output: undefined, startedAt: maybe.date });
+  jobs.startWorker({ pools: undefined, shutdownTimeoutMs: maybe.n });
+  JobsModule.forRoot({
+    multiTenant: undefined,
+    clock: 'manual',
+    pools: { batch: { concurrency: 1, queue: maybe.s, reserved: undefined, description: maybe.s } },
+    worker: undefined,
+    loggerFactory: undefined,
+    logger: undefined,
+    retention: undefined,
+    backend: undefined,
+    postgres: undefined,
+    handlers: undefined,
+    migrate: undefined,
+    global: undefined,
+  });
+}

@@ -18,6 +18,7 @@ import {
 } from '../dist';
 import type { JobContext, JobRun, JobRunStatus, ListJobRunsOptions, PoolStatusCount, RunTreeNode } from '../dist';
 import { UUID_V4, hanging, manual, nextTurn, system, waitFor } from './helpers';
+import { forBackends } from './backends';
 
 // ─── local helpers ──────────────────────────────────────────────────────────
 
@@ -706,7 +707,7 @@ test('listJobRuns: system clock — many runs share a millisecond and the order 
   t.is(firstOrderViolation(w.rows), -1);
 });
 
-test('listJobRuns: poolId, status, since and rootRunId filters, alone and combined, with paging', async (t) => {
+test('listJobRuns: poolId, status (one or a set), since and rootRunId filters, alone and combined, with paging', async (t) => {
   const o = manual();
   const rnd = prng(42);
   o.registerHandler('q.ok', {}, ok);
@@ -740,7 +741,17 @@ test('listJobRuns: poolId, status, since and rootRunId filters, alone and combin
   const mid = new Date(times[Math.floor(times.length / 2)]!);
 
   const poolOpts = [undefined, 'p0', 'p2', 'nope'];
-  const statusOpts: (JobRunStatus | undefined)[] = [undefined, 'pending', 'running', 'completed', 'failed', 'canceled'];
+  const statusOpts: (JobRunStatus | JobRunStatus[] | undefined)[] = [
+    undefined,
+    'pending',
+    'running',
+    'completed',
+    'failed',
+    'canceled',
+    ['pending', 'running'],
+    ['failed', 'canceled', 'failed'],
+    [],
+  ];
   const rootOpts = [undefined, bigRoot.id, roots[1]!.id, randomUUID()];
   const sinceOpts = [undefined, mid, new Date(times[0]!), new Date(times[times.length - 1]! + 1)];
   let combos = 0;
@@ -752,7 +763,7 @@ test('listJobRuns: poolId, status, since and rootRunId filters, alone and combin
             rows.filter(
               (r) =>
                 (poolId === undefined || r.pool === poolId) &&
-                (status === undefined || r.status === status) &&
+                (status === undefined || (Array.isArray(status) ? status.includes(r.status) : r.status === status)) &&
                 (rootRunId === undefined || r.rootRunId === rootRunId) &&
                 (since === undefined || r.createdAt.getTime() >= since.getTime()),
             ),
@@ -775,6 +786,36 @@ test('listJobRuns: poolId, status, since and rootRunId filters, alone and combin
   const exact = rows.filter((r) => r.createdAt.getTime() === mid.getTime());
   const got = (await o.listJobRuns({ since: mid, limit: 500 })).rows;
   for (const r of exact) t.true(ids(got).includes(r.id), 'since is inclusive');
+});
+
+forBackends('listJobRuns: a status set lists the runs in any of its statuses, newest first, in pages', async (t, make) => {
+  const o = await make.manual();
+  o.registerHandler('qs.ok', {}, ok);
+  o.registerHandler('qs.boom', {}, boom);
+  const started: JobRun[] = [];
+  for (let i = 0; i < 36; i++) {
+    const pool = i % 3 === 0 ? 'qs1' : 'qs0';
+    const r = await o.start(i % 4 === 0 ? 'qs.boom' : 'qs.ok', { i }, { pool });
+    started.push(r);
+    if (i % 5 === 1) await o.cancel(r.id);
+    else if (i % 5 === 2 || i % 5 === 3) {
+      const c = await o.claimNext(pool);
+      if (c && i % 5 === 2) await o.tick(c.id);
+    }
+    if (i % 2 === 0) o.advanceTime(1);
+  }
+  const rows = await Promise.all(started.map((r) => row(o, r.id)));
+  for (const s of ['pending', 'running', 'completed', 'failed', 'canceled'] as const) {
+    t.true(rows.some((r) => r.status === s), `some run is ${s}`);
+  }
+  const sets: JobRunStatus[][] = [['pending', 'running'], ['completed', 'failed', 'canceled'], ['failed', 'failed'], []];
+  for (const status of sets)
+    for (const poolId of [undefined, 'qs1']) {
+      const want = newestFirst(rows.filter((r) => status.includes(r.status) && (poolId === undefined || r.pool === poolId)));
+      const w = await walkPages(o, { status, poolId, limit: 4 });
+      t.deepEqual(ids(w.rows), ids(want), JSON.stringify({ status, poolId }));
+    }
+  await isInvalid(t, o.listJobRuns({ status: ['running', 'nope' as JobRunStatus] }), 'unknown status in a set');
 });
 
 test('listJobRuns: limit default 50 and maximum 500; nextCursor null on the last page (also when it is exactly full)', async (t) => {
@@ -811,6 +852,8 @@ test('listJobRuns: limit default 50 and maximum 500; nextCursor null on the last
   await isInvalid(t, o.listJobRuns({ limit: 2.5 }), 'limit 2.5');
   await isInvalid(t, o.listJobRuns({ limit: '5' as unknown as number }), "limit '5'");
   await isInvalid(t, o.listJobRuns({ status: 'nope' as JobRunStatus }), 'status');
+  await isInvalid(t, o.listJobRuns({ status: ['pending', 'nope' as JobRunStatus] }), 'status set');
+  await isInvalid(t, o.listJobRuns({ status: [7 as unknown as JobRunStatus] }), 'status set of numbers');
   await isInvalid(t, o.listJobRuns({ since: new Date(NaN) }), 'since');
   await isInvalid(t, o.listJobRuns({ poolId: 5 as unknown as string }), 'poolId');
 });

@@ -1216,22 +1216,27 @@ fn status_of(s: &str) -> Result<jobforge_core::RunStatus> {
     jobforge_core::RunStatus::parse(s).ok_or_else(|| invalid(format!("unknown run status '{s}'")))
 }
 
+/// A query's `status`: one status, an array of them, or absent (every status).
+fn statuses_of(v: &Value) -> Result<Option<Vec<jobforge_core::RunStatus>>> {
+    match v.get("status") {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::String(s)) => Ok(Some(vec![status_of(s)?])),
+        Some(Value::Array(a)) => a
+            .iter()
+            .map(|x| {
+                x.as_str()
+                    .ok_or_else(|| invalid("status must be a string or an array of strings"))
+                    .and_then(status_of)
+            })
+            .collect::<Result<Vec<_>>>()
+            .map(Some),
+        Some(_) => Err(invalid("status must be a string or an array of strings")),
+    }
+}
+
 fn parse_scope_query(text: &str) -> Result<jobforge_core::engine::ScopeQuery> {
     let v: Value = serde_json::from_str(text).map_err(|e| invalid(format!("query: {e}")))?;
-    let statuses = match v.get("status") {
-        None | Some(Value::Null) => None,
-        Some(Value::String(s)) => Some(vec![status_of(s)?]),
-        Some(Value::Array(a)) => Some(
-            a.iter()
-                .map(|x| {
-                    x.as_str()
-                        .ok_or_else(|| invalid("status must be a string or an array of strings"))
-                        .and_then(status_of)
-                })
-                .collect::<Result<Vec<_>>>()?,
-        ),
-        Some(_) => return Err(invalid("status must be a string or an array of strings")),
-    };
+    let statuses = statuses_of(&v)?;
     let job_type = match v.get("jobType") {
         None | Some(Value::Null) => None,
         Some(Value::String(s)) => Some(s.clone()),
@@ -1295,7 +1300,7 @@ fn parse_job_run_query(text: &str) -> Result<jobforge_core::engine::JobRunQuery>
     Ok(jobforge_core::engine::JobRunQuery {
         pool: s("poolId")?,
         root_run_id: s("rootRunId")?,
-        status: s("status")?.map(|x| status_of(&x)).transpose()?,
+        statuses: statuses_of(&v)?,
         since,
         cursor: s("cursor")?.map(|c| decode_cursor(&c)).transpose()?,
         limit,

@@ -146,7 +146,8 @@ export interface ListForScopeOptions extends TenantOptions {
 export interface ListJobRunsOptions extends TenantOptions {
   poolId?: string | undefined;
   rootRunId?: string | undefined;
-  status?: JobRunStatus | undefined;
+  /** One status or a set of them (a run in any of them). */
+  status?: JobRunStatus | JobRunStatus[] | undefined;
   /** Only runs created at or after this instant. */
   since?: Date | undefined;
   /** `nextCursor` of the previous page. */

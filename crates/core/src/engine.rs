@@ -94,7 +94,8 @@ pub type PageCursor = (Millis, u128);
 pub struct JobRunQuery {
     pub pool: Option<String>,
     pub root_run_id: Option<String>,
-    pub status: Option<RunStatus>,
+    /// Any of these statuses (`None`: every status; empty: no row).
+    pub statuses: Option<Vec<RunStatus>>,
     pub since: Option<Millis>,
     /// Exclusive upper `(createdAt, id)` bound from the previous page.
     pub cursor: Option<(Millis, u128)>,
@@ -1906,12 +1907,19 @@ impl<S: Store> Engine<S> {
             },
             None => None,
         };
+        // A status named twice would page its index twice.
+        let statuses = q.statuses.as_ref().map(|s| {
+            let mut s = s.clone();
+            s.sort_unstable_by_key(|st| st.as_str());
+            s.dedup();
+            s
+        });
         self.read(|tx| {
             // One extra row tells whether another page exists.
             let ids = tx.page_runs(&PageQuery {
                 tenant: t.as_deref(),
                 pool: q.pool.as_deref(),
-                status: q.status,
+                statuses: statuses.as_deref(),
                 root: root.as_ref(),
                 since: q.since.unwrap_or(i64::MIN),
                 before: q.cursor,

@@ -2085,7 +2085,7 @@ impl Harness {
             }
             for status in [RunStatus::Pending, RunStatus::Running, RunStatus::Canceled] {
                 let got = page_all(JobRunQuery {
-                    status: Some(status),
+                    statuses: Some(vec![status]),
                     limit: 1000,
                     ..JobRunQuery::default()
                 })?;
@@ -2094,6 +2094,37 @@ impl Harness {
                     "listing of {status} runs for {t:?} differs"
                 );
             }
+            // A set of statuses (one named twice), with and without a pool,
+            // in pages smaller than the result.
+            let live = [RunStatus::Pending, RunStatus::Running, RunStatus::Pending];
+            let got = page_all(JobRunQuery {
+                statuses: Some(live.to_vec()),
+                limit: 3,
+                ..JobRunQuery::default()
+            })?;
+            ensure!(
+                got == newest(&|r| matches!(r.status, RunStatus::Pending | RunStatus::Running)),
+                "listing of pending and running runs for {t:?} differs"
+            );
+            for pool in POOLS {
+                let got = page_all(JobRunQuery {
+                    pool: Some(pool.to_owned()),
+                    statuses: Some(vec![RunStatus::Canceled, RunStatus::Running]),
+                    limit: 2,
+                    ..JobRunQuery::default()
+                })?;
+                ensure!(
+                    got == newest(&|r| &*r.pool == pool
+                        && matches!(r.status, RunStatus::Canceled | RunStatus::Running)),
+                    "listing of canceled and running runs of pool {pool} for {t:?} differs"
+                );
+            }
+            let got = page_all(JobRunQuery {
+                statuses: Some(Vec::new()),
+                limit: 5,
+                ..JobRunQuery::default()
+            })?;
+            ensure!(got.is_empty(), "an empty status set listed rows for {t:?}");
             // Trees: by rootRunId through the listing, subtree via run_tree.
             for r in &mine {
                 if r.parent_run_id().is_none() {

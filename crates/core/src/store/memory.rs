@@ -1010,7 +1010,7 @@ impl StoreTx for MemoryTx<'_> {
         let matches = |h: Handle| {
             let r = &s.runs[h as usize];
             q.pool.is_none_or(|p| &*r.pool == p)
-                && q.status.is_none_or(|st| r.status == st)
+                && q.statuses.is_none_or(|ss| ss.contains(&r.status))
                 && r.tenant_id.as_deref() == q.tenant
         };
         let before = q.before.map(|(t, id)| (t, id_key(id), Handle::MAX));
@@ -1038,40 +1038,29 @@ impl StoreTx for MemoryTx<'_> {
                 .map(|k| s.runs[k.2 as usize].id)
                 .collect();
         }
-        // The sets whose union is exactly the filtered rows: one for no
-        // filter or both, one per status for a pool, one per pool for a status.
-        let sets: Vec<&BTreeSet<CreatedKey>> = match (q.pool, q.status) {
-            // No filter: every set of every group of the tenant (a separate
-            // per-tenant set would cost ~40 bytes per run for this alone).
-            (None, None) => {
+        // The sets whose union is exactly the filtered rows: per group (the
+        // pool's, or every pool of the tenant: a separate per-tenant set
+        // would cost ~40 bytes per run for this alone), the set of each
+        // status asked for, or all of them.
+        let groups: Vec<u32> = match q.pool {
+            Some(p) => s.q.find_group(q.tenant, p).into_iter().collect(),
+            None => {
                 s.q.pools_of
                     .get(&tenant)
                     .into_iter()
                     .flatten()
-                    .flat_map(|g| s.q.groups[*g as usize].by_status.iter())
-                    .collect()
-            }
-            (Some(p), Some(st)) => {
-                s.q.find_group(q.tenant, p)
-                    .map(|g| &s.q.groups[g as usize].by_status[si(st)])
-                    .into_iter()
-                    .collect()
-            }
-            (Some(p), None) => {
-                s.q.find_group(q.tenant, p)
-                    .into_iter()
-                    .flat_map(|g| s.q.groups[g as usize].by_status.iter())
-                    .collect()
-            }
-            (None, Some(st)) => {
-                s.q.pools_of
-                    .get(&tenant)
-                    .into_iter()
-                    .flatten()
-                    .map(|g| &s.q.groups[*g as usize].by_status[si(st)])
+                    .copied()
                     .collect()
             }
         };
+        let mut sets: Vec<&BTreeSet<CreatedKey>> = Vec::new();
+        for g in groups {
+            let by = &s.q.groups[g as usize].by_status;
+            match q.statuses {
+                None => sets.extend(by.iter()),
+                Some(ss) => sets.extend(ss.iter().map(|st| &by[si(*st)])),
+            }
+        }
         let upper = match before {
             Some(b) => std::ops::Bound::Excluded(b),
             None => std::ops::Bound::Unbounded,

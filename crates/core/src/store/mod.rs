@@ -65,7 +65,8 @@ pub struct PageQuery<'a> {
     /// single-tenant mode is every row).
     pub tenant: TenantRef<'a>,
     pub pool: Option<&'a str>,
-    pub status: Option<crate::model::RunStatus>,
+    /// Any of these statuses, each named once (`None`: every status).
+    pub statuses: Option<&'a [crate::model::RunStatus]>,
     pub root: Option<&'a RunId>,
     /// Only rows created at or after this instant.
     pub since: Millis,

@@ -896,11 +896,11 @@ const SQL_COUNTS: &str =
 const SQL_FAILED: &str = "SELECT {R} FROM {S}.job_run WHERE {T} AND status = 'failed' \
     ORDER BY finished_at DESC, id DESC LIMIT $2";
 const SQL_PAGE: &str = "SELECT {R} FROM {S}.job_run WHERE {T} AND ($2::text IS NULL OR pool = $2) \
-    AND ($3::text IS NULL OR status = $3) AND created_at >= $4 \
+    AND ($3::text[] IS NULL OR status = ANY($3)) AND created_at >= $4 \
     AND ($5::timestamptz IS NULL OR (created_at, id) < ($5, $6::uuid)) \
     ORDER BY created_at DESC, id DESC LIMIT $7";
 const SQL_PAGE_ROOT: &str = "SELECT {R} FROM {S}.job_run WHERE {T} AND root_run_id = $8 \
-    AND ($2::text IS NULL OR pool = $2) AND ($3::text IS NULL OR status = $3) AND created_at >= $4 \
+    AND ($2::text IS NULL OR pool = $2) AND ($3::text[] IS NULL OR status = ANY($3)) AND created_at >= $4 \
     AND ($5::timestamptz IS NULL OR (created_at, id) < ($5, $6::uuid)) \
     ORDER BY created_at DESC, id DESC LIMIT $7";
 const SQL_TREE: &str = "SELECT {R} FROM {S}.job_run WHERE root_run_id = $1 ORDER BY seq";
@@ -1528,7 +1528,8 @@ impl StoreTx for PgTx<'_> {
     }
 
     fn page_runs(&self, q: &PageQuery<'_>) -> Vec<RunId> {
-        let status = q.status.map(|s| s.as_str());
+        let status: Option<Vec<&str>> =
+            q.statuses.map(|ss| ss.iter().map(|s| s.as_str()).collect());
         let before_at = q.before.map(|b| Ms(b.0));
         let before_id = q.before.map(|b| Uuid::from_u128(b.1));
         let limit = q.limit as i64;

@@ -462,6 +462,42 @@ test('an unreachable database is a typed error, not a crash', async (t) => {
   await o.close();
 });
 
+test('a database server that accepts connections and never answers: calls reject with JobStoreError after connect_timeout, not never', async (t) => {
+  // A proxy with no backend behind it, or a stopped server: TCP connects,
+  // the startup message is read, no answer ever comes.
+  const net = await import('node:net');
+  const sockets = new Set<import('node:net').Socket>();
+  const server = net.createServer((socket) => {
+    sockets.add(socket);
+    socket.on('data', () => undefined);
+    socket.on('error', () => undefined);
+  });
+  await new Promise<void>((r) => server.listen(0, '127.0.0.1', () => r()));
+  t.teardown(() => {
+    for (const s of sockets) s.destroy();
+    return new Promise<void>((r) => server.close(() => r()));
+  });
+  const port = (server.address() as { port: number }).port;
+  const o = new JobOrchestrator({
+    backend: 'postgres',
+    postgres: { url: `postgres://nobody@127.0.0.1:${port}/none?connect_timeout=1`, maxConnections: 1 },
+    loggerFactory: () => silentLogger,
+  });
+  o.registerHandler('t', {}, async () => undefined);
+  const t0 = Date.now();
+  const err = await t.throwsAsync(o.migrate());
+  const took = Date.now() - t0;
+  t.true(err instanceof JobStoreError, String(err));
+  t.true((err as JobStoreError).retryable, 'the server may answer later');
+  t.regex((err as Error).message, /did not answer/);
+  t.true(took >= 900 && took < 5000, `migrate gave up after ${took} ms (connect_timeout=1)`);
+  // With its one connection attempt still unanswered, the next call fails at once.
+  const t1 = Date.now();
+  t.true((await t.throwsAsync(o.findById('00000000-0000-4000-8000-000000000000'))) instanceof JobStoreError);
+  t.true(Date.now() - t1 < 1000, `second call took ${Date.now() - t1} ms`);
+  await o.close();
+});
+
 test('a worker whose database refuses connections backs off instead of reconnecting ten times a second', async (t) => {
   // A "database" that accepts every connection and closes it at once.
   const net = await import('node:net');

@@ -265,6 +265,72 @@ struct Pool {
     max: usize,
     state: Mutex<PoolState>,
     freed: Condvar,
+    /// Connection attempts given up on whose thread still waits for the server.
+    stuck: Arc<std::sync::atomic::AtomicUsize>,
+}
+
+/// Opens a connection within `connect_timeout`. The driver's own timeout
+/// bounds only the TCP connect: a server that accepts and never answers
+/// the startup (a proxy with no backend behind it, a stopped server) held
+/// the call, and so a JS promise, forever. The attempt runs on a thread of
+/// its own, which is left to finish when the deadline passes (a connection
+/// it still makes is then dropped); at most `max` such threads wait at
+/// once, after which attempts fail without starting another.
+fn connect_bounded(
+    config: &postgres::Config,
+    stuck: &Arc<std::sync::atomic::AtomicUsize>,
+    max: usize,
+) -> Result<Client> {
+    use std::sync::atomic::Ordering;
+    let Some(limit) = config.get_connect_timeout().copied() else {
+        return config.connect(NoTls).map_err(db_err);
+    };
+    let unanswered = |n: usize| JobError::Store {
+        message: format!(
+            "the database server did not answer a connection attempt within {} ms \
+             ({n} attempt(s) still unanswered)",
+            limit.as_millis()
+        ),
+        retryable: true,
+    };
+    let waiting = stuck.load(Ordering::Acquire);
+    if waiting >= max {
+        return Err(unanswered(waiting));
+    }
+    let (tx, rx) = std::sync::mpsc::sync_channel(1);
+    let cfg = config.clone();
+    let given_up = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let (given_up2, stuck2) = (given_up.clone(), stuck.clone());
+    std::thread::Builder::new()
+        .name("jobforge-pg-connect".to_owned())
+        .spawn(move || {
+            let out = cfg.connect(NoTls);
+            // Whoever flips the flag second settles the count: the caller
+            // counted this thread as stuck only if it gave up first.
+            if given_up2.swap(true, Ordering::AcqRel) {
+                stuck2.fetch_sub(1, Ordering::AcqRel);
+            } else {
+                let _ = tx.send(out);
+            }
+        })
+        .map_err(|e| JobError::Store {
+            message: format!("could not start a connection thread: {e}"),
+            retryable: true,
+        })?;
+    match rx.recv_timeout(limit) {
+        Ok(out) => out.map_err(db_err),
+        Err(_) => {
+            if given_up.swap(true, Ordering::AcqRel) {
+                // The attempt ended just now: its result is in the channel.
+                return match rx.try_recv() {
+                    Ok(out) => out.map_err(db_err),
+                    Err(_) => Err(unanswered(stuck.load(Ordering::Acquire))),
+                };
+            }
+            let n = stuck.fetch_add(1, Ordering::AcqRel) + 1;
+            Err(unanswered(n))
+        }
+    }
 }
 
 struct PoolState {
@@ -303,7 +369,7 @@ impl Pool {
             if st.open < self.max {
                 st.open += 1;
                 drop(st);
-                return match self.config.connect(NoTls) {
+                return match connect_bounded(&self.config, &self.stuck, self.max) {
                     Ok(client) => Ok(Lease {
                         pool: self,
                         conn: Some(Conn {
@@ -315,7 +381,7 @@ impl Pool {
                         let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
                         st.open -= 1;
                         self.freed.notify_one();
-                        Err(db_err(e))
+                        Err(e)
                     }
                 };
             }
@@ -556,6 +622,7 @@ impl PgStore {
                     open: 0,
                 }),
                 freed: Condvar::new(),
+                stuck: Arc::new(std::sync::atomic::AtomicUsize::new(0)),
             },
             config,
             schema_sql,
@@ -656,7 +723,7 @@ impl PgStore {
         keep_going: &dyn Fn() -> bool,
         on_notify: &dyn Fn(Option<(RunId, Option<u32>)>),
     ) -> Result<()> {
-        let mut client = self.pool.config.connect(NoTls).map_err(db_err)?;
+        let mut client = connect_bounded(&self.pool.config, &self.pool.stuck, self.pool.max)?;
         client
             .batch_execute(&format!("LISTEN {}", quote_ident(&self.channel)))
             .map_err(db_err)?;

@@ -142,7 +142,7 @@ test.serial('the decorator records metadata, makes the class injectable and fill
       .filter((x) => x.startsWith('reg.')),
     ['reg.orphan', 'reg.transient'],
   );
-  t.throws(() => JobHandler('reg.norun')(class NoRun {}), { instanceOf: TypeError, message: /NoRun needs a run\(ctx\)/ });
+  t.throws(() => JobHandler('reg.norun')(class NoRun {} as never), { instanceOf: TypeError, message: /NoRun needs a run\(ctx\)/ });
   t.throws(() => JobHandler(''), { instanceOf: TypeError });
   t.is(HandlerRegistry.get('reg.norun'), undefined);
 });

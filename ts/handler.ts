@@ -1,6 +1,6 @@
 /** Handler-facing types: metadata, context, base class. */
 import type { JobRun, RetryPolicy } from './rows';
-import type { AnyJobs, InputArgs, JobInputOf, JobTypeName } from './typed';
+import type { AnyJobs, JobTypeName, OptionalInputName } from './typed';
 
 export type { RetryPolicy };
 
@@ -68,7 +68,9 @@ export interface JobContext<TInput = unknown, Jobs extends object = AnyJobs> {
    */
   step<T>(stepId: string, fn: () => Promise<T> | T, opts?: StepOptions): Promise<T>;
   /** Starts a child run (fire-and-forget; `closePolicy` decides cascade). */
-  spawnChild<K extends JobTypeName<Jobs>>(type: K, ...args: InputArgs<JobInputOf<Jobs, K>, SpawnChildOptions>): Promise<JobRun>;
+  spawnChild<K extends JobTypeName<Jobs>>(type: K, input: Jobs[K], opts?: SpawnChildOptions): Promise<JobRun>;
+  /** A child of a job type whose input may be left out (stored as `{}`). */
+  spawnChild<K extends OptionalInputName<Jobs>>(type: K, input?: Jobs[K] | null, opts?: SpawnChildOptions): Promise<JobRun>;
   readonly logger: JobLogger;
   /**
    * Aborts when the run is canceled, its attempt times out, or a worker's

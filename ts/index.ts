@@ -10,7 +10,7 @@
  * ```
  */
 export { JobOrchestrator } from './orchestrator';
-export type { AnyJobs, HandlerInput, InputArgs, JobInputOf, JobTypeName } from './typed';
+export type { AnyJobs, HandlerInput, JobInputOf, JobTypeName, OptionalInputName, StoredInput } from './typed';
 export type {
   CancelOptions,
   HandlerRegistration,
@@ -25,7 +25,6 @@ export type {
   RunEventListener,
   RunEventName,
   RunTreeNode,
-  StartArgs,
   StartOptions,
   TenantOptions,
   WaitForRunOptions,

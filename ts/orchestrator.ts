@@ -26,7 +26,7 @@ import { consoleLogger } from './handler';
 import { randomUUID } from 'node:crypto';
 import { flatSnapshot, FlatSnapshot, toJsonText } from './json';
 import { NativeEngine, PgEngine } from './native';
-import type { AnyJobs, HandlerInput, JobInputOf, JobTypeName } from './typed';
+import type { AnyJobs, HandlerInput, JobTypeName, OptionalInputName } from './typed';
 import type { JobDefinitionRow, JobRun, JobRunError, JobRunStatus, JobStep } from './rows';
 import { fromTuple, newRun, parseDefinition, parseRun, parseRuns, parseStep } from './rows';
 import type { RunDefaults, RunTuple } from './rows';
@@ -768,14 +768,6 @@ const REPORT_TURNS = 3;
 const WORKER_SLICE_MS = 5;
 
 /**
- * `start`'s arguments after the job type: the input may be left out only
- * where the job's input type admits `undefined` (it is then stored as `{}`).
- */
-export type StartArgs<Input> = undefined extends Input
-  ? [input?: Input | null, opts?: StartOptions, tx?: unknown]
-  : [input: Input, opts?: StartOptions, tx?: unknown];
-
-/**
  * `Jobs`: the app's job map (job type → input type), which types
  * `registerHandler`, `start` and `ctx.spawnChild`; default `AnyJobs`
  * (any type, inputs unknown). See `AnyJobs`.
@@ -1188,7 +1180,9 @@ export class JobOrchestrator<Jobs extends object = AnyJobs> {
   // ── start ──────────────────────────────────────────────────────────
 
   /** Starts a run (contract "start"). `tx` is accepted for signature parity and ignored. */
-  start<K extends JobTypeName<Jobs>>(type: K, ...args: StartArgs<JobInputOf<Jobs, K>>): Promise<JobRun>;
+  start<K extends JobTypeName<Jobs>>(type: K, input: Jobs[K], opts?: StartOptions, tx?: unknown): Promise<JobRun>;
+  /** A run of a job type whose input may be left out (stored as `{}`). */
+  start<K extends OptionalInputName<Jobs>>(type: K, input?: Jobs[K] | null, opts?: StartOptions, tx?: unknown): Promise<JobRun>;
   async start(type: string, input?: unknown, opts?: StartOptions, tx?: unknown): Promise<JobRun> {
     void tx;
     if (this.pg) return this.startPg(this.pg, type, input, opts);

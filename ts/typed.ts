@@ -13,34 +13,37 @@
  * ```
  *
  * Without a map (`AnyJobs`, the default) every string is a job type and
- * inputs are `unknown`, as before. Types only: nothing here exists at run
- * time, and the engine checks nothing more because of it.
+ * inputs are not checked, as before. Types only: nothing here exists at
+ * run time, and the engine checks nothing more because of it.
  */
 
-/** The default job map: any job type, any input. */
-export type AnyJobs = Record<string, unknown>;
-
-/** Whether `Jobs` names its job types (an app's map) or is `AnyJobs`. */
-type IsUntyped<Jobs> = string extends keyof Jobs ? true : false;
+/**
+ * The default job map: any job type, any input. `any` rather than a
+ * record type so that an orchestrator typed by an app's map can still be
+ * handed to code written for the untyped one, and back.
+ */
+// eslint-disable-next-line @typescript-eslint/no-explicit-any
+export type AnyJobs = any;
 
 /** The job type names of a map (`string` for `AnyJobs`). */
 export type JobTypeName<Jobs> = keyof Jobs & string;
 
-/** The input of job type `K` in `Jobs` (`unknown` for `AnyJobs`). */
-export type JobInputOf<Jobs, K extends string> = IsUntyped<Jobs> extends true ? unknown : K extends keyof Jobs ? Jobs[K] : never;
+/** The input `start` takes for job type `K` of `Jobs`. */
+export type JobInputOf<Jobs, K extends string> = K extends keyof Jobs ? Jobs[K] : never;
+
+/** The job types whose input may be left out (their input type admits `undefined`). */
+export type OptionalInputName<Jobs> = { [K in keyof Jobs]-?: undefined extends Jobs[K] ? K : never }[keyof Jobs] & string;
 
 /**
- * The input a handler registered for `K` receives: the map's input type;
- * with `AnyJobs`, `TInput` (inferred from the handler or the meta, or
- * given explicitly, as in `registerHandler<{ n: number }>(...)`).
+ * What a handler receives for an input of type `T`: a left-out (or null)
+ * input is stored as `{}`, so `undefined`/`null` never reach it.
  */
-export type HandlerInput<Jobs, K extends string, TInput> = IsUntyped<Jobs> extends true ? TInput : JobInputOf<Jobs, K>;
+export type StoredInput<T> = [T] extends [undefined | null | void] ? Record<string, never> : Exclude<T, undefined | null | void>;
 
 /**
- * The arguments after the job type of `start` and `spawnChild`: the input
- * may be left out only where the job's input type admits `undefined`
- * (an omitted input is stored as `{}`).
+ * The input a handler registered for `K` receives: the map's input type
+ * (as stored); where the map does not say (`AnyJobs`, or an index
+ * signature's `unknown`), `TInput`, inferred from the handler or the
+ * meta, or given explicitly, as in `registerHandler<{ n: number }>(...)`.
  */
-export type InputArgs<Input, Opts> = undefined extends Input
-  ? [input?: Input | null, opts?: Opts]
-  : [input: Input, opts?: Opts];
+export type HandlerInput<Jobs, K extends keyof Jobs, TInput> = unknown extends Jobs[K] ? TInput : StoredInput<Jobs[K]>;

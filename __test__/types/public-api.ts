@@ -7,14 +7,15 @@
  */
 import { JobHandlerBase, JobOrchestrator } from '../../dist';
 import type { AnyJobs, JobContext, JobInputOf, JobRun } from '../../dist';
-import { JobsModule, NestJobOrchestrator } from '../../dist/nest';
-import type { IJobOrchestrator } from '../../dist/nest';
+import { JobHandler, JobsModule, NestJobOrchestrator, typedJobHandler } from '../../dist/nest';
+import type { CancelOptions, IJobOrchestrator, IJobRunService, JobPoolDef, JobUpsertEntry, StartOptions } from '../../dist/nest';
 
 /** An app's job map: job type → input type. */
 interface AppJobs {
   'email.send': { to: string; subject: string };
   'report.build': { month: string };
   'cache.sweep': { olderThanDays?: number } | undefined;
+  'cache.ping': undefined;
 }
 
 export async function typedStart(jobs: JobOrchestrator<AppJobs>): Promise<JobRun[]> {
@@ -39,6 +40,32 @@ export async function typedStart(jobs: JobOrchestrator<AppJobs>): Promise<JobRun
   return runs;
 }
 
+/** Generic code over the map calls `start` with the map's own types. */
+export async function genericCallers(jobs: JobOrchestrator<AppJobs>): Promise<void> {
+  async function enqueue<K extends keyof AppJobs>(type: K, input: AppJobs[K]): Promise<JobRun> {
+    return jobs.start(type, input, { tags: { source: 'api' } });
+  }
+  await enqueue('report.build', { month: '2026-11' });
+  // @ts-expect-error still checked at the helper's call site
+  await enqueue('report.build', { month: 11 });
+  class Outbox<J extends object> {
+    constructor(private readonly j: JobOrchestrator<J>) {}
+    add<K extends keyof J & string>(type: K, input: J[K]): Promise<JobRun> {
+      return this.j.start(type, input);
+    }
+  }
+  await new Outbox(jobs).add('email.send', { to: 'a@b.c', subject: 's' });
+}
+
+/** A map with an index signature: declared types are checked, the others are not. */
+export async function mixedMap(jobs: JobOrchestrator<{ [dynamic: string]: unknown; 'email.send': { to: string } }>): Promise<void> {
+  // @ts-expect-error a declared job type keeps its input type
+  await jobs.start('email.send', { to: 1 });
+  await jobs.start('anything.else', [1, 2]);
+  jobs.registerHandler('email.send', {}, async (ctx) => ctx.input.to.toUpperCase());
+  jobs.registerHandler<{ n: number }>('anything.else', {}, async (ctx) => ctx.input.n);
+}
+
 export function typedHandlers(jobs: JobOrchestrator<AppJobs>): void {
   jobs.registerHandler(
     'email.send',
@@ -53,9 +80,19 @@ export function typedHandlers(jobs: JobOrchestrator<AppJobs>): void {
       await ctx.spawnChild('report.build', { month: 11 });
       // @ts-expect-error a child of a job type the map does not name
       await ctx.spawnChild('nope', {});
+      await ctx.spawnChild('cache.sweep');
       return { to };
     },
   );
+  // A left-out input reaches the handler as {}: its type says so.
+  jobs.registerHandler('cache.sweep', {}, async (ctx) => {
+    const days: number | undefined = ctx.input.olderThanDays;
+    return { days };
+  });
+  jobs.registerHandler('cache.ping', {}, async (ctx) => {
+    const empty: Record<string, never> = ctx.input;
+    return empty;
+  });
   // @ts-expect-error a handler written for another input
   jobs.registerHandler('report.build', {}, async (ctx: JobContext<{ year: number }>) => ctx.input.year);
   // @ts-expect-error registering a job type the map does not name
@@ -92,7 +129,56 @@ export async function nest(typed: IJobOrchestrator<AppJobs>, plain: IJobOrchestr
   const core: IJobOrchestrator<AppJobs> = new JobOrchestrator<AppJobs>();
   const untypedCore: IJobOrchestrator = new JobOrchestrator();
   const nestTyped: JobOrchestrator<AppJobs> = null as unknown as NestJobOrchestrator<AppJobs>;
-  void [core, untypedCore, nestTyped];
+  // Code written for the untyped orchestrator takes a typed one, and back.
+  const health = (j: JobOrchestrator, s: IJobRunService, i: IJobOrchestrator) => [j, s, i];
+  const typedCore = new JobOrchestrator<AppJobs>();
+  health(typedCore, typedCore, typedCore);
+  const retyped: JobOrchestrator<AppJobs> = new JobOrchestrator();
+  void [core, untypedCore, nestTyped, retyped];
+}
+
+/** A test double of the seed's interface, written with the natural signature. */
+export class FakeJobs implements IJobOrchestrator<AppJobs> {
+  async start<K extends keyof AppJobs>(type: K, input?: AppJobs[K] | null, opts?: StartOptions): Promise<JobRun> {
+    void [type, input, opts];
+    throw new Error('not in a type test');
+  }
+  async cancel(runId: string, opts?: CancelOptions): Promise<void> {
+    void [runId, opts];
+  }
+  async replay(runId: string): Promise<JobRun> {
+    throw new Error(runId);
+  }
+  async upsertJobRows(entries: JobUpsertEntry[], poolConfig: ReadonlyMap<string, JobPoolDef>): Promise<{ orphaned: string[] }> {
+    void [entries, poolConfig];
+    return { orphaned: [] };
+  }
+}
+
+/** `@JobHandler` checks the class has `run`; `typedJobHandler<AppJobs>()` also checks the type and input. */
+export function decorators(): void {
+  const AppJobHandler = typedJobHandler<AppJobs>();
+  class SendEmail extends JobHandlerBase<AppJobs['email.send'], void, AppJobs> {
+    async run(ctx: JobContext<AppJobs['email.send'], AppJobs>): Promise<void> {
+      void ctx.input.subject;
+    }
+  }
+  AppJobHandler('email.send', { dedupe: { key: (i) => i.to, windowMs: 60_000 } })(SendEmail);
+  // @ts-expect-error a job type the map does not name
+  AppJobHandler('email.sned', {});
+  // @ts-expect-error the class's run takes another job's input
+  AppJobHandler('report.build', {})(SendEmail);
+  // @ts-expect-error a key function over a field the input lacks
+  AppJobHandler('report.build', { concurrency: { key: (i) => i.to } });
+  // @ts-expect-error a class without run(ctx)
+  JobHandler('x.norun')(class NoRun {});
+  JobHandler<{ n: number }>('x.plain')(
+    class Plain {
+      async run(ctx: JobContext<{ n: number }>) {
+        return ctx.input.n;
+      }
+    },
+  );
 }
 
 /**

@@ -5,7 +5,7 @@
  */
 import 'reflect-metadata';
 import { Injectable, Logger } from '@nestjs/common';
-import { JobforgeError, type JobContext, type JobHandlerMeta } from '../index';
+import { JobforgeError, type HandlerInput, type JobContext, type JobHandlerMeta, type JobTypeName } from '../index';
 
 /** A handler class: constructed by Nest (so its `@Inject` dependencies work), with `run(ctx)`. */
 // eslint-disable-next-line @typescript-eslint/no-explicit-any
@@ -83,8 +83,13 @@ export class HandlerRegistry {
  * Declares a job handler class: `@JobHandler('email.send', { retry: {...} })`.
  * The class becomes `@Injectable()`; list it in a module's `providers` so
  * JobsModule can resolve it (with its constructor dependencies) per run.
+ * The class must have `run(ctx)` taking this job's input (see also
+ * `typedJobHandler`, which checks the type against the app's job map).
  */
-export function JobHandler<TInput = unknown>(type: string, meta: JobHandlerMeta<TInput> = {}): ClassDecorator {
+export function JobHandler<TInput = unknown>(
+  type: string,
+  meta: JobHandlerMeta<TInput> = {},
+): <C extends JobHandlerClass<TInput>>(target: C) => void {
   if (typeof type !== 'string' || type.length === 0) {
     throw new TypeError('@JobHandler(type, meta) needs a non-empty job type string');
   }
@@ -101,6 +106,24 @@ export function JobHandler<TInput = unknown>(type: string, meta: JobHandlerMeta<
     Reflect.defineMetadata(JOB_HANDLER_METADATA, { type, meta }, target);
     HandlerRegistry.register(type, meta as JobHandlerMeta<unknown>, cls);
   };
+}
+
+/**
+ * `@JobHandler` bound to the app's job map: the job type must be one of
+ * the map's, and the meta's key functions and the class's `run(ctx)` are
+ * checked against that type's input. Made once per app:
+ *
+ * ```ts
+ * export const AppJobHandler = typedJobHandler<AppJobs>();
+ * @AppJobHandler('email.send', { dedupe: { key: (i) => i.to, windowMs: 60_000 } })
+ * export class SendEmail extends JobHandlerBase<AppJobs['email.send'], void, AppJobs> { ... }
+ * ```
+ */
+export function typedJobHandler<Jobs extends object>(): <K extends JobTypeName<Jobs>>(
+  type: K,
+  meta?: JobHandlerMeta<HandlerInput<Jobs, K, unknown>>,
+) => <C extends JobHandlerClass<HandlerInput<Jobs, K, unknown>>>(target: C) => void {
+  return (type, meta) => JobHandler(type, meta);
 }
 
 /** `{ type, meta }` of a `@JobHandler` class, or undefined. */

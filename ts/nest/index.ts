@@ -36,6 +36,7 @@ export {
   JOB_HANDLER_METADATA,
   JobHandler,
   getJobHandlerMetadata,
+  typedJobHandler,
 } from './handler-registry';
 export type { JobHandlerClass, JobHandlerDefinition } from './handler-registry';
 export { JobHandlerNotProviderError, JobPoolNotConfiguredError } from './errors';
@@ -56,11 +57,11 @@ export type {
   AnyJobs,
   CancelOptions,
   HandlerInput,
-  InputArgs,
   JobInputOf,
   JobOrchestratorOptions,
   JobTypeName,
-  StartArgs,
+  OptionalInputName,
+  StoredInput,
   KeySource,
   PostgresOptions,
   RunEventListener,

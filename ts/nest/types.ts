@@ -9,10 +9,10 @@ import type {
   JobOrchestrator,
   JobPoolDef,
   JobRun,
-  JobInputOf,
   JobTypeName,
   JobUpsertEntry,
-  StartArgs,
+  OptionalInputName,
+  StartOptions,
 } from '../index';
 
 /**
@@ -21,7 +21,8 @@ import type {
  * (`@Inject(JOB_ORCHESTRATOR) jobs: IJobOrchestrator<AppJobs>`).
  */
 export interface IJobOrchestrator<Jobs extends object = AnyJobs> {
-  start<K extends JobTypeName<Jobs>>(type: K, ...args: StartArgs<JobInputOf<Jobs, K>>): Promise<JobRun>;
+  start<K extends JobTypeName<Jobs>>(type: K, input: Jobs[K], opts?: StartOptions, tx?: unknown): Promise<JobRun>;
+  start<K extends OptionalInputName<Jobs>>(type: K, input?: Jobs[K] | null, opts?: StartOptions, tx?: unknown): Promise<JobRun>;
   cancel(runId: string, opts?: CancelOptions): Promise<void>;
   replay(runId: string): Promise<JobRun>;
   upsertJobRows(

@@ -66,6 +66,41 @@ postgresOnly('a cancel from another orchestrator fires ctx.signal where the hand
   t.is(row?.output, null, 'the late return is ignored');
 });
 
+postgresOnly('notifications reach another orchestrator at once: an idle worker wakes for a start, a running handler for a cancel (no polling)', async (t, make) => {
+  // Polling and lease renewal far beyond the test: only NOTIFY can explain
+  // a wake-up within the second.
+  const [a, b] = await pair(t, make, { postgres: { url: PG_URL, pollMs: 100_000, leaseMs: 600_000 } });
+  let startedAt = 0;
+  let abortedAt = 0;
+  a.registerHandler('wake', {}, async (ctx) => {
+    startedAt = Date.now();
+    if ((ctx.input as { wait?: boolean }).wait) {
+      await new Promise<void>((resolve) => ctx.signal.addEventListener('abort', () => resolve()));
+      abortedAt = Date.now();
+    }
+  });
+  b.registerHandler('wake', {}, async () => undefined);
+  const worker = a.startWorker({ pools: { batch: { concurrency: 2 } } });
+  t.teardown(() => worker.stop());
+  await sleep(300); // the worker has looked, found nothing, and sleeps
+  for (const round of [1, 2, 3]) {
+    startedAt = 0;
+    const t0 = Date.now();
+    const run = await b.start('wake', {});
+    await until(`round ${round}: the handler to start`, async () => startedAt > 0, 5_000);
+    t.true(startedAt - t0 < 1_000, `round ${round}: started ${startedAt - t0} ms after the start in the other orchestrator`);
+    await b.waitForRun(run.id, { timeoutMs: 5_000 });
+    await sleep(100);
+  }
+  startedAt = 0;
+  const run = await b.start('wake', { wait: true });
+  await until('the waiting handler to start', async () => startedAt > 0, 5_000);
+  const c0 = Date.now();
+  await b.cancel(run.id);
+  await until('the signal', async () => abortedAt > 0, 5_000);
+  t.true(abortedAt - c0 < 1_000, `the handler's signal fired ${abortedAt - c0} ms after the cancel`);
+});
+
 postgresOnly('waitForRun resolves for a run another orchestrator executes', async (t, make) => {
   const [a, b] = await pair(t, make);
   a.registerHandler('work', {}, async (ctx) => ({ doubled: (ctx.input as { n: number }).n * 2 }));

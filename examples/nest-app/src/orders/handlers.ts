@@ -7,25 +7,20 @@
  * `design:paramtypes`, so constructor parameters carry explicit `@Inject`.
  */
 import { Inject } from '@nestjs/common';
-import { JobHandler, JobHandlerBase, type JobContext } from 'jobforge/nest';
+import { JobHandlerBase, type JobContext } from 'jobforge/nest';
+import { OrderJobHandler, type OrderJobs } from './jobs';
 import { InventoryService, MailerService, PaymentsService } from './services';
 
-export interface FulfilOrderInput {
-  orderId: string;
-  sku: string;
-  qty: number;
-  email: string;
-  /** Simulated payment-gateway latency (shows draining on shutdown). */
-  paymentLatencyMs?: number;
-}
+type Fulfil = OrderJobs['order.fulfil'];
+type Notify = OrderJobs['order.notify'];
 
-@JobHandler<FulfilOrderInput>('order.fulfil', {
+@OrderJobHandler('order.fulfil', {
   pool: 'interactive',
   scope: { entity: 'order', from: (input) => input.orderId },
   retry: { attempts: 3, backoff: 'exponential', baseMs: 200 },
   concurrency: { key: 'order:{{orderId}}', collisionMode: 'reject' },
 })
-export class FulfilOrderHandler extends JobHandlerBase<FulfilOrderInput> {
+export class FulfilOrderHandler extends JobHandlerBase<Fulfil, unknown, OrderJobs> {
   constructor(
     @Inject(InventoryService) private readonly inventory: InventoryService,
     @Inject(PaymentsService) private readonly payments: PaymentsService,
@@ -33,7 +28,7 @@ export class FulfilOrderHandler extends JobHandlerBase<FulfilOrderInput> {
     super();
   }
 
-  async run(ctx: JobContext<FulfilOrderInput>) {
+  async run(ctx: JobContext<Fulfil, OrderJobs>) {
     const { orderId, sku, qty, email, paymentLatencyMs } = ctx.input;
     const reservation = await ctx.step('reserve-stock', async () => this.inventory.reserve(sku, qty));
     const charge = await ctx.step('charge-payment', () =>
@@ -49,16 +44,16 @@ export class FulfilOrderHandler extends JobHandlerBase<FulfilOrderInput> {
   }
 }
 
-@JobHandler<{ email: string; text: string }>('order.notify', {
+@OrderJobHandler('order.notify', {
   pool: 'batch',
   retry: { attempts: 5, backoff: 'exponential', baseMs: 500 },
 })
-export class NotifyCustomerHandler extends JobHandlerBase<{ email: string; text: string }> {
+export class NotifyCustomerHandler extends JobHandlerBase<Notify, unknown, OrderJobs> {
   constructor(@Inject(MailerService) private readonly mailer: MailerService) {
     super();
   }
 
-  async run(ctx: JobContext<{ email: string; text: string }>) {
+  async run(ctx: JobContext<Notify, OrderJobs>) {
     const sent = await ctx.step('send-email', async () => this.mailer.send(ctx.input.email, ctx.input.text));
     return { messageId: sent.messageId };
   }

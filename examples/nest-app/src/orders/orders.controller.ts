@@ -1,7 +1,7 @@
 import { Body, ConflictException, Controller, Get, HttpCode, Inject, NotFoundException, Param, Post } from '@nestjs/common';
 import { JOB_ORCHESTRATOR, JOB_RUN_SERVICE, JobCollisionError } from 'jobforge/nest';
 import type { IJobOrchestrator, IJobRunService, JobRun, JobStep } from 'jobforge/nest';
-import type { FulfilOrderInput } from './handlers';
+import type { FulfilOrderInput, OrderJobs } from './jobs';
 
 const stepView = (s: JobStep) => ({
   stepId: s.stepId,
@@ -25,7 +25,7 @@ const runView = (r: JobRun) => ({
 @Controller()
 export class OrdersController {
   constructor(
-    @Inject(JOB_ORCHESTRATOR) private readonly jobs: IJobOrchestrator,
+    @Inject(JOB_ORCHESTRATOR) private readonly jobs: IJobOrchestrator<OrderJobs>,
     @Inject(JOB_RUN_SERVICE) private readonly runs: IJobRunService,
   ) {}
 

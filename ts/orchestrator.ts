@@ -865,7 +865,7 @@ export class JobOrchestrator<Jobs extends object = AnyJobs> {
       positive(pgo.maxConnections, 'maxConnections');
       positive(pgo.leaseMs, 'leaseMs');
       positive(pgo.pollMs, 'pollMs');
-      const cb = JobOrchestrator.engineCallbacks(new WeakRef(this as JobOrchestrator));
+      const cb = JobOrchestrator.engineCallbacks(new WeakRef(this));
       this.pg = call(
         () =>
           new PgEngine(
@@ -892,7 +892,7 @@ export class JobOrchestrator<Jobs extends object = AnyJobs> {
       );
       return;
     }
-    const cb = JobOrchestrator.engineCallbacks(new WeakRef(this as JobOrchestrator));
+    const cb = JobOrchestrator.engineCallbacks(new WeakRef(this));
     this.engine = call(
       () =>
         new NativeEngine(
@@ -2099,6 +2099,8 @@ export class JobOrchestrator<Jobs extends object = AnyJobs> {
         const status = attempt.aborted ? ABORTED_STATUS[attempt.abortReason ?? ''] ?? 'ended' : 'ended';
         throw new JobRunStateError(id, status, 'ctx.spawnChild after its attempt ended');
       }
+      // The untyped signature: the child's type and input were checked
+      // against the job map where ctx.spawnChild was called.
       return (this as JobOrchestrator).start(type, input, {
         parentRunId: id,
         parentClosePolicy: opts?.closePolicy,

@@ -432,3 +432,45 @@ fn lease_renewal_and_purge_skip_rows_locked_elsewhere() {
     e.start(req("a", "{}")).unwrap();
     assert!(e.find_by_id(&id, &TenantArg::Missing).unwrap().is_none());
 }
+
+/// A cancel that stops more running runs than a select list can hold
+/// (1,664 entries) still sends every run's stop notification and the
+/// wake-up: each goes in its own statement.
+#[test]
+fn a_cancel_stopping_thousands_of_running_runs_notifies_each_of_them() {
+    let Some((e, cfg)) = engine("bigcancel") else {
+        return;
+    };
+    e.register(spec("big")).unwrap();
+    const N: usize = 1_700;
+    for _ in 0..N {
+        let mut r = req("big", "{}");
+        r.scope = Some(("batch".to_owned(), "b1".to_owned()));
+        e.start(r).unwrap();
+    }
+    for _ in 0..N {
+        e.claim_next("batch")
+            .unwrap()
+            .expect("a pending run to claim");
+    }
+    let mut listener = postgres::Client::connect(&cfg.url, postgres::NoTls).unwrap();
+    listener
+        .batch_execute(&format!("LISTEN \"jobforge_{}\"", cfg.schema))
+        .unwrap();
+    let canceled = e
+        .cancel_for_scope(&TenantArg::Missing, "batch", "b1", true)
+        .unwrap();
+    assert_eq!(canceled as usize, N);
+    let mut stops = std::collections::HashSet::new();
+    let mut notes = listener.notifications();
+    let mut it = notes.timeout_iter(std::time::Duration::from_secs(2));
+    while let Some(n) = postgres::fallible_iterator::FallibleIterator::next(&mut it).unwrap() {
+        if let Some(rest) = n.payload().strip_prefix("c:") {
+            stops.insert(rest.to_owned());
+        }
+        if stops.len() == N {
+            break;
+        }
+    }
+    assert_eq!(stops.len(), N, "stop notifications received");
+}

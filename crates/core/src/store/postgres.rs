@@ -269,44 +269,89 @@ struct Pool {
     stuck: Arc<std::sync::atomic::AtomicUsize>,
 }
 
-/// Opens a connection within `connect_timeout`. The driver's own timeout
-/// bounds only the TCP connect: a server that accepts and never answers
-/// the startup (a proxy with no backend behind it, a stopped server) held
-/// the call, and so a JS promise, forever. The attempt runs on a thread of
-/// its own, which is left to finish when the deadline passes (a connection
-/// it still makes is then dropped); at most `max` such threads wait at
-/// once, after which attempts fail without starting another.
+/// How long a whole connection attempt may take: `connect_timeout` for
+/// each address the driver may try (every host in turn, every address of
+/// a name), as libpq counts it, so a dead first host still leaves the
+/// driver time to fail over to the next.
+fn attempt_budget(config: &postgres::Config, limit: Duration) -> Duration {
+    use std::net::ToSocketAddrs;
+    let addrs = if config.get_hostaddrs().is_empty() {
+        config
+            .get_hosts()
+            .iter()
+            .map(|h| match h {
+                postgres::config::Host::Tcp(name) => (name.as_str(), 0u16)
+                    .to_socket_addrs()
+                    .map_or(1, |a| a.count().max(1)),
+                #[cfg(unix)]
+                postgres::config::Host::Unix(_) => 1,
+            })
+            .sum()
+    } else {
+        config.get_hostaddrs().len()
+    };
+    limit.saturating_mul(u32::try_from(addrs.max(1)).unwrap_or(u32::MAX))
+}
+
+/// Opens a connection within `connect_timeout` per address. The driver's
+/// own timeout bounds only the TCP connect: a server that accepts and
+/// never answers the startup (a proxy with no backend behind it, a stopped
+/// server) held the call, and so a JS promise, forever. The attempt runs
+/// on a thread of its own, which the driver gives no way to cancel: past
+/// the deadline it is left to finish (a connection it still makes is
+/// dropped) and counted in `stuck` until it does. While `max` attempts are
+/// stuck, calls fail at once rather than start more threads; the count
+/// comes down as those connections end (the server answers or closes).
 fn connect_bounded(
     config: &postgres::Config,
     stuck: &Arc<std::sync::atomic::AtomicUsize>,
     max: usize,
 ) -> Result<Client> {
     use std::sync::atomic::Ordering;
+    use std::sync::mpsc::RecvTimeoutError;
     let Some(limit) = config.get_connect_timeout().copied() else {
         return config.connect(NoTls).map_err(db_err);
     };
+    let budget = attempt_budget(config, limit);
     let unanswered = |n: usize| JobError::Store {
         message: format!(
             "the database server did not answer a connection attempt within {} ms \
              ({n} attempt(s) still unanswered)",
-            limit.as_millis()
+            budget.as_millis()
         ),
+        retryable: true,
+    };
+    let lost = || JobError::Store {
+        message: "a connection attempt ended without a result".to_owned(),
         retryable: true,
     };
     let waiting = stuck.load(Ordering::Acquire);
     if waiting >= max {
         return Err(unanswered(waiting));
     }
-    let (tx, rx) = std::sync::mpsc::sync_channel(1);
+    let (tx, rx) = std::sync::mpsc::sync_channel::<Result<Client>>(1);
     let cfg = config.clone();
     let given_up = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let (given_up2, stuck2) = (given_up.clone(), stuck.clone());
     std::thread::Builder::new()
         .name("jobforge-pg-connect".to_owned())
         .spawn(move || {
-            let out = cfg.connect(NoTls);
-            // Whoever flips the flag second settles the count: the caller
-            // counted this thread as stuck only if it gave up first.
+            // The driver unwraps the building of its runtime (out of file
+            // descriptors): that panic must become an error, not a lost
+            // result counted as stuck for ever.
+            let out =
+                match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| cfg.connect(NoTls)))
+                {
+                    Ok(r) => r.map_err(db_err),
+                    Err(_) => Err(JobError::Store {
+                        message: "the database driver failed to set up a connection \
+                              (out of file descriptors?)"
+                            .to_owned(),
+                        retryable: true,
+                    }),
+                };
+            // Whoever flips the flag second settles: if the caller gave up
+            // first, it counted this attempt as stuck, and it ends here.
             if given_up2.swap(true, Ordering::AcqRel) {
                 stuck2.fetch_sub(1, Ordering::AcqRel);
             } else {
@@ -317,17 +362,18 @@ fn connect_bounded(
             message: format!("could not start a connection thread: {e}"),
             retryable: true,
         })?;
-    match rx.recv_timeout(limit) {
-        Ok(out) => out.map_err(db_err),
-        Err(_) => {
-            if given_up.swap(true, Ordering::AcqRel) {
-                // The attempt ended just now: its result is in the channel.
-                return match rx.try_recv() {
-                    Ok(out) => out.map_err(db_err),
-                    Err(_) => Err(unanswered(stuck.load(Ordering::Acquire))),
-                };
-            }
+    match rx.recv_timeout(budget) {
+        Ok(out) => out,
+        Err(RecvTimeoutError::Disconnected) => Err(lost()),
+        Err(RecvTimeoutError::Timeout) => {
+            // Counted before the flag flips, so the thread's decrement can
+            // never come first.
             let n = stuck.fetch_add(1, Ordering::AcqRel) + 1;
+            if given_up.swap(true, Ordering::AcqRel) {
+                // The attempt ended just now; its result is being sent.
+                stuck.fetch_sub(1, Ordering::AcqRel);
+                return rx.recv().unwrap_or_else(|_| Err(lost()));
+            }
             Err(unanswered(n))
         }
     }
@@ -820,15 +866,19 @@ impl PgStore {
                 // their next poll, and a handler canceled elsewhere to run
                 // to its end, whose outcome is then ignored, as when a
                 // listener is reconnecting.
+                // One statement per notification (a select list holds at
+                // most 1,664 entries, fewer than the runs a cascade can
+                // stop); the statements of one query string share one
+                // implicit transaction, and so the setting.
                 if notify || !stopped.is_empty() {
                     let mut sql =
-                        String::from("SELECT set_config('synchronous_commit', 'off', true)");
+                        String::from("SELECT set_config('synchronous_commit', 'off', true);");
                     if notify {
-                        sql.push_str(&format!(", pg_notify({}, '')", self.channel_literal));
+                        sql.push_str(&format!("SELECT pg_notify({}, '');", self.channel_literal));
                     }
                     for (id, epoch) in &stopped {
                         sql.push_str(&format!(
-                            ", pg_notify({}, 'c:{id}:{epoch}')",
+                            "SELECT pg_notify({}, 'c:{id}:{epoch}');",
                             self.channel_literal
                         ));
                     }
@@ -1683,5 +1733,36 @@ impl StoreTx for PgTx<'_> {
             i += 1;
         }
         out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::attempt_budget;
+    use std::time::Duration;
+
+    #[test]
+    fn a_connection_attempt_gets_the_timeout_once_per_address_it_may_try() {
+        let budget = |url: &str| {
+            let config: postgres::Config = url.parse().expect("url");
+            attempt_budget(&config, Duration::from_secs(3))
+        };
+        assert_eq!(
+            budget("postgres://u@127.0.0.1:5432/db"),
+            Duration::from_secs(3)
+        );
+        assert_eq!(
+            budget("host=127.0.0.1,127.0.0.2,::1 port=1,2,3 user=u"),
+            Duration::from_secs(9)
+        );
+        assert_eq!(
+            budget("host=db.invalid hostaddr=10.0.0.1,10.0.0.2 user=u"),
+            Duration::from_secs(6)
+        );
+        // A name that does not resolve still counts once.
+        assert_eq!(
+            budget("host=no-such-host.invalid user=u"),
+            Duration::from_secs(3)
+        );
     }
 }

@@ -2,27 +2,12 @@
 //! test binary (so its own process): it runs the process out of file
 //! descriptors for a moment, which would disturb tests beside it.
 
+mod common;
+
+use common::silent_server;
 use jobforge_core::store::postgres::{PgConfig, PgStore};
 use jobforge_core::JobError;
-use std::io::Read;
-use std::net::TcpListener;
 use std::time::{Duration, Instant};
-
-/// Accepts every connection, reads what the client sends, answers nothing.
-fn silent_server() -> u16 {
-    let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
-    let port = listener.local_addr().expect("addr").port();
-    std::thread::spawn(move || {
-        for stream in listener.incoming().flatten() {
-            std::thread::spawn(move || {
-                let mut s = stream;
-                let mut buf = [0u8; 1024];
-                while matches!(s.read(&mut buf), Ok(n) if n > 0) {}
-            });
-        }
-    });
-    port
-}
 
 /// A connection attempt that dies inside the driver (it unwraps the
 /// building of its runtime, which fails when the process is out of file

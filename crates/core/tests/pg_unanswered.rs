@@ -3,27 +3,12 @@
 //! instead of waiting forever. Needs no database: the "server" is a
 //! listener of this test.
 
+mod common;
+
+use common::silent_server;
 use jobforge_core::store::postgres::{PgConfig, PgStore};
 use jobforge_core::JobError;
-use std::io::Read;
-use std::net::TcpListener;
 use std::time::{Duration, Instant};
-
-/// Accepts every connection, reads what the client sends, answers nothing.
-fn silent_server() -> u16 {
-    let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
-    let port = listener.local_addr().expect("addr").port();
-    std::thread::spawn(move || {
-        for stream in listener.incoming().flatten() {
-            std::thread::spawn(move || {
-                let mut s = stream;
-                let mut buf = [0u8; 1024];
-                while matches!(s.read(&mut buf), Ok(n) if n > 0) {}
-            });
-        }
-    });
-    port
-}
 
 #[test]
 fn a_server_that_never_answers_fails_calls_within_the_connect_timeout() {

@@ -52,22 +52,4 @@ export type {
   JobStep,
   JobStepRow,
 } from './rows';
-export {
-  JobClockError,
-  JobCollisionError,
-  JobforgeError,
-  JobInputInvalidError,
-  JobKeyFunctionUnavailableError,
-  JobNotReplayableError,
-  JobRunNotFoundError,
-  JobRunStateError,
-  JobStepConflictError,
-  JobStepTimeoutError,
-  JobStoreError,
-  JobTemplateFieldMissingError,
-  JobTypeNotFoundError,
-  JobWaitTimeoutError,
-  JobWorkerStateError,
-  MissingTenantIdError,
-  ParentRunNotFoundError,
-} from './errors';
+export * from './errors';

@@ -12,8 +12,8 @@ import {
   JobStepTimeoutError,
   JobWaitTimeoutError,
   JobWorkerStateError,
-  translateNativeError,
 } from './errors';
+import { translateNativeError } from './native-errors';
 import type {
   JobContext,
   JobHandler,

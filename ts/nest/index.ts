@@ -94,22 +94,4 @@ export type {
   WorkerHandle,
   WorkerOptions,
 } from '../index';
-export {
-  JobClockError,
-  JobCollisionError,
-  JobInputInvalidError,
-  JobKeyFunctionUnavailableError,
-  JobNotReplayableError,
-  JobRunNotFoundError,
-  JobRunStateError,
-  JobStepConflictError,
-  JobStepTimeoutError,
-  JobStoreError,
-  JobTemplateFieldMissingError,
-  JobTypeNotFoundError,
-  JobWaitTimeoutError,
-  JobWorkerStateError,
-  JobforgeError,
-  MissingTenantIdError,
-  ParentRunNotFoundError,
-} from '../index';
+export * from '../errors';

@@ -573,6 +573,9 @@ function startAccountingSection(a) {
     ['  of which the native hand-over of the buffered runs (`startBatch`, timed inside the loop)', fmtNs(a.handOverNs)],
     ['jobforge with the hand-over replaced by a no-op: its JS side alone (runs never created)', fmtNs(a.jsOnlyNs)],
   ];
+  if (Number.isFinite(a.floorNs)) {
+    rows.push(['contract floor: an async `start` that only answers with the contract\'s row (three `Date`s, the input as given; no checks, no JSON, no store)', fmtNs(a.floorNs)]);
+  }
   if (Number.isFinite(a.baselineNs)) rows.push(['baseline, the same loop', fmtNs(a.baselineNs)]);
   const lines = [
     `The loop of scenario 1 at n = ${fmtN(a.n)} (a fresh orchestrator, ${fmtN(a.n)} awaited starts, then one \`findById\`), ` +
@@ -586,6 +589,14 @@ function startAccountingSection(a) {
       `jobforge/baseline in this measurement: ${fmtRatio(a.baselineNs / a.jobforgeNs)}. ` +
         `Were creating the runs in the engine free, it would be at most ${fmtRatio(a.baselineNs / a.jsOnlyNs)} (baseline ÷ JS side alone).`,
     );
+    if (Number.isFinite(a.floorNs)) {
+      lines.push(
+        '',
+        `No implementation that answers with the contract's row can exceed ${fmtRatio(a.baselineNs / a.floorNs)} here (baseline ÷ contract floor), ` +
+          `and one that also hands each run to a native store at this hand-over's cost no more than ${fmtRatio(a.baselineNs / (a.floorNs + a.handOverNs))} ` +
+          `(baseline ÷ (contract floor + hand-over)).`,
+      );
+    }
   }
   return lines.join('\n');
 }
@@ -594,7 +605,11 @@ function startAccountingSection(a) {
 function startAccountingLine(a) {
   if (!a || !Number.isFinite(a.jobforgeNs)) return null;
   const base = Number.isFinite(a.baselineNs)
-    ? `; baseline ${fmtNs(a.baselineNs)} → ratio ${fmtRatio(a.baselineNs / a.jobforgeNs)}, at most ${fmtRatio(a.baselineNs / a.jsOnlyNs)} with a free engine`
+    ? `; baseline ${fmtNs(a.baselineNs)} → ratio ${fmtRatio(a.baselineNs / a.jobforgeNs)}, at most ${fmtRatio(a.baselineNs / a.jsOnlyNs)} with a free engine` +
+      (Number.isFinite(a.floorNs)
+        ? `; contract floor ${fmtNs(a.floorNs)}: at most ${fmtRatio(a.baselineNs / a.floorNs)} for any implementation, ` +
+          `${fmtRatio(a.baselineNs / (a.floorNs + a.handOverNs))} with this native hand-over`
+        : '')
     : '';
   return `start at n = ${fmtN(a.n)}: jobforge ${fmtNs(a.jobforgeNs)}/start (native hand-over ${fmtNs(a.handOverNs)}, JS side alone ${fmtNs(a.jsOnlyNs)})${base}`;
 }

@@ -63,6 +63,12 @@ export declare class NativeEngine {
   rescheduleForScope(tenantGiven: boolean, tenantId: string | undefined | null, entityType: string, entityId: string, runAt: number): number
   /** `[{pool, status, count}]`, sorted by pool then status. */
   countByPoolAndStatus(tenantGiven: boolean, tenantId?: string | undefined | null): string
+  /** The schedule as stored (JSON; times in epoch ms). */
+  putSchedule(tenantGiven: boolean, tenantId: string | undefined | null, name: string, jobType: string, inputJson: string, cron?: string | undefined | null, everyMs?: number | undefined | null): string
+  removeSchedule(tenantGiven: boolean, tenantId: string | undefined | null, name: string): boolean
+  listSchedules(tenantGiven: boolean, tenantId?: string | undefined | null): string
+  /** Runs started for due schedules. */
+  fireDueSchedules(): number
   listRecentFailed(tenantGiven: boolean, tenantId?: string | undefined | null, limit?: number | undefined | null): string
   /** `{"rows": [...], "nextCursor": string | null}`. */
   listJobRuns(tenantGiven: boolean, tenantId: string | undefined | null, queryJson: string): string
@@ -172,6 +178,10 @@ export declare class PgEngine {
   cancelForScope(tenantGiven: boolean, tenantId: string | undefined | null, entityType: string, entityId: string, cascade: boolean): Promise<number>
   rescheduleForScope(tenantGiven: boolean, tenantId: string | undefined | null, entityType: string, entityId: string, runAt: number): Promise<number>
   countByPoolAndStatus(tenantGiven: boolean, tenantId?: string | undefined | null): Promise<string>
+  putSchedule(tenantGiven: boolean, tenantId: string | undefined | null, name: string, jobType: string, inputJson: string, cron?: string | undefined | null, everyMs?: number | undefined | null): Promise<string>
+  removeSchedule(tenantGiven: boolean, tenantId: string | undefined | null, name: string): Promise<boolean>
+  listSchedules(tenantGiven: boolean, tenantId?: string | undefined | null): Promise<string>
+  fireDueSchedules(): Promise<number>
   listRecentFailed(tenantGiven: boolean, tenantId?: string | undefined | null, limit?: number | undefined | null): Promise<string>
   listJobRuns(tenantGiven: boolean, tenantId: string | undefined | null, queryJson: string): Promise<string>
   getRunTree(tenantGiven: boolean, tenantId: string | undefined | null, rootRunId: string): Promise<string | null>

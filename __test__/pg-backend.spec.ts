@@ -610,3 +610,42 @@ postgresOnly('npx jobforge migrate creates the schema, idempotently', async (t, 
   o.registerHandler('x', {}, async () => undefined);
   t.is((await o.start('x', {})).status, 'pending');
 });
+
+// Cross-process behaviour: two orchestrators' workers share one schedule.
+postgresOnly('schedules: the workers of two orchestrators start each occurrence once, and both run them', async (t, make) => {
+  const [a, b] = await pair(t, make, { postgres: { url: PG_URL, pollMs: 200 } });
+  const ranBy: Record<string, string> = {};
+  for (const [name, o] of [['a', a], ['b', b]] as const) {
+    o.registerHandler('tick', {}, async (ctx) => {
+      ranBy[ctx.run.id] = name;
+      await sleep(5);
+    });
+  }
+  await a.schedule('fast', { jobType: 'tick', everyMs: 40 });
+  const wa = a.startWorker();
+  const wb = b.startWorker();
+  t.teardown(async () => {
+    await wa.stop();
+    await wb.stop();
+  });
+  await until('occurrences run by both workers', async () => {
+    const who = Object.values(ranBy);
+    return who.length >= 20 && who.includes('a') && who.includes('b');
+  });
+  await b.unschedule('fast');
+  await sleep(300);
+  const { rows } = await a.listJobRuns({ limit: 500 });
+  t.true(rows.length >= 20);
+  const times = rows.map((r) => r.runAt.getTime());
+  t.is(new Set(times).size, times.length, 'an occurrence started twice');
+  for (const r of rows) {
+    t.is(r.triggerSource, 'schedule');
+    t.is((r.runAt.getTime() - rows[rows.length - 1]!.runAt.getTime()) % 40, 0, 'fire times keep the phase');
+  }
+  const settled = await until('every run to finish', async () => {
+    const live = await a.listJobRuns({ status: ['pending', 'running'] });
+    return live.rows.length === 0;
+  });
+  t.true(settled);
+});
+

@@ -10,8 +10,8 @@ use jobforge_core::engine::{
 use jobforge_core::worker::{BatchDispatcher, Worker, WorkerPool};
 use jobforge_core::{
     AbortReason, AttemptOutcome, ClockKind, DefinitionSpec, Engine, EngineOptions, FailureInfo,
-    JobError, MemoryStore, ParentClosePolicy, PlainStart, RetryPolicy, RunId, StartRequest,
-    TenantArg, TriggerSource,
+    JobError, MemoryStore, ParentClosePolicy, PlainStart, RetryPolicy, RunId, ScheduleRow,
+    ScheduleSpec, ScheduleTiming, StartRequest, TenantArg, TriggerSource,
 };
 use napi::bindgen_prelude::*;
 use napi::threadsafe_function::{
@@ -678,6 +678,52 @@ impl NativeEngine {
         tenant_id: Option<String>,
     ) -> Result<String> {
         ops::count_by_pool_and_status(&self.engine, tenant_given, tenant_id)
+    }
+
+    /// The schedule as stored (JSON; times in epoch ms).
+    #[napi(catch_unwind)]
+    #[allow(clippy::too_many_arguments)]
+    pub fn put_schedule(
+        &self,
+        tenant_given: bool,
+        tenant_id: Option<String>,
+        name: String,
+        job_type: String,
+        input_json: String,
+        cron: Option<String>,
+        every_ms: Option<f64>,
+    ) -> Result<String> {
+        ops::put_schedule(
+            &self.engine,
+            tenant_given,
+            tenant_id,
+            name,
+            job_type,
+            input_json,
+            cron,
+            every_ms,
+        )
+    }
+
+    #[napi(catch_unwind)]
+    pub fn remove_schedule(
+        &self,
+        tenant_given: bool,
+        tenant_id: Option<String>,
+        name: String,
+    ) -> Result<bool> {
+        ops::remove_schedule(&self.engine, tenant_given, tenant_id, name)
+    }
+
+    #[napi(catch_unwind)]
+    pub fn list_schedules(&self, tenant_given: bool, tenant_id: Option<String>) -> Result<String> {
+        ops::list_schedules(&self.engine, tenant_given, tenant_id)
+    }
+
+    /// Runs started for due schedules.
+    #[napi(catch_unwind)]
+    pub fn fire_due_schedules(&self) -> Result<u32> {
+        ops::fire_due_schedules(&self.engine)
     }
 
     #[napi(catch_unwind)]

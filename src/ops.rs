@@ -337,3 +337,102 @@ pub fn record_step<S: Store>(
         .map_err(to_napi)?;
     serde_json::to_string(&row).map_err(|e| invalid(e.to_string()))
 }
+
+// ── schedules ──────────────────────────────────────────────────────────
+
+#[allow(clippy::too_many_arguments)]
+pub fn put_schedule<S: Store>(
+    engine: &Engine<S>,
+    tenant_given: bool,
+    tenant_id: Option<String>,
+    name: String,
+    job_type: String,
+    input_json: String,
+    cron: Option<String>,
+    every_ms: Option<f64>,
+) -> Result<String> {
+    let every_ms = match every_ms {
+        None => None,
+        Some(ms) if ms.is_finite() && ms.fract() == 0.0 && ms.abs() < 9.0e15 => Some(ms as i64),
+        Some(ms) => return Err(invalid(format!("everyMs must be an integer, not {ms}"))),
+    };
+    let spec = ScheduleSpec {
+        name,
+        tenant: tenant_arg(tenant_given, tenant_id),
+        job_type,
+        input: json_value(input_json).map_err(to_napi)?,
+        cron,
+        every_ms,
+    };
+    let row = engine.put_schedule(spec).map_err(to_napi)?;
+    Ok(schedule_json(&row))
+}
+
+pub fn remove_schedule<S: Store>(
+    engine: &Engine<S>,
+    tenant_given: bool,
+    tenant_id: Option<String>,
+    name: String,
+) -> Result<bool> {
+    engine
+        .remove_schedule(&name, &tenant_arg(tenant_given, tenant_id))
+        .map_err(to_napi)
+}
+
+pub fn list_schedules<S: Store>(
+    engine: &Engine<S>,
+    tenant_given: bool,
+    tenant_id: Option<String>,
+) -> Result<String> {
+    let rows = engine
+        .list_schedules(&tenant_arg(tenant_given, tenant_id))
+        .map_err(to_napi)?;
+    let items: Vec<String> = rows.iter().map(schedule_json).collect();
+    Ok(format!("[{}]", items.join(",")))
+}
+
+pub fn fire_due_schedules<S: Store>(engine: &Engine<S>) -> Result<u32> {
+    engine
+        .fire_due_schedules()
+        .map(|n| n.min(u32::MAX as usize) as u32)
+        .map_err(to_napi)
+}
+
+/// A schedule as JS reads it (times in epoch ms; the TS layer makes `Date`s).
+fn schedule_json(s: &ScheduleRow) -> String {
+    #[derive(serde::Serialize)]
+    #[serde(rename_all = "camelCase")]
+    struct Out<'a> {
+        name: &'a str,
+        tenant_id: Option<&'a str>,
+        job_type: &'a str,
+        input: &'a RawValue,
+        cron: Option<&'a str>,
+        every_ms: Option<i64>,
+        next_run_at: Option<i64>,
+        last_run_at: Option<i64>,
+        last_run_id: Option<String>,
+        last_error: Option<&'a str>,
+        created_at: i64,
+        updated_at: i64,
+    }
+    let (cron, every_ms) = match &s.timing {
+        ScheduleTiming::Cron(c) => (Some(c.expr()), None),
+        ScheduleTiming::Every(ms) => (None, Some(*ms)),
+    };
+    let out = Out {
+        name: &s.name,
+        tenant_id: s.tenant_id.as_deref(),
+        job_type: &s.job_type,
+        input: &s.input,
+        cron,
+        every_ms,
+        next_run_at: s.next_fire_at,
+        last_run_at: s.last_fired_at,
+        last_run_id: s.last_run_id.map(|id| id.to_string()),
+        last_error: s.last_error.as_deref(),
+        created_at: s.created_at,
+        updated_at: s.updated_at,
+    };
+    serde_json::to_string(&out).unwrap_or_else(|_| "null".to_owned())
+}

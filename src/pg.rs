@@ -347,6 +347,59 @@ impl PgEngine {
     }
 
     #[napi]
+    #[allow(clippy::too_many_arguments)]
+    pub async fn put_schedule(
+        &self,
+        tenant_given: bool,
+        tenant_id: Option<String>,
+        name: String,
+        job_type: String,
+        input_json: String,
+        cron: Option<String>,
+        every_ms: Option<f64>,
+    ) -> Result<String> {
+        on_db!(self, |e| ops::put_schedule(
+            &e,
+            tenant_given,
+            tenant_id,
+            name,
+            job_type,
+            input_json,
+            cron,
+            every_ms
+        ))
+    }
+
+    #[napi]
+    pub async fn remove_schedule(
+        &self,
+        tenant_given: bool,
+        tenant_id: Option<String>,
+        name: String,
+    ) -> Result<bool> {
+        on_db!(self, |e| ops::remove_schedule(
+            &e,
+            tenant_given,
+            tenant_id,
+            name
+        ))
+    }
+
+    #[napi]
+    pub async fn list_schedules(
+        &self,
+        tenant_given: bool,
+        tenant_id: Option<String>,
+    ) -> Result<String> {
+        on_db!(self, |e| ops::list_schedules(&e, tenant_given, tenant_id))
+    }
+
+    #[napi]
+    pub async fn fire_due_schedules(&self) -> Result<u32> {
+        on_db!(self, |e| ops::fire_due_schedules(&e))
+    }
+
+    #[napi]
     pub async fn list_recent_failed(
         &self,
         tenant_given: bool,

@@ -25,8 +25,10 @@ export type {
   RunEventListener,
   RunEventName,
   RunTreeNode,
+  ScheduleOptions,
   StartOptions,
   TenantOptions,
+  TypedScheduleOptions,
   WaitForRunOptions,
   WorkerHandle,
   WorkerOptions,
@@ -49,6 +51,7 @@ export type {
   JobRunError,
   JobRunRow,
   JobRunStatus,
+  JobSchedule,
   JobStep,
   JobStepRow,
 } from './rows';

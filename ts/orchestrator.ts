@@ -27,8 +27,8 @@ import { randomUUID } from 'node:crypto';
 import { flatSnapshot, FlatSnapshot, toJsonText } from './json';
 import { NativeEngine, PgEngine } from './native';
 import type { AnyJobs, HandlerInput, JobTypeName, OptionalInputName } from './typed';
-import type { JobDefinitionRow, JobRun, JobRunError, JobRunStatus, JobStep } from './rows';
-import { fromTuple, newRun, parseDefinition, parseRun, parseRuns, parseStep } from './rows';
+import type { JobDefinitionRow, JobRun, JobRunError, JobRunStatus, JobSchedule, JobStep } from './rows';
+import { fromTuple, newRun, parseDefinition, parseRun, parseRuns, parseSchedule, parseStep } from './rows';
 import type { RunDefaults, RunTuple } from './rows';
 
 export interface JobOrchestratorOptions {
@@ -98,6 +98,28 @@ export interface CancelOptions {
 export interface TenantOptions {
   tenantId?: string | null | undefined;
 }
+
+/**
+ * A recurring start of `jobType` (see `JobOrchestrator.schedule`): exactly
+ * one of `cron` and `everyMs`.
+ */
+export interface ScheduleOptions<K extends string = string, TInput = unknown> extends TenantOptions {
+  /** The job type every occurrence starts (registered; its keys must be templates, not functions). */
+  jobType: K;
+  /** The input of every run (JSON; left out or null: `{}`). */
+  input?: TInput | null | undefined;
+  /**
+   * A five-field cron expression (minute hour day-of-month month day-of-week),
+   * in UTC: `'*\/15 * * * *'`, `'0 9 * * MON-FRI'`, `'@daily'`.
+   */
+  cron?: string | undefined;
+  /** Or a fixed interval in ms (10 ms to 10 years), counted from when this timing was set. */
+  everyMs?: number | undefined;
+}
+
+/** `ScheduleOptions` checked against a job map: `input` as `start` takes it. */
+export type TypedScheduleOptions<Jobs, K extends JobTypeName<Jobs>> = Omit<ScheduleOptions<K>, 'input'> &
+  (K extends OptionalInputName<Jobs> ? { input?: Jobs[K] | null | undefined } : { input: Jobs[K] });
 
 export interface WorkerPoolOptions {
   /** Attempts of this pool that may execute at once. */
@@ -1519,6 +1541,70 @@ export class JobOrchestrator<Jobs extends object = AnyJobs> {
       nextCursor: string | null;
     };
     return { rows: page.rows.map(fromTuple), nextCursor: page.nextCursor };
+  }
+
+  // ── schedules ──────────────────────────────────────────────────────
+
+  /**
+   * Creates or replaces the schedule `name` (per tenant): from then on the
+   * engine starts a run of `jobType` with `input` at every fire time, as
+   * `start` would (the type's pool, dedupe and lanes apply), with
+   * `triggerSource: 'schedule'`, `triggerRef: name` and `runAt` = the fire
+   * time. Runs are started by a running worker (`startWorker`), or by
+   * `claimNext` (memory) and `fireDueSchedules`. Fire times missed while
+   * nothing fired collapse into one run. With PostgreSQL, any number of
+   * processes may run workers: each occurrence starts one run.
+   *
+   * Replacing a schedule with the same timing keeps its next fire, so
+   * declaring schedules at every boot is safe. Rejects with
+   * `JobInputInvalidError` (bad name, cron expression or interval, input
+   * not JSON), `JobTypeNotFoundError`, `JobKeyFunctionUnavailableError`
+   * (a function key needs the registering process) or
+   * `MissingTenantIdError`; nothing is stored then.
+   */
+  schedule<K extends JobTypeName<Jobs>>(name: string, opts: TypedScheduleOptions<Jobs, K>): Promise<JobSchedule>;
+  async schedule(name: string, opts: ScheduleOptions): Promise<JobSchedule> {
+    await this.ready();
+    if (typeof name !== 'string') throw new JobInputInvalidError('schedule name must be a string');
+    if (typeof opts !== 'object' || opts === null) throw new JobInputInvalidError('schedule options must be an object');
+    const { jobType, cron, everyMs } = opts;
+    if (typeof jobType !== 'string') throw new JobInputInvalidError('schedule jobType must be a string');
+    if (cron !== undefined && typeof cron !== 'string') throw new JobInputInvalidError('cron must be a string');
+    if (everyMs !== undefined && typeof everyMs !== 'number') throw new JobInputInvalidError('everyMs must be a number');
+    const payload = opts.input === undefined || opts.input === null ? {} : opts.input;
+    const j = toJsonText(payload, 'input');
+    if (!j.ok) throw new JobInputInvalidError(j.reason);
+    const args = [tenantGiven(opts), opts.tenantId ?? null, name, jobType, j.text, cron ?? null, everyMs ?? null] as const;
+    const json = this.pg ? await db(this.pg.putSchedule(...args)) : call(() => this.native.putSchedule(...args));
+    return parseSchedule(JSON.parse(json) as Record<string, unknown>);
+  }
+
+  /** Removes a schedule; resolves with whether there was one. Runs it started are not touched. */
+  async unschedule(name: string, opts?: TenantOptions): Promise<boolean> {
+    await this.ready();
+    if (typeof name !== 'string') throw new JobInputInvalidError('schedule name must be a string');
+    const args = [tenantGiven(opts), opts?.tenantId ?? null, name] as const;
+    return this.pg ? db(this.pg.removeSchedule(...args)) : call(() => this.native.removeSchedule(...args));
+  }
+
+  /** The schedules of a tenant (single-tenant mode: all), by name. */
+  async listSchedules(opts?: TenantOptions): Promise<JobSchedule[]> {
+    await this.ready();
+    const args = [tenantGiven(opts), opts?.tenantId ?? null] as const;
+    const json = this.pg ? await db(this.pg.listSchedules(...args)) : call(() => this.native.listSchedules(...args));
+    return (JSON.parse(json) as Record<string, unknown>[]).map(parseSchedule);
+  }
+
+  /**
+   * Starts the runs of every schedule that is due now; resolves with how
+   * many were created. A running worker does this by itself; this is for
+   * processes without one (or tests with `clock: 'manual'`).
+   */
+  async fireDueSchedules(): Promise<number> {
+    await this.ready();
+    const n = this.pg ? await db(this.pg.fireDueSchedules()) : call(() => this.native.fireDueSchedules());
+    if (n > 0) this.afterMutation();
+    return n;
   }
 
   /** The tree of runs under a root (parent → children, each with its status), or null. */

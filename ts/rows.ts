@@ -229,3 +229,39 @@ export function newRun(jobType: string, d: RunDefaults, id: string, at: number, 
     updatedAt: new Date(at),
   };
 }
+
+/**
+ * A schedule: a recurring `start` of one job type with one input, fired by
+ * the engine (the worker's loop, or a `claimNext`/`fireDueSchedules` call).
+ * Its runs have `triggerSource: 'schedule'`, `triggerRef` = the schedule's
+ * name and `runAt` = the fire time that was due.
+ */
+export interface JobSchedule {
+  name: string;
+  /** The tenant its runs belong to (null: the null tenant / single-tenant mode). */
+  tenantId: string | null;
+  jobType: string;
+  input: unknown;
+  /** Five-field cron expression, in UTC; null for an interval schedule. */
+  cron: string | null;
+  /** Interval in ms; null for a cron schedule. */
+  everyMs: number | null;
+  /** When it fires next; null once a cron expression can never fire again. */
+  nextRunAt: Date | null;
+  /** The last fire time that was due and fired, and the run it started (or found, by dedupe). */
+  lastRunAt: Date | null;
+  lastRunId: string | null;
+  /** Why the last fire started no run (unknown job type, a missing template field, a `reject` collision…); null when it did. */
+  lastError: string | null;
+  createdAt: Date;
+  updatedAt: Date;
+}
+
+/** Engine JSON of a schedule → JobSchedule. */
+export function parseSchedule(r: Raw): JobSchedule {
+  r.nextRunAt = date(r.nextRunAt);
+  r.lastRunAt = date(r.lastRunAt);
+  r.createdAt = new Date(r.createdAt as number);
+  r.updatedAt = new Date(r.updatedAt as number);
+  return r as unknown as JobSchedule;
+}

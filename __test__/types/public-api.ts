@@ -6,7 +6,7 @@
  * fails it when the line below compiles after all.
  */
 import { JobHandlerBase, JobOrchestrator } from '../../dist';
-import type { AnyJobs, JobContext, JobInputOf, JobRun } from '../../dist';
+import type { AnyJobs, JobContext, JobInputOf, JobRun, JobSchedule } from '../../dist';
 import { JobHandler, JobsModule, NestJobOrchestrator, typedJobHandler } from '../../dist/nest';
 import type { CancelOptions, IJobOrchestrator, IJobRunService, JobPoolDef, JobUpsertEntry, StartOptions } from '../../dist/nest';
 
@@ -38,6 +38,25 @@ export async function typedStart(jobs: JobOrchestrator<AppJobs>): Promise<JobRun
   // @ts-expect-error a job type only known at run time needs the untyped orchestrator
   await jobs.start(dynamic, {});
   return runs;
+}
+
+/** Schedules are checked against the map like `start`. */
+export async function typedSchedules(jobs: JobOrchestrator<AppJobs>, untyped: JobOrchestrator): Promise<JobSchedule[]> {
+  const out = [
+    await jobs.schedule('monthly', { jobType: 'report.build', input: { month: '2026-12' }, cron: '0 0 1 * *' }),
+    await jobs.schedule('sweep', { jobType: 'cache.sweep', everyMs: 60_000 }),
+    await jobs.schedule('ping', { jobType: 'cache.ping', everyMs: 1_000, tenantId: null }),
+    await untyped.schedule('anything', { jobType: 'whatever', input: { any: 1 }, everyMs: 1_000 }),
+  ];
+  // @ts-expect-error a job type the map does not name
+  await jobs.schedule('x', { jobType: 'report.bild', input: { month: '2026-12' }, cron: '@daily' });
+  // @ts-expect-error an input of the wrong type
+  await jobs.schedule('x', { jobType: 'report.build', input: { month: 12 }, cron: '@daily' });
+  // @ts-expect-error a required input left out
+  await jobs.schedule('x', { jobType: 'email.send', cron: '@daily' });
+  const next: Date | null = out[0]!.nextRunAt;
+  void next;
+  return out;
 }
 
 /** Generic code over the map calls `start` with the map's own types. */

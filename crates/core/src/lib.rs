@@ -19,6 +19,8 @@
 //! | `step_begin` / `step_complete` / `step_fail` | O(1) | per-run step map |
 //! | `find_by_id` | O(1) | hash lookup |
 //! | `list_steps` | O(s log s) | the run's own steps |
+//! | `put_schedule` / `remove_schedule` | O(log k) | k = schedules; ordered map + due set |
+//! | `fire_due_schedules` | O(log k), + O(log k + log n) per run started | a peek at the earliest next fire |
 //!
 //! No operation scans all runs.
 //!
@@ -27,6 +29,7 @@
 //! the oldest finished run), O(log n) per run deleted, each run once.
 
 pub mod clock;
+pub mod cron;
 pub mod engine;
 pub mod error;
 pub mod model;

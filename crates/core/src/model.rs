@@ -648,3 +648,67 @@ fn unreachable_raw() -> Box<RawValue> {
     // "{}" and "null" are valid JSON; this path exists only to avoid unwrap.
     serde_json::value::to_raw_value(&serde_json::Value::Null).unwrap_or_default()
 }
+
+// ── schedules ──────────────────────────────────────────────────────────
+
+/// When a schedule fires: a cron expression (UTC, minute resolution) or a
+/// fixed interval counted from the schedule's anchor.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ScheduleTiming {
+    Cron(crate::cron::CronSchedule),
+    Every(Millis),
+}
+
+impl ScheduleTiming {
+    /// The first fire time strictly after `after`; `anchor` is the phase of
+    /// an interval (it fires at anchor + k × interval). None: never again.
+    pub fn next_after(&self, after: Millis, anchor: Millis) -> Option<Millis> {
+        match self {
+            ScheduleTiming::Cron(c) => c.next_after(after),
+            ScheduleTiming::Every(every) => {
+                let every = (*every).max(1);
+                // O(1): the number of whole intervals since the anchor.
+                let k = if after < anchor {
+                    0
+                } else {
+                    (after - anchor) / every + 1
+                };
+                anchor.checked_add(k.checked_mul(every)?)
+            }
+        }
+    }
+}
+
+/// A recurring start: each time it fires, a run of `job_type` with `input`
+/// is started (trigger source `schedule`, trigger ref the schedule's name,
+/// `runAt` the fire time). Identified by (tenant, name).
+#[derive(Debug, Clone)]
+pub struct ScheduleRow {
+    pub name: String,
+    pub tenant_id: Option<Arc<str>>,
+    pub job_type: String,
+    pub input: Box<RawValue>,
+    pub timing: ScheduleTiming,
+    /// Phase of an interval; the creation time of the timing.
+    pub anchor: Millis,
+    /// When it fires next; None once it can never fire again.
+    pub next_fire_at: Option<Millis>,
+    /// When it last fired (the fire time that was due), and what came of it.
+    pub last_fired_at: Option<Millis>,
+    pub last_run_id: Option<RunId>,
+    pub last_error: Option<String>,
+    pub created_at: Millis,
+    pub updated_at: Millis,
+}
+
+/// What `Engine::put_schedule` is asked for.
+#[derive(Debug)]
+pub struct ScheduleSpec {
+    pub name: String,
+    pub tenant: TenantArg,
+    pub job_type: String,
+    /// Validated JSON text of the input (`{}` when absent).
+    pub input: Box<RawValue>,
+    pub cron: Option<String>,
+    pub every_ms: Option<i64>,
+}

@@ -244,6 +244,7 @@ impl PgWorker {
         let listening = Arc::new(AtomicBool::new(true));
         self.spawn_listener(listening.clone());
         let maintenance = tokio::spawn(self.clone().maintain());
+        let schedules = tokio::spawn(self.clone().fire_schedules());
         let activity = self.engine.activity();
         loop {
             let stopping = self.is_stopping();
@@ -300,6 +301,7 @@ impl PgWorker {
         }
         listening.store(false, Ordering::SeqCst);
         maintenance.abort();
+        schedules.abort();
         self.engine.set_worker_hungry(false);
         // The sink holds the dispatcher (the JS callback): let it go with the
         // loop, or a stopped worker would keep its orchestrator alive.
@@ -433,6 +435,44 @@ impl PgWorker {
             Some(t) if t <= now => poll.min(Duration::from_millis(50)),
             Some(t) => poll.min(Duration::from_millis((t - now) as u64)),
             None => poll,
+        }
+    }
+
+    /// Starts the runs of due schedules, until aborted: at each next fire
+    /// (as stored), when a schedule changes here, and at least every poll
+    /// interval (a schedule created by another process). Any number of
+    /// processes may do this: a due schedule is locked by the transaction
+    /// that fires it and skipped by the others, so each occurrence starts
+    /// one run.
+    async fn fire_schedules(self: Arc<Self>) {
+        let changed = self.engine.schedules_changed();
+        let poll = Duration::from_millis(self.poll_ms as u64);
+        loop {
+            if self.is_stopping() {
+                return;
+            }
+            let engine = self.engine.clone();
+            let r = tokio::task::spawn_blocking(move || {
+                engine.fire_due_schedules()?;
+                engine.next_schedule_fire()
+            })
+            .await;
+            let wait = match r {
+                Ok(Ok(Some(t))) => {
+                    let ms = (t - self.engine.now()).max(0) as u64;
+                    poll.min(Duration::from_millis(ms))
+                }
+                Ok(Ok(None)) => poll,
+                Ok(Err(e)) => {
+                    self.record_error(&e);
+                    poll
+                }
+                Err(_) => poll,
+            };
+            tokio::select! {
+                _ = changed.notified() => {}
+                _ = tokio::time::sleep(wait) => {}
+            }
         }
     }
 

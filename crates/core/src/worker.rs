@@ -166,8 +166,11 @@ impl<S: Store> Worker<S> {
     /// The scheduler loop. Returns when stopped or when the dispatcher is gone.
     pub async fn run<D: BatchDispatcher>(self: Arc<Self>, dispatcher: D) {
         let activity = self.engine.activity();
+        let schedules = self.engine.schedules_changed();
         let clock = self.engine.clock().clone();
         while !self.is_stopping() {
+            // Due schedules become runs first, so this pass can claim them.
+            let _ = self.engine.fire_due_schedules();
             // Announce hunger before looking, so a start racing this check
             // leaves a wake-up permit instead of being missed.
             self.engine.set_hungry_pools(
@@ -194,10 +197,16 @@ impl<S: Store> Worker<S> {
                 }
                 continue;
             }
-            let wake_at = if self.has_free_slot() {
+            let due_at = if self.has_free_slot() {
                 self.next_wake()
             } else {
                 None
+            };
+            // A schedule fires on time even while every slot is busy.
+            let fire_at = self.engine.next_schedule_fire().ok().flatten();
+            let wake_at = match (due_at, fire_at) {
+                (Some(a), Some(b)) => Some(a.min(b)),
+                (a, b) => a.or(b),
             };
             let timer = async {
                 match wake_at {
@@ -207,6 +216,7 @@ impl<S: Store> Worker<S> {
             };
             tokio::select! {
                 _ = activity.notified() => {}
+                _ = schedules.notified() => {}
                 _ = timer => {}
                 _ = self.stop.notified() => break,
             }

@@ -474,3 +474,177 @@ fn a_cancel_stopping_thousands_of_running_runs_notifies_each_of_them() {
     }
     assert_eq!(stops.len(), N, "stop notifications received");
 }
+
+fn every_spec(name: &str, tenant: TenantArg, ms: i64) -> ScheduleSpec {
+    ScheduleSpec {
+        name: name.to_owned(),
+        tenant,
+        job_type: "tick".to_owned(),
+        input: raw(r#"{"n":1}"#),
+        cron: None,
+        every_ms: Some(ms),
+    }
+}
+
+#[test]
+fn schedules_are_stored_per_tenant_and_read_back_as_written() {
+    let Some((e, _)) = engine("sched") else {
+        return;
+    };
+    e.register(spec("tick")).unwrap();
+    let c = e
+        .put_schedule(ScheduleSpec {
+            cron: Some("0 9 * * MON-FRI".to_owned()),
+            every_ms: None,
+            ..every_spec("weekdays", TenantArg::Missing, 1)
+        })
+        .unwrap();
+    let i = e
+        .put_schedule(every_spec("often", TenantArg::Missing, 60_000))
+        .unwrap();
+    let listed = e.list_schedules(&TenantArg::Missing).unwrap();
+    let names: Vec<&str> = listed.iter().map(|s| s.name.as_str()).collect();
+    assert_eq!(names, ["often", "weekdays"]);
+    for (stored, put) in listed.iter().zip([&i, &c]) {
+        assert_eq!(stored.timing, put.timing);
+        assert_eq!(stored.next_fire_at, put.next_fire_at);
+        assert_eq!(stored.anchor, put.anchor);
+        assert_eq!(stored.created_at, put.created_at);
+        assert_eq!(stored.input.get(), r#"{"n": 1}"#);
+    }
+    assert_eq!(e.next_schedule_fire().unwrap(), i.next_fire_at);
+    // Re-declaring the same timing keeps the next fire (an app at boot).
+    let again = e
+        .put_schedule(every_spec("often", TenantArg::Missing, 60_000))
+        .unwrap();
+    assert_eq!(again.next_fire_at, i.next_fire_at);
+    assert_eq!(e.list_schedules(&TenantArg::Missing).unwrap().len(), 2);
+    // A refused one stores nothing.
+    let bad = e.put_schedule(ScheduleSpec {
+        job_type: "nope".to_owned(),
+        ..every_spec("bad", TenantArg::Missing, 1_000)
+    });
+    assert_eq!(bad.unwrap_err().code(), "JOB_TYPE_NOT_FOUND");
+    assert!(e.remove_schedule("often", &TenantArg::Missing).unwrap());
+    assert!(!e.remove_schedule("often", &TenantArg::Missing).unwrap());
+    let names: Vec<String> = e
+        .list_schedules(&TenantArg::Missing)
+        .unwrap()
+        .into_iter()
+        .map(|s| s.name)
+        .collect();
+    assert_eq!(names, ["weekdays"]);
+}
+
+#[test]
+fn tenant_schedules_with_one_name_are_distinct_rows() {
+    let Some((_, cfg)) = engine("schedt") else {
+        return;
+    };
+    let store = PgStore::new(cfg.clone()).unwrap();
+    let e = Engine::new(
+        store,
+        EngineOptions {
+            multi_tenant: true,
+            clock: ClockKind::System,
+            retention: Default::default(),
+        },
+    );
+    e.register(spec("tick")).unwrap();
+    for t in [
+        TenantArg::Null,
+        TenantArg::Id("a".into()),
+        TenantArg::Id("b".into()),
+    ] {
+        e.put_schedule(every_spec("same", t, 60_000)).unwrap();
+    }
+    for t in [
+        TenantArg::Null,
+        TenantArg::Id("a".into()),
+        TenantArg::Id("b".into()),
+    ] {
+        let rows = e.list_schedules(&t).unwrap();
+        assert_eq!(rows.len(), 1);
+        let want = match &t {
+            TenantArg::Id(x) => Some(x.as_str()),
+            _ => None,
+        };
+        assert_eq!(rows[0].tenant_id.as_deref(), want);
+    }
+    assert!(e
+        .remove_schedule("same", &TenantArg::Id("a".into()))
+        .unwrap());
+    assert_eq!(e.list_schedules(&TenantArg::Null).unwrap().len(), 1);
+    assert_eq!(
+        e.list_schedules(&TenantArg::Id("b".into())).unwrap().len(),
+        1
+    );
+}
+
+#[test]
+fn processes_firing_the_same_schedules_at_once_start_each_occurrence_once() {
+    let Some((first, cfg)) = engine("schedrace") else {
+        return;
+    };
+    first.register(spec("tick")).unwrap();
+    for k in 0..3 {
+        first
+            .put_schedule(every_spec(&format!("s{k}"), TenantArg::Missing, 20))
+            .unwrap();
+    }
+    // Two more "processes" on the same database; four threads each fire
+    // whatever is due as fast as they can for a second.
+    let engines: Vec<Arc<Engine<PgStore>>> = vec![
+        Arc::new(first),
+        Arc::new(engine_on(&cfg)),
+        Arc::new(engine_on(&cfg)),
+    ];
+    let until = std::time::Instant::now() + std::time::Duration::from_secs(1);
+    let threads: Vec<_> = (0..6)
+        .map(|i| {
+            let e = engines[i % engines.len()].clone();
+            std::thread::spawn(move || {
+                let mut created = 0;
+                while std::time::Instant::now() < until {
+                    created += e.fire_due_schedules().unwrap();
+                }
+                created
+            })
+        })
+        .collect();
+    let created: usize = threads.into_iter().map(|t| t.join().unwrap()).sum();
+    let e = &engines[0];
+    let (runs, _) = e
+        .list_job_runs(
+            &TenantArg::Missing,
+            &jobforge_core::engine::JobRunQuery {
+                limit: 500,
+                ..Default::default()
+            },
+        )
+        .unwrap();
+    assert_eq!(runs.len(), created, "every run counted once");
+    assert!(
+        created >= 3 * 10,
+        "about 50 occurrences each in a second, got {created}"
+    );
+    let mut occurrences = std::collections::HashSet::new();
+    for r in &runs {
+        assert_eq!(r.trigger_source, TriggerSource::Schedule);
+        let key = (r.trigger_ref().unwrap().to_owned(), r.run_at);
+        assert!(
+            occurrences.insert(key.clone()),
+            "occurrence {key:?} started twice"
+        );
+    }
+    for s in e.list_schedules(&TenantArg::Missing).unwrap() {
+        let last = runs
+            .iter()
+            .filter(|r| r.trigger_ref() == Some(s.name.as_str()))
+            .map(|r| r.run_at)
+            .max();
+        assert_eq!(s.last_fired_at, last, "{}", s.name);
+        assert!(s.next_fire_at > s.last_fired_at);
+        assert_eq!(s.last_error, None);
+    }
+}

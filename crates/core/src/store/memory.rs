@@ -16,7 +16,9 @@
 
 use super::{PageQuery, Store, StoreTx, TenantRef};
 use crate::error::Result;
-use crate::model::{JobDefinition, Millis, RunId, RunRow, RunStatus, StepRow, StepStatus};
+use crate::model::{
+    JobDefinition, Millis, RunId, RunRow, RunStatus, ScheduleRow, StepRow, StepStatus,
+};
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -67,6 +69,10 @@ pub struct MemoryState {
     /// `[0]` completed, `[1]` failed / timed out / canceled.
     finished: [std::collections::VecDeque<(Millis, Handle, u64)>; 2],
     track_finished: bool,
+    /// Schedules by (tenant, name), and those that can fire by next fire
+    /// time: a due check is a peek at the first entry.
+    schedules: BTreeMap<(Tenant, String), ScheduleRow>,
+    schedule_due: BTreeSet<(Millis, Tenant, String)>,
 }
 
 /// `(createdAt, id)`: the keyset order of `listJobRuns` (newest first).
@@ -695,6 +701,10 @@ impl Store for MemoryStore {
         true
     }
 
+    fn fires_schedules_in_claims(&self) -> bool {
+        true
+    }
+
     fn transaction<R>(&self, f: impl FnOnce(&mut MemoryTx<'_>) -> Result<R>) -> Result<R> {
         // A panic inside a rule must not wedge the engine: recover the guard.
         let guard = self.state.lock().unwrap_or_else(|p| p.into_inner());
@@ -1101,5 +1111,66 @@ impl StoreTx for MemoryTx<'_> {
             i += 1;
         }
         out.into_iter().map(|h| s.runs[h as usize].id).collect()
+    }
+
+    fn schedule(&self, tenant: TenantRef<'_>, name: &str) -> Option<ScheduleRow> {
+        self.0
+            .schedules
+            .get(&(tenant.map(Arc::from), name.to_owned()))
+            .cloned()
+    }
+
+    fn put_schedule(&mut self, row: ScheduleRow) {
+        let s = &mut *self.0;
+        let key = (row.tenant_id.clone(), row.name.clone());
+        if let Some(old) = s.schedules.get(&key) {
+            if let Some(t) = old.next_fire_at {
+                s.schedule_due.remove(&(t, key.0.clone(), key.1.clone()));
+            }
+        }
+        if let Some(t) = row.next_fire_at {
+            s.schedule_due.insert((t, key.0.clone(), key.1.clone()));
+        }
+        s.schedules.insert(key, row);
+    }
+
+    fn delete_schedule(&mut self, tenant: TenantRef<'_>, name: &str) -> bool {
+        let s = &mut *self.0;
+        let key = (tenant.map(Arc::from), name.to_owned());
+        match s.schedules.remove(&key) {
+            Some(old) => {
+                if let Some(t) = old.next_fire_at {
+                    s.schedule_due.remove(&(t, key.0, key.1));
+                }
+                true
+            }
+            None => false,
+        }
+    }
+
+    fn schedules(&self, tenant: TenantRef<'_>) -> Vec<ScheduleRow> {
+        // O(log s + the tenant's schedules): one range of the ordered map.
+        let t: Tenant = tenant.map(Arc::from);
+        self.0
+            .schedules
+            .range((t.clone(), String::new())..)
+            .take_while(|((rt, _), _)| *rt == t)
+            .map(|(_, row)| row.clone())
+            .collect()
+    }
+
+    fn due_schedules(&mut self, now: Millis, limit: usize) -> Vec<ScheduleRow> {
+        let s = &*self.0;
+        s.schedule_due
+            .iter()
+            .take_while(|(t, _, _)| *t <= now)
+            .take(limit)
+            .filter_map(|(_, tenant, name)| s.schedules.get(&(tenant.clone(), name.clone())))
+            .cloned()
+            .collect()
+    }
+
+    fn next_schedule_fire(&mut self) -> Option<Millis> {
+        self.0.schedule_due.first().map(|(t, _, _)| *t)
     }
 }

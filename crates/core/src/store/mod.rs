@@ -16,7 +16,7 @@ pub mod memory;
 pub mod postgres;
 
 use crate::error::Result;
-use crate::model::{JobDefinition, Millis, RunId, RunRow, StepRow};
+use crate::model::{JobDefinition, Millis, RunId, RunRow, ScheduleRow, StepRow};
 use std::sync::Arc;
 
 pub trait Store: Send + Sync + 'static {
@@ -51,6 +51,13 @@ pub trait Store: Send + Sync + 'static {
     /// `text` refuses NUL).
     fn text_problem(&self, _text: &str) -> Option<&'static str> {
         None
+    }
+
+    /// Whether a claim can fire due schedules first at no real cost (the
+    /// in-memory store: a peek at the earliest next fire). A networked
+    /// store fires them from the worker's own loop instead.
+    fn fires_schedules_in_claims(&self) -> bool {
+        false
     }
 }
 
@@ -157,4 +164,20 @@ pub trait StoreTx {
     fn page_runs(&self, q: &PageQuery<'_>) -> Vec<RunId>;
     /// A run and all its descendants, breadth-first (the run first).
     fn tree_runs(&self, root: &RunId) -> Vec<RunId>;
+
+    // ── schedules ──────────────────────────────────────────────────────
+    /// The schedule `(tenant, name)`; a mutating transaction locks it.
+    fn schedule(&self, tenant: TenantRef<'_>, name: &str) -> Option<ScheduleRow>;
+    /// Inserts or replaces the schedule `(row.tenant_id, row.name)`.
+    fn put_schedule(&mut self, row: ScheduleRow);
+    /// Deletes a schedule; whether there was one.
+    fn delete_schedule(&mut self, tenant: TenantRef<'_>, name: &str) -> bool;
+    /// The schedules of one tenant (`None` = the null tenant), by name.
+    fn schedules(&self, tenant: TenantRef<'_>) -> Vec<ScheduleRow>;
+    /// Up to `limit` schedules due at `now`, earliest first. A networked
+    /// store locks them and skips those another transaction holds, so two
+    /// processes never fire the same occurrence.
+    fn due_schedules(&mut self, now: Millis, limit: usize) -> Vec<ScheduleRow>;
+    /// The earliest next fire of any schedule.
+    fn next_schedule_fire(&mut self) -> Option<Millis>;
 }

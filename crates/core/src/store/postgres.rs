@@ -999,6 +999,50 @@ const SQL_DELETE_STEPS: &str = "DELETE FROM {S}.job_step WHERE job_run_id = $1";
 const SQL_DELETE_OPEN_STEPS: &str =
     "DELETE FROM {S}.job_step WHERE job_run_id = $1 AND status <> 'completed'";
 /// (Casts: a database made by another system may use `integer` columns.)
+const SQL_SCHEDULE: &str = "SELECT name, tenant_id, job_type, input, cron, every_ms, anchor, next_fire_at, \
+    last_fired_at, last_run_id, last_error, created_at, updated_at FROM {S}.job_schedule WHERE {T} AND name = $2";
+const SQL_SCHEDULES: &str = "SELECT name, tenant_id, job_type, input, cron, every_ms, anchor, next_fire_at, \
+    last_fired_at, last_run_id, last_error, created_at, updated_at FROM {S}.job_schedule WHERE {T} ORDER BY name";
+const SQL_DUE_SCHEDULES: &str =
+    "SELECT name, tenant_id, job_type, input, cron, every_ms, anchor, next_fire_at, \
+    last_fired_at, last_run_id, last_error, created_at, updated_at FROM {S}.job_schedule \
+    WHERE next_fire_at <= $1 ORDER BY next_fire_at LIMIT $2 FOR UPDATE SKIP LOCKED";
+const SQL_NEXT_SCHEDULE: &str = "SELECT min(next_fire_at) FROM {S}.job_schedule";
+const SQL_PUT_SCHEDULE: &str = "INSERT INTO {S}.job_schedule (name, tenant_id, job_type, input, cron, every_ms, \
+    anchor, next_fire_at, last_fired_at, last_run_id, last_error, created_at, updated_at) \
+    VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13) \
+    ON CONFLICT ((tenant_id IS NULL), coalesce(tenant_id, ''), name) DO UPDATE SET \
+    job_type = EXCLUDED.job_type, input = EXCLUDED.input, cron = EXCLUDED.cron, every_ms = EXCLUDED.every_ms, \
+    anchor = EXCLUDED.anchor, next_fire_at = EXCLUDED.next_fire_at, last_fired_at = EXCLUDED.last_fired_at, \
+    last_run_id = EXCLUDED.last_run_id, last_error = EXCLUDED.last_error, updated_at = EXCLUDED.updated_at";
+const SQL_DELETE_SCHEDULE: &str =
+    "DELETE FROM {S}.job_schedule WHERE {T} AND name = $2 RETURNING name";
+
+fn schedule_from_row(r: &Row) -> Option<ScheduleRow> {
+    let timing = match (
+        r.try_get::<_, Option<&str>>(4).ok()?,
+        r.try_get::<_, Option<i64>>(5).ok()?,
+    ) {
+        (Some(c), None) => ScheduleTiming::Cron(c.parse().ok()?),
+        (None, Some(ms)) => ScheduleTiming::Every(ms),
+        _ => return None,
+    };
+    Some(ScheduleRow {
+        name: r.try_get(0).ok()?,
+        tenant_id: r.try_get::<_, Option<&str>>(1).ok()?.map(Arc::from),
+        job_type: r.try_get(2).ok()?,
+        input: r.try_get::<_, JsonText>(3).ok()?.0,
+        timing,
+        anchor: r.try_get::<_, Ms>(6).ok()?.0,
+        next_fire_at: r.try_get::<_, Option<Ms>>(7).ok()?.map(|m| m.0),
+        last_fired_at: r.try_get::<_, Option<Ms>>(8).ok()?.map(|m| m.0),
+        last_run_id: r.try_get(9).ok()?,
+        last_error: r.try_get(10).ok()?,
+        created_at: r.try_get::<_, Ms>(11).ok()?.0,
+        updated_at: r.try_get::<_, Ms>(12).ok()?.0,
+    })
+}
+
 const SQL_DEF: &str = "SELECT type, version::int4, pool, scope_entity_type, retry_policy, timeout_ms::int8, \
     concurrency_key_template, collision_mode, dedupe_key_template, dedupe_window_ms::int8, priority_default::int4, \
     replay_from, created_at, updated_at FROM {S}.job WHERE type = $1";
@@ -1733,6 +1777,65 @@ impl StoreTx for PgTx<'_> {
             i += 1;
         }
         out
+    }
+
+    fn schedule(&self, tenant: TenantRef<'_>, name: &str) -> Option<ScheduleRow> {
+        let rows = self.query(SQL_SCHEDULE, &[&tenant, &name], Self::tenant_null(tenant));
+        rows.first().and_then(schedule_from_row)
+    }
+
+    fn put_schedule(&mut self, row: ScheduleRow) {
+        let (cron, every) = match &row.timing {
+            ScheduleTiming::Cron(c) => (Some(c.expr().to_owned()), None),
+            ScheduleTiming::Every(ms) => (None, Some(*ms)),
+        };
+        let tenant = row.tenant_id.as_deref();
+        self.exec(
+            SQL_PUT_SCHEDULE,
+            &[
+                &row.name,
+                &tenant,
+                &row.job_type,
+                &Jsonb(row.input.get()),
+                &cron,
+                &every,
+                &Ms(row.anchor),
+                &row.next_fire_at.map(Ms),
+                &row.last_fired_at.map(Ms),
+                &row.last_run_id,
+                &row.last_error,
+                &Ms(row.created_at),
+                &Ms(row.updated_at),
+            ],
+        );
+    }
+
+    fn delete_schedule(&mut self, tenant: TenantRef<'_>, name: &str) -> bool {
+        !self
+            .query(
+                SQL_DELETE_SCHEDULE,
+                &[&tenant, &name],
+                Self::tenant_null(tenant),
+            )
+            .is_empty()
+    }
+
+    fn schedules(&self, tenant: TenantRef<'_>) -> Vec<ScheduleRow> {
+        let rows = self.query(SQL_SCHEDULES, &[&tenant], Self::tenant_null(tenant));
+        rows.iter().filter_map(schedule_from_row).collect()
+    }
+
+    fn due_schedules(&mut self, now: Millis, limit: usize) -> Vec<ScheduleRow> {
+        let limit = limit as i64;
+        let rows = self.query(SQL_DUE_SCHEDULES, &[&Ms(now), &limit], None);
+        rows.iter().filter_map(schedule_from_row).collect()
+    }
+
+    fn next_schedule_fire(&mut self) -> Option<Millis> {
+        let rows = self.query(SQL_NEXT_SCHEDULE, &[], None);
+        rows.first()
+            .and_then(|r| r.try_get::<_, Option<Ms>>(0).ok().flatten())
+            .map(|m| m.0)
     }
 }
 

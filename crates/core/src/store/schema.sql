@@ -111,3 +111,29 @@ CREATE TABLE IF NOT EXISTS {S}.jobforge_migration (
   applied_at timestamptz NOT NULL DEFAULT now()
 );
 INSERT INTO {S}.jobforge_migration (version) VALUES (1) ON CONFLICT DO NOTHING;
+
+-- jobforge, version 2: schedules (recurring starts), one per (tenant, name).
+-- Exactly one of cron / every_ms is set; next_fire_at is null once a cron
+-- expression can never fire again.
+CREATE TABLE IF NOT EXISTS {S}.job_schedule (
+  name          text NOT NULL,
+  tenant_id     text,
+  job_type      text NOT NULL,
+  input         jsonb NOT NULL DEFAULT '{}',
+  cron          text,
+  every_ms      bigint,
+  anchor        timestamptz NOT NULL,
+  next_fire_at  timestamptz,
+  last_fired_at timestamptz,
+  last_run_id   uuid,
+  last_error    text,
+  created_at    timestamptz NOT NULL DEFAULT now(),
+  updated_at    timestamptz NOT NULL DEFAULT now(),
+  CHECK ((cron IS NULL) <> (every_ms IS NULL))
+);
+-- The key: a null tenant is its own value (UNIQUE NULLS NOT DISTINCT needs 15+).
+CREATE UNIQUE INDEX IF NOT EXISTS job_schedule_key_idx
+  ON {S}.job_schedule ((tenant_id IS NULL), coalesce(tenant_id, ''), name);
+CREATE INDEX IF NOT EXISTS job_schedule_due_idx ON {S}.job_schedule (next_fire_at)
+  WHERE next_fire_at IS NOT NULL;
+INSERT INTO {S}.jobforge_migration (version) VALUES (2) ON CONFLICT DO NOTHING;

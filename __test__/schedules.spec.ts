@@ -1,0 +1,210 @@
+/**
+ * Schedules (recurring starts): `schedule`, `unschedule`, `listSchedules`,
+ * `fireDueSchedules`, and the worker firing them on time, on both
+ * backends; bad schedules get typed errors and store nothing; with
+ * PostgreSQL, workers of several orchestrators start each occurrence once.
+ */
+import test from 'ava';
+import {
+  JobInputInvalidError,
+  JobKeyFunctionUnavailableError,
+  JobOrchestrator,
+  JobTypeNotFoundError,
+  MissingTenantIdError,
+} from '../dist';
+import type { JobContext, JobRun } from '../dist';
+import { manual, realSleep, waitFor } from './helpers';
+import { forBackends } from './backends';
+
+const MINUTE = 60_000;
+
+forBackends('schedule: the worker starts a run at each fire time, with trigger, ref and runAt', async (t, make) => {
+  const o = await make.manual();
+  const seen: JobRun[] = [];
+  o.registerHandler('report.build', { pool: 'batch' }, async (ctx: JobContext<{ kind: string }>) => {
+    seen.push(ctx.run);
+    return { kind: ctx.input.kind };
+  });
+  const t0 = o.now().getTime();
+  const s = await o.schedule('nightly', { jobType: 'report.build', input: { kind: 'daily' }, everyMs: 1_000 });
+  t.is(s.name, 'nightly');
+  t.is(s.everyMs, 1_000);
+  t.is(s.cron, null);
+  t.deepEqual(s.input, { kind: 'daily' });
+  t.is(s.nextRunAt?.getTime(), t0 + 1_000);
+  t.is(s.lastRunAt, null);
+  const w = o.startWorker({ shutdownTimeoutMs: 100 });
+  t.teardown(() => w.stop());
+  await realSleep(50);
+  t.is(seen.length, 0, 'nothing before the first fire time');
+  o.advanceTime(1_000);
+  await waitFor(() => seen.length === 1, 'the first occurrence', 5_000);
+  const run = seen[0]!;
+  t.is(run.triggerSource, 'schedule');
+  t.is(run.triggerRef, 'nightly');
+  t.is(run.runAt.getTime(), t0 + 1_000);
+  t.deepEqual(run.input, { kind: 'daily' });
+  const done = await o.waitForRun(run.id, { timeoutMs: 5_000 });
+  t.deepEqual(done.output, { kind: 'daily' });
+  o.advanceTime(1_000);
+  await waitFor(() => seen.length === 2, 'the second occurrence', 5_000);
+  t.is(seen[1]!.runAt.getTime(), t0 + 2_000);
+  const [after] = await o.listSchedules();
+  t.is(after!.lastRunAt?.getTime(), t0 + 2_000);
+  t.is(after!.lastRunId, seen[1]!.id);
+  t.is(after!.nextRunAt?.getTime(), t0 + 3_000);
+  t.is(after!.lastError, null);
+});
+
+forBackends('schedule: a cron expression fires on its minutes (UTC); fireDueSchedules works without a worker', async (t, make) => {
+  const o = await make.manual();
+  o.registerHandler('digest', {}, async () => ({}));
+  const t0 = o.now().getTime();
+  const quarter = 15 * MINUTE;
+  const next = (Math.floor(t0 / quarter) + 1) * quarter;
+  const s = await o.schedule('digest-every-15', { jobType: 'digest', cron: '*/15 * * * *' });
+  t.is(s.cron, '*/15 * * * *');
+  t.is(s.nextRunAt?.getTime(), next);
+  t.is(await o.fireDueSchedules(), 0);
+  o.advanceTime(next - t0 - 1);
+  t.is(await o.fireDueSchedules(), 0, 'one ms early');
+  o.advanceTime(1);
+  t.is(await o.fireDueSchedules(), 1);
+  t.is(await o.fireDueSchedules(), 0, 'an occurrence starts one run');
+  const { rows } = await o.listJobRuns({ status: 'pending' });
+  t.is(rows.length, 1);
+  t.is(rows[0]!.runAt.getTime(), next);
+  t.deepEqual(rows[0]!.input, {});
+  // Missed occurrences (no worker for an hour) collapse into one run.
+  o.advanceTime(60 * MINUTE);
+  t.is(await o.fireDueSchedules(), 1);
+  const [after] = await o.listSchedules();
+  t.is(after!.lastRunAt?.getTime(), next + quarter);
+  t.is(after!.nextRunAt?.getTime(), next + 5 * quarter);
+});
+
+forBackends('schedule: re-declaring keeps the phase, unschedule stops it, listSchedules is by name', async (t, make) => {
+  const o = await make.manual();
+  o.registerHandler('a', {}, async () => ({}));
+  const t0 = o.now().getTime();
+  await o.schedule('b-second', { jobType: 'a', everyMs: 10 * MINUTE });
+  await o.schedule('a-first', { jobType: 'a', everyMs: MINUTE });
+  o.advanceTime(30_000);
+  // An app declaring its schedules at every boot does not push them back.
+  const again = await o.schedule('a-first', { jobType: 'a', everyMs: MINUTE, input: { v: 2 } });
+  t.is(again.nextRunAt?.getTime(), t0 + MINUTE);
+  t.deepEqual(again.input, { v: 2 });
+  t.deepEqual((await o.listSchedules()).map((s) => s.name), ['a-first', 'b-second']);
+  t.true(await o.unschedule('b-second'));
+  t.false(await o.unschedule('b-second'));
+  t.false(await o.unschedule('never-was'));
+  o.advanceTime(10 * MINUTE);
+  t.is(await o.fireDueSchedules(), 1);
+  const { rows } = await o.listJobRuns({});
+  t.deepEqual(rows.map((r) => [r.triggerRef, r.input]), [['a-first', { v: 2 }]]);
+});
+
+forBackends('schedule: bad schedules are refused with typed errors and store nothing', async (t, make) => {
+  const o = await make.manual();
+  o.registerHandler('a', {}, async () => ({}));
+  o.registerHandler('fnkey', { dedupe: { key: (i: { id: string }) => i.id, windowMs: 1_000 } }, async () => ({}));
+  const cyclic: Record<string, unknown> = {};
+  cyclic.self = cyclic;
+  const bad: [string, unknown, unknown, (new (...a: never[]) => Error)?][] = [
+    ['cron field out of range', 'x', { jobType: 'a', cron: '61 * * * *' }],
+    ['cron with four fields', 'x', { jobType: 'a', cron: '* * * *' }],
+    ['cron not a string', 'x', { jobType: 'a', cron: 5 }],
+    ['both cron and everyMs', 'x', { jobType: 'a', cron: '* * * * *', everyMs: 1_000 }],
+    ['neither', 'x', { jobType: 'a' }],
+    ['everyMs zero', 'x', { jobType: 'a', everyMs: 0 }],
+    ['everyMs fractional', 'x', { jobType: 'a', everyMs: 1.5 }],
+    ['everyMs NaN', 'x', { jobType: 'a', everyMs: NaN }],
+    ['everyMs a string', 'x', { jobType: 'a', everyMs: '1000' }],
+    ['empty name', '', { jobType: 'a', everyMs: 1_000 }],
+    ['name not a string', 42, { jobType: 'a', everyMs: 1_000 }],
+    ['options not an object', 'x', null],
+    ['jobType missing', 'x', { everyMs: 1_000 }],
+    ['input a BigInt', 'x', { jobType: 'a', everyMs: 1_000, input: { n: 1n } }],
+    ['input cyclic', 'x', { jobType: 'a', everyMs: 1_000, input: cyclic }],
+    ['tenantId a number', 'x', { jobType: 'a', everyMs: 1_000, tenantId: 7 }],
+    ['unknown job type', 'x', { jobType: 'nope', everyMs: 1_000 }, JobTypeNotFoundError],
+    ['function key', 'x', { jobType: 'fnkey', everyMs: 1_000 }, JobKeyFunctionUnavailableError],
+  ];
+  const schedule = o.schedule.bind(o) as (name: unknown, opts: unknown) => Promise<unknown>;
+  for (const [what, name, opts, cls] of bad) {
+    const err = await t.throwsAsync(schedule(name, opts), { instanceOf: cls ?? JobInputInvalidError }, what);
+    t.truthy(err?.message, what);
+  }
+  const range = await t.throwsAsync(o.schedule('x', { jobType: 'a', cron: '0 25 * * *' }));
+  t.regex(range!.message, /hour/, 'the message names the field');
+  t.deepEqual(await o.listSchedules(), []);
+  t.is(await o.fireDueSchedules(), 0);
+});
+
+test('schedule: multi-tenant schedules need a tenant and stay with it', async (t) => {
+  const o = manual({ multiTenant: true });
+  o.registerHandler('a', {}, async () => ({}));
+  await t.throwsAsync(o.schedule('s', { jobType: 'a', everyMs: 1_000 }), { instanceOf: MissingTenantIdError });
+  await t.throwsAsync(o.listSchedules(), { instanceOf: MissingTenantIdError });
+  await t.throwsAsync(o.unschedule('s'), { instanceOf: MissingTenantIdError });
+  await o.schedule('s', { jobType: 'a', everyMs: 1_000, tenantId: 'acme' });
+  await o.schedule('s', { jobType: 'a', everyMs: 1_000, tenantId: 'globex' });
+  t.deepEqual((await o.listSchedules({ tenantId: 'acme' })).map((s) => s.tenantId), ['acme']);
+  t.deepEqual(await o.listSchedules({ tenantId: 'initech' }), []);
+  t.false(await o.unschedule('s', { tenantId: 'initech' }));
+  o.advanceTime(1_000);
+  t.is(await o.fireDueSchedules(), 2);
+  for (const tenantId of ['acme', 'globex']) {
+    const { rows } = await o.listJobRuns({ tenantId });
+    t.is(rows.length, 1, tenantId);
+    t.is(rows[0]!.tenantId, tenantId);
+  }
+});
+
+test('schedule: a start the job type refuses is recorded on the schedule, which moves on', async (t) => {
+  const o = manual();
+  o.registerHandler('keyed', { concurrency: { key: 'acct:{{account}}', collisionMode: 'queue' } }, async () => ({}));
+  const t0 = o.now().getTime();
+  await o.schedule('no-account', { jobType: 'keyed', everyMs: 1_000 });
+  o.advanceTime(1_000);
+  t.is(await o.fireDueSchedules(), 0);
+  const [s] = await o.listSchedules();
+  t.regex(s!.lastError ?? '', /account/);
+  t.is(s!.lastRunAt?.getTime(), t0 + 1_000);
+  t.is(s!.nextRunAt?.getTime(), t0 + 2_000);
+  // Fixed: the next occurrence starts and clears the error.
+  await o.schedule('no-account', { jobType: 'keyed', everyMs: 1_000, input: { account: 'a1' } });
+  o.advanceTime(1_000);
+  t.is(await o.fireDueSchedules(), 1);
+  const [fixed] = await o.listSchedules();
+  t.is(fixed!.lastError, null);
+  t.truthy(fixed!.lastRunId);
+});
+
+test('schedule: claimNext turns a due schedule into its run (memory, no worker)', async (t) => {
+  const o = manual();
+  o.registerHandler('a', { pool: 'p' }, async () => ({}));
+  await o.schedule('s', { jobType: 'a', everyMs: 5_000 });
+  t.is(await o.claimNext('p'), null);
+  o.advanceTime(5_000);
+  const run = await o.claimNext('p');
+  t.is(run?.triggerRef, 's');
+});
+
+test('schedule: an orchestrator with a schedule and a worker still lets the process go on close', async (t) => {
+  const o = new JobOrchestrator({ loggerFactory: () => ({ log() {}, warn() {}, error() {}, debug() {} }) });
+  o.registerHandler('a', {}, async () => ({}));
+  await o.schedule('s', { jobType: 'a', everyMs: 20 });
+  const w = o.startWorker();
+  const ran: string[] = [];
+  o.on('run:completed', (r) => {
+    ran.push(r.id);
+  });
+  await waitFor(() => ran.length >= 3, 'three occurrences in real time', 5_000);
+  await w.stop();
+  await o.close();
+  const { rows } = await o.listJobRuns({ limit: 500 }).catch(() => ({ rows: [] as JobRun[] }));
+  const times = rows.map((r) => r.runAt.getTime());
+  t.is(new Set(times).size, times.length, 'no occurrence started twice');
+  t.true(ran.length >= 3);
+});

@@ -472,6 +472,40 @@ test("clock: 'manual' gives the app an orchestrator whose time moves only with a
   t.is(sys.clock, 'system');
 });
 
+test('schedules declared in forRoot are put on module init and fire through the DI-resolved handler', async (t) => {
+  const app = await boot(
+    t,
+    JobsModule.forRoot({
+      clock: 'manual',
+      worker: false,
+      schedules: { 'greet-hourly': { jobType: 'nest.greet', input: { name: 'cron' }, cron: '0 * * * *' } },
+    }),
+  );
+  const jobs = orch(app);
+  const [s] = await jobs.listSchedules();
+  t.is(s?.name, 'greet-hourly');
+  t.is(s?.cron, '0 * * * *');
+  const t0 = jobs.now().getTime();
+  const hour = 3_600_000;
+  t.is(s?.nextRunAt?.getTime(), (Math.floor(t0 / hour) + 1) * hour);
+  jobs.advanceTime(hour);
+  const run = await jobs.claimNext('batch');
+  t.is(run?.triggerRef, 'greet-hourly');
+  await jobs.tick(run!.id);
+  t.is((await jobs.findById(run!.id))?.status, 'completed');
+  t.deepEqual(app.get(GreetingService).calls, ['cron']);
+});
+
+test('a bad schedule in forRoot fails module init with its typed error', async (t) => {
+  const mod = await Test.createTestingModule({
+    imports: [JobsModule.forRoot({ worker: false, schedules: { bad: { jobType: 'nest.greet', cron: '99 * * * *' } } }), HandlersModule],
+  }).compile();
+  const err = await t.throwsAsync(mod.init());
+  t.is(err?.name, 'JobInputInvalidError');
+  t.regex(err!.message, /minute/);
+  await mod.close().catch(() => undefined);
+});
+
 test('registerHandler with a class on the Nest orchestrator also resolves it through DI', async (t) => {
   const app = await boot(t, JobsModule.forRoot({ worker: false }));
   const jobs = orch(app);

@@ -26,6 +26,7 @@ import type {
   JobOrchestratorOptions,
   JobPoolDef,
   JobRun,
+  ScheduleOptions,
   WorkerHandle,
   WorkerOptions,
 } from '../index';
@@ -92,6 +93,14 @@ export interface JobsModuleOptions {
    * migrations are run separately (`npx jobforge migrate --url ...`).
    */
   migrate?: boolean | undefined;
+  /**
+   * Schedules (recurring starts) this app declares, by name: each is put
+   * with `JobOrchestrator.schedule` on module init, after the handlers are
+   * registered. Declaring one again with the same timing keeps its next
+   * fire, so every boot (and every process) may declare them. Removing an
+   * entry here does not delete the stored schedule: call `unschedule`.
+   */
+  schedules?: Record<string, ScheduleOptions> | undefined;
 }
 
 export interface JobsModuleRegistration {
@@ -229,6 +238,9 @@ export class JobsWorker implements OnModuleInit, OnModuleDestroy {
       defs.map((d) => ({ type: d.type, meta: d.meta, handlerClass: d.handlerClass })),
       poolConfig,
     );
+    for (const [name, schedule] of Object.entries(this.options.schedules ?? {})) {
+      await this.orchestrator.schedule(name, schedule);
+    }
   }
 
   /** The registered handlers whose class is a provider of some module of this app. */

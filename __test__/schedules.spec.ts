@@ -113,6 +113,7 @@ forBackends('schedule: bad schedules are refused with typed errors and store not
   const bad: [string, unknown, unknown, (new (...a: never[]) => Error)?][] = [
     ['cron field out of range', 'x', { jobType: 'a', cron: '61 * * * *' }],
     ['cron with four fields', 'x', { jobType: 'a', cron: '* * * *' }],
+    ['cron that never fires', 'x', { jobType: 'a', cron: '0 0 31 4 *' }],
     ['cron not a string', 'x', { jobType: 'a', cron: 5 }],
     ['both cron and everyMs', 'x', { jobType: 'a', cron: '* * * * *', everyMs: 1_000 }],
     ['neither', 'x', { jobType: 'a' }],

@@ -2114,6 +2114,12 @@ impl<S: Store> Engine<S> {
             )));
         }
         let now = self.now();
+        if timing.next_after(now, now).is_none() {
+            return Err(JobError::invalid(format!(
+                "cron expression \"{}\" never fires",
+                spec.cron.as_deref().unwrap_or_default()
+            )));
+        }
         let row = self.store.transaction(|tx| {
             let def = tx
                 .definition(&spec.job_type)

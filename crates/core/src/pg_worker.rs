@@ -457,6 +457,9 @@ impl PgWorker {
                 engine.next_schedule_fire()
             })
             .await;
+            if matches!(r, Ok(Ok(_))) {
+                self.record_success();
+            }
             let wait = match r {
                 Ok(Ok(Some(t))) => {
                     let ms = (t - self.engine.now()).max(0) as u64;

@@ -210,6 +210,11 @@ fn bad_schedules_are_refused_with_typed_errors_and_store_nothing() {
         ..every("c", 1_000)
     };
     assert_eq!(code(function_key), "JOB_KEY_FUNCTION_UNAVAILABLE");
+    let never = e
+        .put_schedule(cron("c", "0 0 30 2 *"))
+        .unwrap_err()
+        .to_string();
+    assert!(never.contains("never fires"), "{never}");
     let msg = e
         .put_schedule(cron("c", "*/0 * * * *"))
         .unwrap_err()

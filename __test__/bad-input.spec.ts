@@ -238,6 +238,13 @@ test('malformed start options: JobInputInvalidError, nothing created', async (t)
     ['triggerSource empty', { triggerSource: '' }],
     ['parentClosePolicy unknown', { parentClosePolicy: 'kill' }],
     ['parentClosePolicy number', { parentClosePolicy: 1 }],
+    ['tenantId number', { tenantId: 5 }],
+    ['pool number', { pool: 5 }],
+    ['triggerRef object', { triggerRef: { id: 1 } }],
+    ['parentRunId number', { parentRunId: 7 }],
+    ['scope string', { scope: 'order:1' }],
+    ['scope without entityId', { scope: { entityType: 'order' } }],
+    ['scope with a number entityId', { scope: { entityType: 'order', entityId: 1 } }],
     ['options not an object', 'fast'],
   ];
   for (const type of ['plain', 'laned', 'deduped']) {
@@ -250,6 +257,8 @@ test('malformed start options: JobInputInvalidError, nothing created', async (t)
         `${type}: ${label}`,
       );
       t.true(typeof e.reason === 'string' && e.reason.length > 0, `${type}: ${label}: reason`);
+      // The reason names the option, not the JSON the options travel as.
+      t.notRegex(e.reason, /invalid type|line \d+ column/, `${type}: ${label}: ${e.reason}`);
       await f.unchanged(t, `${type}: ${label}`);
     }
   }

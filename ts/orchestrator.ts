@@ -701,6 +701,18 @@ function startOptions(opts: StartOptions | undefined): Record<string, unknown> {
     throw new JobInputInvalidError('start options must be an object');
   }
   const o: Record<string, unknown> = { ...(opts ?? {}) };
+  // Named here, so the message is about the option, not the wire format.
+  checkTenant(o.tenantId);
+  for (const k of ['pool', 'triggerRef', 'parentRunId', 'triggerSource', 'parentClosePolicy'] as const) {
+    const v = o[k];
+    if (v !== undefined && v !== null && typeof v !== 'string') {
+      throw new JobInputInvalidError(`${k} must be a string, got ${typeof v}`);
+    }
+  }
+  const scope = o.scope as { entityType?: unknown; entityId?: unknown } | null | undefined;
+  if (scope !== undefined && scope !== null && (typeof scope !== 'object' || typeof scope.entityType !== 'string' || typeof scope.entityId !== 'string')) {
+    throw new JobInputInvalidError('scope must be { entityType: string, entityId: string }');
+  }
   if (opts?.runAt !== undefined) {
     const t = dateMs(opts.runAt);
     if (t === null) throw new JobInputInvalidError('runAt must be a valid Date');

@@ -462,6 +462,10 @@ const BAD_META: [string, unknown][] = [
   ['retry.attempts string', { retry: { attempts: '2', backoff: 'fixed', baseMs: 0 } }],
   ['retry.baseMs negative', { retry: { attempts: 2, backoff: 'fixed', baseMs: -1 } }],
   ['retry.baseMs string', { retry: { attempts: 2, backoff: 'fixed', baseMs: '10' } }],
+  ['retry.baseMs 1.5', { retry: { attempts: 2, backoff: 'fixed', baseMs: 1.5 } }],
+  ['retry.baseMs 1e300', { retry: { attempts: 2, backoff: 'fixed', baseMs: 1e300 } }],
+  ['timeoutMs 2.5', { timeoutMs: 2.5 }],
+  ['dedupe windowMs 1e300', { dedupe: { key: '{{a}}', windowMs: 1e300 } }],
   ['retry.backoff unknown', { retry: { attempts: 2, backoff: 'linear', baseMs: 0 } }],
   ['retry.backoff missing', { retry: { attempts: 2, baseMs: 0 } }],
   ['retry.nonRetryableErrors not a list', { retry: { attempts: 2, backoff: 'fixed', baseMs: 0, nonRetryableErrors: 'Fatal' } }],
@@ -498,6 +502,7 @@ test('registerHandler with malformed meta: JobInputInvalidError, no definition c
       label,
     );
     t.true(e.reason.includes(`'${type}'`), `${label}: the reason names the job type: ${e.reason}`);
+    t.notRegex(e.reason, /invalid type|line \d+ column/, `${label}: the reason speaks of the meta: ${e.reason}`);
     t.is(await o.getDefinition(type), null, `${label}: a definition was created`);
     t.is(o.getHandlerRegistration(type), undefined, `${label}: a handler was remembered`);
     await rejects(t, () => o.start(type, { a: 'x' }), JobTypeNotFoundError, 'JOB_TYPE_NOT_FOUND', `${label}: start`);

@@ -1150,16 +1150,28 @@ export class JobOrchestrator<Jobs extends object = AnyJobs> {
         if (typeof k === 'string') return k;
         throw new JobInputInvalidError(`${what} key of '${type}' must be a template string or a function`);
       };
-      // JSON would turn NaN/Infinity into null, silently switching a feature off.
+      // JSON would turn NaN/Infinity into null, silently switching a feature
+      // off; the engine stores whole milliseconds and counts.
       const finite = (v: unknown, what: string, min: number) => {
-        if (v !== undefined && (typeof v !== 'number' || !Number.isFinite(v) || v < min)) {
-          throw new JobInputInvalidError(`${what} of '${type}' must be a finite number >= ${min}, got ${String(v)}`);
+        if (v !== undefined && (typeof v !== 'number' || !Number.isSafeInteger(v) || v < min)) {
+          throw new JobInputInvalidError(`${what} of '${type}' must be an integer >= ${min}, got ${String(v)}`);
         }
       };
       finite(m.timeoutMs, 'timeoutMs', 1);
       finite(m.dedupe?.windowMs, 'dedupe.windowMs', 0);
       finite(m.retry?.attempts, 'retry.attempts', 1);
       finite(m.retry?.baseMs, 'retry.baseMs', 0);
+      if (m.retry !== undefined) checkRetryPolicy(m.retry, `retry of '${type}'`);
+      const strings: [unknown, string][] = [
+        [m.pool, 'pool'],
+        [m.replayFrom, 'replayFrom'],
+        [m.concurrency?.collisionMode, 'concurrency.collisionMode'],
+      ];
+      for (const [v, what] of strings) {
+        if (v !== undefined && typeof v !== 'string') {
+          throw new JobInputInvalidError(`${what} of '${type}' must be a string, got ${typeof v}`);
+        }
+      }
       if (m.scope !== undefined && (typeof m.scope?.entity !== 'string' || typeof m.scope?.from !== 'function')) {
         throw new JobInputInvalidError(`scope of '${type}' needs entity (string) and from (function)`);
       }

@@ -3,8 +3,9 @@
 //
 // An order pipeline: each order is charged (a step that fails once and is
 // retried in place), then fans out child runs for shipping and email.
-// Along the way it shows a concurrency lane, a dedupe hit, a cancel cascade
-// and a replay, and prints what happened to every run.
+// Along the way it shows a concurrency lane, a dedupe hit, a cancel cascade,
+// a replay and a schedule fired by the worker, and prints what happened to
+// every run.
 'use strict';
 const { JobOrchestrator, JobCollisionError } = require('..');
 
@@ -58,6 +59,8 @@ jobs.registerHandler(
     return { exported: rows.rows };
   },
 );
+
+jobs.registerHandler('stock.sync', {}, async (ctx) => ({ synced: ctx.input.warehouse }));
 
 /** Claims and executes runs until nothing is due for `idleMs`. */
 async function drain(pools = ['batch'], idleMs = 40) {
@@ -115,6 +118,18 @@ async function main() {
   const replayed = await jobs.replay(report.id);
   console.log(`replay: nightly report back to ${replayed.status}, kept steps: ${(await jobs.listSteps(report.id)).map((s) => s.stepId).join(', ')}`);
   await drain();
+
+  // 6. A schedule: every 100 ms the engine starts a stock sync, and the
+  //    worker (a Rust scheduler calling this process's handlers) runs it.
+  await jobs.schedule('stock.sync', { jobType: 'stock.sync', input: { warehouse: 'north' }, everyMs: 100 });
+  const worker = jobs.startWorker();
+  await new Promise((r) => setTimeout(r, 350));
+  await jobs.unschedule('stock.sync');
+  await worker.stop();
+  const synced = (await jobs.listJobRuns({ limit: 500 })).rows.filter((r) => r.triggerRef === 'stock.sync').reverse();
+  synced.forEach((r, i) => label(r, `stock.sync #${i + 1}`));
+  const gaps = synced.slice(1).map((r, i) => r.runAt.getTime() - synced[i].runAt.getTime());
+  console.log(`schedule: stock.sync fired ${synced.length} times by the worker, ${gaps.join(' / ')} ms apart`);
 
   console.log('\nwhat happened to each run:');
   for (const [id, name] of names) {

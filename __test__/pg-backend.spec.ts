@@ -310,6 +310,42 @@ postgresOnly('a worker that cannot reach its tables says so once (not per attemp
   t.is((await o.waitForRun((await o.start('n', {})).id, { timeoutMs: 5000 })).status, 'completed');
 });
 
+postgresOnly('a schedule table the worker cannot reach is reported once, apart from the claim loop, and its recovery too', async (t, make) => {
+  const opts = make.options({ loggerFactory: () => silentLogger, postgres: { url: PG_URL, pollMs: 20 } });
+  const schema = opts.postgres?.schema;
+  const o = new JobOrchestrator(opts);
+  t.teardown(() => o.close());
+  await o.migrate();
+  o.registerHandler('n', {}, async () => undefined);
+  const worker = o.startWorker({ pools: { batch: { concurrency: 2 } } });
+  t.teardown(() => worker.stop());
+  const logged: string[] = [];
+  const consoleError = console.error;
+  console.error = (...a: unknown[]) => void logged.push(a.map(String).join(' '));
+  t.teardown(() => (console.error = consoleError));
+  // eslint-disable-next-line @typescript-eslint/no-require-imports
+  const { Client } = require('pg') as typeof import('pg');
+  const admin = new Client({ connectionString: PG_URL });
+  await admin.connect();
+  t.teardown(() => admin.end());
+  // A database migrated by a jobforge without schedules, say.
+  await admin.query(`ALTER TABLE "${schema}".job_schedule RENAME TO job_schedule_away`);
+  await sleep(1000);
+  const failing = logged.filter((l) => l.includes('schedules'));
+  t.is(failing.length, 1, logged.join('\n'));
+  t.regex(failing[0]!, /cannot fire schedules.*job_schedule/);
+  t.false(logged.some((l) => l.includes('database calls')), 'the claim loop is fine and says nothing');
+  // Runs still work meanwhile.
+  t.is((await o.waitForRun((await o.start('n', {})).id, { timeoutMs: 5000 })).status, 'completed');
+  await admin.query(`ALTER TABLE "${schema}".job_schedule_away RENAME TO job_schedule`);
+  await until('the recovery notice', async () => logged.some((l) => l.includes('fires schedules again')), 15_000);
+  console.error = consoleError;
+  const t0 = Date.now();
+  await o.schedule('after', { jobType: 'n', everyMs: 50 });
+  const ran = await until('a scheduled run', async () => (await o.listJobRuns({})).rows.find((r) => r.triggerRef === 'after'));
+  t.true(ran.runAt.getTime() - t0 < 1_000);
+});
+
 postgresOnly('handlers registered before migrate() on a fresh schema are stored by migrate()', async (t, make) => {
   const o = new JobOrchestrator(make.options({ loggerFactory: () => silentLogger }));
   t.teardown(() => o.close());

@@ -60,6 +60,10 @@ pub struct PgWorker {
     last_error: Mutex<Option<String>>,
     /// Database trouble as the operator hears of it (see `record_error`).
     trouble: Mutex<Trouble>,
+    /// The same for the schedule loop, which fails and recovers on its
+    /// own (a schema not yet migrated for schedules, say): its successes
+    /// must not end the claim loop's trouble, nor the reverse.
+    schedule_trouble: Mutex<Trouble>,
     /// Where notices go: the dispatcher `run` was given.
     notices: Mutex<Option<NoticeSink>>,
     /// Settles failed in a row: the next one waits longer (see `backoff`).
@@ -87,6 +91,29 @@ struct Trouble {
 
 const TROUBLE_REPEAT: Duration = Duration::from_secs(30);
 
+/// Records a failure in `t`; the notice to give, if one is due (the first
+/// failure, then one every `TROUBLE_REPEAT`), from `say(seconds failing)`.
+fn trouble_began(t: &Mutex<Trouble>, say: impl FnOnce(u64) -> String) -> Option<String> {
+    let now = std::time::Instant::now();
+    let mut t = t.lock().ok()?;
+    let since = *t.since.get_or_insert(now);
+    let due = t
+        .reported
+        .is_none_or(|r| now.duration_since(r) >= TROUBLE_REPEAT);
+    due.then(|| {
+        t.reported = Some(now);
+        say(now.duration_since(since).as_secs())
+    })
+}
+
+/// Ends a trouble of `t`: how long it lasted (ms), if there was one.
+fn trouble_ended(t: &Mutex<Trouble>) -> Option<u128> {
+    let mut t = t.lock().ok()?;
+    let since = t.since.take()?;
+    t.reported = None;
+    Some(since.elapsed().as_millis())
+}
+
 impl PgWorker {
     pub fn new(
         engine: Arc<Engine<PgStore>>,
@@ -111,6 +138,7 @@ impl PgWorker {
             poll_ms: poll_ms.max(10),
             last_error: Mutex::new(None),
             trouble: Mutex::new(Trouble::default()),
+            schedule_trouble: Mutex::new(Trouble::default()),
             notices: Mutex::new(None),
             settle_failures: AtomicU32::new(0),
         })
@@ -172,25 +200,13 @@ impl PgWorker {
         if let Ok(mut l) = self.last_error.lock() {
             *l = Some(message.clone());
         }
-        let now = std::time::Instant::now();
-        let notice = match self.trouble.lock() {
-            Ok(mut t) => {
-                let since = *t.since.get_or_insert(now);
-                let due = t
-                    .reported
-                    .is_none_or(|r| now.duration_since(r) >= TROUBLE_REPEAT);
-                due.then(|| {
-                    t.reported = Some(now);
-                    let secs = now.duration_since(since).as_secs();
-                    if secs == 0 {
-                        format!("the worker's database calls are failing (it keeps trying): {message}")
-                    } else {
-                        format!("the worker's database calls have been failing for {secs} s (it keeps trying): {message}")
-                    }
-                })
+        let notice = trouble_began(&self.trouble, |secs| {
+            if secs == 0 {
+                format!("the worker's database calls are failing (it keeps trying): {message}")
+            } else {
+                format!("the worker's database calls have been failing for {secs} s (it keeps trying): {message}")
             }
-            Err(_) => None,
-        };
+        });
         if let Some(n) = notice {
             self.notify(n);
         }
@@ -198,16 +214,7 @@ impl PgWorker {
 
     /// A database call of the loop succeeded: ends a reported trouble.
     fn record_success(&self) {
-        let ended = match self.trouble.lock() {
-            Ok(mut t) if t.since.is_some() => {
-                let since = t.since.take();
-                t.reported = None;
-                since
-            }
-            _ => None,
-        };
-        if let Some(since) = ended {
-            let ms = since.elapsed().as_millis();
+        if let Some(ms) = trouble_ended(&self.trouble) {
             self.notify(format!(
                 "the worker's database calls succeed again (after {ms} ms of failures)"
             ));
@@ -447,6 +454,7 @@ impl PgWorker {
     async fn fire_schedules(self: Arc<Self>) {
         let changed = self.engine.schedules_changed();
         let poll = Duration::from_millis(self.poll_ms as u64);
+        let mut failures: u32 = 0;
         loop {
             if self.is_stopping() {
                 return;
@@ -457,18 +465,40 @@ impl PgWorker {
                 engine.next_schedule_fire()
             })
             .await;
-            if matches!(r, Ok(Ok(_))) {
-                self.record_success();
-            }
             let wait = match r {
-                Ok(Ok(Some(t))) => {
-                    let ms = (t - self.engine.now()).max(0) as u64;
-                    poll.min(Duration::from_millis(ms))
+                Ok(Ok(next)) => {
+                    failures = 0;
+                    if let Some(ms) = trouble_ended(&self.schedule_trouble) {
+                        self.notify(format!(
+                            "the worker fires schedules again (after {ms} ms of failures)"
+                        ));
+                    }
+                    match next {
+                        Some(t) => {
+                            poll.min(Duration::from_millis((t - self.engine.now()).max(0) as u64))
+                        }
+                        None => poll,
+                    }
                 }
-                Ok(Ok(None)) => poll,
                 Ok(Err(e)) => {
-                    self.record_error(&e);
-                    poll
+                    let notice = trouble_began(&self.schedule_trouble, |secs| {
+                        if secs == 0 {
+                            format!("the worker cannot fire schedules (it keeps trying): {e}")
+                        } else {
+                            format!("the worker has not fired schedules for {secs} s (it keeps trying): {e}")
+                        }
+                    });
+                    if let Some(n) = notice {
+                        self.notify(n);
+                    }
+                    // Less and less often while it keeps failing (an
+                    // unreachable database is not hammered).
+                    failures += 1;
+                    backoff(
+                        Duration::from_millis(500),
+                        Duration::from_secs(10),
+                        failures - 1,
+                    )
                 }
                 Err(_) => poll,
             };

@@ -9,6 +9,7 @@ import {
   JobInputInvalidError,
   JobKeyFunctionUnavailableError,
   JobOrchestrator,
+  JobTemplateFieldMissingError,
   JobTypeNotFoundError,
   MissingTenantIdError,
 } from '../dist';
@@ -122,6 +123,7 @@ forBackends('schedule: bad schedules are refused with typed errors and store not
     ['everyMs NaN', 'x', { jobType: 'a', everyMs: NaN }],
     ['everyMs a string', 'x', { jobType: 'a', everyMs: '1000' }],
     ['empty name', '', { jobType: 'a', everyMs: 1_000 }],
+    ['name with a lone surrogate', 'a\ud800', { jobType: 'a', everyMs: 1_000 }],
     ['name not a string', 42, { jobType: 'a', everyMs: 1_000 }],
     ['options not an object', 'x', null],
     ['jobType missing', 'x', { everyMs: 1_000 }],
@@ -162,19 +164,23 @@ test('schedule: multi-tenant schedules need a tenant and stay with it', async (t
   }
 });
 
-test('schedule: a start the job type refuses is recorded on the schedule, which moves on', async (t) => {
+test('schedule: a key its input cannot fill is refused at once; a start refused at fire time is recorded and the schedule moves on', async (t) => {
   const o = manual();
   o.registerHandler('keyed', { concurrency: { key: 'acct:{{account}}', collisionMode: 'queue' } }, async () => ({}));
+  await t.throwsAsync(o.schedule('no-account', { jobType: 'keyed', everyMs: 1_000 }), { instanceOf: JobTemplateFieldMissingError });
+  t.deepEqual(await o.listSchedules(), []);
+  o.registerHandler('single', { concurrency: { key: 'the-one', collisionMode: 'reject' } }, async () => ({}));
+  const holder = await o.start('single', {});
   const t0 = o.now().getTime();
-  await o.schedule('no-account', { jobType: 'keyed', everyMs: 1_000 });
+  await o.schedule('collides', { jobType: 'single', everyMs: 1_000 });
   o.advanceTime(1_000);
   t.is(await o.fireDueSchedules(), 0);
   const [s] = await o.listSchedules();
-  t.regex(s!.lastError ?? '', /account/);
+  t.true(s!.lastError?.includes(holder.id), s!.lastError ?? 'no lastError');
   t.is(s!.lastRunAt?.getTime(), t0 + 1_000);
   t.is(s!.nextRunAt?.getTime(), t0 + 2_000);
-  // Fixed: the next occurrence starts and clears the error.
-  await o.schedule('no-account', { jobType: 'keyed', everyMs: 1_000, input: { account: 'a1' } });
+  // The lane frees: the next occurrence starts and clears the error.
+  await o.cancel(holder.id);
   o.advanceTime(1_000);
   t.is(await o.fireDueSchedules(), 1);
   const [fixed] = await o.listSchedules();

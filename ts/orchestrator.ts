@@ -766,6 +766,8 @@ function isClass(h: unknown): h is new () => { run(ctx: JobContext<unknown>): un
   );
 }
 
+const LONE_SURROGATE = /[\uD800-\uDBFF](?![\uDC00-\uDFFF])|(?<![\uD800-\uDBFF])[\uDC00-\uDFFF]/;
+
 /** Buffered starts handed to the engine in one call at most this many at a time. */
 const START_BATCH_MAX = 256;
 
@@ -1590,6 +1592,8 @@ export class JobOrchestrator<Jobs extends object = AnyJobs> {
   async schedule(name: string, opts: ScheduleOptions): Promise<JobSchedule> {
     await this.ready();
     if (typeof name !== 'string') throw new JobInputInvalidError('schedule name must be a string');
+    // Crossing into Rust, a lone surrogate becomes U+FFFD: two names would be one.
+    if (LONE_SURROGATE.test(name)) throw new JobInputInvalidError('schedule name must not hold a lone surrogate');
     if (typeof opts !== 'object' || opts === null) throw new JobInputInvalidError('schedule options must be an object');
     const { jobType, cron, everyMs } = opts;
     if (typeof jobType !== 'string') throw new JobInputInvalidError('schedule jobType must be a string');

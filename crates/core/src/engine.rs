@@ -2074,7 +2074,7 @@ impl<S: Store> Engine<S> {
     pub fn put_schedule(&self, spec: ScheduleSpec) -> Result<ScheduleRow> {
         let tenant = self.schedule_tenant(&spec.tenant, "schedule")?;
         let name = spec.name.trim();
-        if name.is_empty() || name.len() > 200 || name != spec.name {
+        if name.is_empty() || name.chars().count() > 200 || name != spec.name {
             return Err(JobError::invalid(
                 "schedule name must be 1 to 200 characters, without leading or trailing spaces",
             ));
@@ -2100,6 +2100,7 @@ impl<S: Store> Engine<S> {
         };
         for (what, value) in [
             ("schedule name", Some(name)),
+            ("jobType", Some(spec.job_type.as_str())),
             ("tenantId", tenant.as_deref()),
         ] {
             if let Some(p) = value.and_then(|v| self.store.text_problem(v)) {
@@ -2115,10 +2116,10 @@ impl<S: Store> Engine<S> {
         }
         let now = self.now();
         if timing.next_after(now, now).is_none() {
-            return Err(JobError::invalid(format!(
-                "cron expression \"{}\" never fires",
-                spec.cron.as_deref().unwrap_or_default()
-            )));
+            return Err(JobError::invalid(match &spec.cron {
+                Some(c) => format!("cron expression \"{c}\" never fires"),
+                None => "everyMs: the next fire time is past the largest date".to_owned(),
+            }));
         }
         let row = self.store.transaction(|tx| {
             let def = tx
@@ -2135,6 +2136,20 @@ impl<S: Store> Engine<S> {
                         job_type: spec.job_type.clone(),
                         kind: kind.to_owned(),
                     });
+                }
+            }
+            // The input never changes: a key it cannot fill would fail every
+            // fire, so say so now.
+            let templates = [&def.concurrency_key_template, &def.dedupe_key_template];
+            if templates
+                .iter()
+                .any(|k| matches!(k, Some(KeySpec::Template(_))))
+            {
+                let fields = InputFields::parse(&spec.input);
+                for key in templates {
+                    if let Some(KeySpec::Template(t)) = key {
+                        t.evaluate(&fields)?;
+                    }
                 }
             }
             let old = tx.schedule(tenant.as_deref(), name);
@@ -2177,6 +2192,14 @@ impl<S: Store> Engine<S> {
     /// Removes a schedule; whether there was one (runs it started stay).
     pub fn remove_schedule(&self, name: &str, tenant: &TenantArg) -> Result<bool> {
         let tenant = self.schedule_tenant(tenant, "unschedule")?;
+        if [Some(name), tenant.as_deref()]
+            .into_iter()
+            .flatten()
+            .any(|t| self.store.text_problem(t).is_some())
+        {
+            // Nothing the store refuses to hold can name a schedule it holds.
+            return Ok(false);
+        }
         let removed = self
             .store
             .transaction(|tx| Ok(tx.delete_schedule(tenant.as_deref(), name)))?;
@@ -2189,6 +2212,12 @@ impl<S: Store> Engine<S> {
     /// The schedules of a tenant (single-tenant: all), by name.
     pub fn list_schedules(&self, tenant: &TenantArg) -> Result<Vec<ScheduleRow>> {
         let tenant = self.schedule_tenant(tenant, "listSchedules")?;
+        if tenant
+            .as_deref()
+            .is_some_and(|t| self.store.text_problem(t).is_some())
+        {
+            return Ok(Vec::new());
+        }
         self.store.read(|tx| Ok(tx.schedules(tenant.as_deref())))
     }
 

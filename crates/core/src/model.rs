@@ -663,7 +663,8 @@ impl ScheduleTiming {
     /// The first fire time strictly after `after`; `anchor` is the phase of
     /// an interval (it fires at anchor + k × interval). None: never again.
     pub fn next_after(&self, after: Millis, anchor: Millis) -> Option<Millis> {
-        match self {
+        // Past the largest JS Date there is no fire time a row could show.
+        let t = match self {
             ScheduleTiming::Cron(c) => c.next_after(after),
             ScheduleTiming::Every(every) => {
                 let every = (*every).max(1);
@@ -675,7 +676,8 @@ impl ScheduleTiming {
                 };
                 anchor.checked_add(k.checked_mul(every)?)
             }
-        }
+        }?;
+        (t <= crate::clock::MAX_TIME_MS).then_some(t)
     }
 }
 

@@ -473,10 +473,12 @@ impl PgWorker {
                             "the worker fires schedules again (after {ms} ms of failures)"
                         ));
                     }
+                    let now = self.engine.now();
                     match next {
-                        Some(t) => {
-                            poll.min(Duration::from_millis((t - self.engine.now()).max(0) as u64))
-                        }
+                        // Still due after firing: another process holds it
+                        // (firing it right now). Look again soon, not at once.
+                        Some(t) if t <= now => poll.min(Duration::from_millis(50)),
+                        Some(t) => poll.min(Duration::from_millis((t - now) as u64)),
                         None => poll,
                     }
                 }

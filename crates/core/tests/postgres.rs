@@ -648,3 +648,91 @@ fn processes_firing_the_same_schedules_at_once_start_each_occurrence_once() {
         assert_eq!(s.last_error, None);
     }
 }
+
+/// Another process fires a schedule (its transaction holds the row and
+/// moves the next fire on) while this one declares the same schedule again,
+/// as an app does at every boot: the declaration must see the fire, not
+/// write the fired occurrence back (which started it again).
+#[test]
+fn redeclaring_a_schedule_while_another_process_fires_it_keeps_the_fire() {
+    let Some((e, cfg)) = engine("schedput") else {
+        return;
+    };
+    e.register(spec("tick")).unwrap();
+    let hour = 3_600_000;
+    let put = e
+        .put_schedule(every_spec("hourly", TenantArg::Missing, hour))
+        .unwrap();
+    let due = put.next_fire_at.unwrap();
+    let mut firing = postgres::Client::connect(&cfg.url, postgres::NoTls).unwrap();
+    let mut tx = firing.transaction().unwrap();
+    let table = format!("\"{}\".job_schedule", cfg.schema);
+    tx.execute(
+        &format!("SELECT 1 FROM {table} WHERE name = 'hourly' FOR UPDATE"),
+        &[],
+    )
+    .unwrap();
+    let e = Arc::new(e);
+    let again = {
+        let e = e.clone();
+        std::thread::spawn(move || e.put_schedule(every_spec("hourly", TenantArg::Missing, hour)))
+    };
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    tx.execute(
+        &format!(
+            "UPDATE {table} SET next_fire_at = next_fire_at + interval '1 hour', \
+             last_fired_at = next_fire_at WHERE name = 'hourly'"
+        ),
+        &[],
+    )
+    .unwrap();
+    tx.commit().unwrap();
+    let again = again.join().unwrap().unwrap();
+    assert_eq!(
+        again.next_fire_at,
+        Some(due + hour),
+        "the declaration saw the fire"
+    );
+    assert_eq!(again.last_fired_at, Some(due));
+    let stored = &e.list_schedules(&TenantArg::Missing).unwrap()[0];
+    assert_eq!(
+        stored.next_fire_at,
+        Some(due + hour),
+        "the fired occurrence was written back"
+    );
+}
+
+/// A row this version cannot read (edited by hand) stops firing and says
+/// why, instead of being found due on every pass.
+#[test]
+fn an_unreadable_schedule_row_is_parked_with_its_reason() {
+    let Some((e, cfg)) = engine("schedbad") else {
+        return;
+    };
+    e.register(spec("tick")).unwrap();
+    e.put_schedule(every_spec("fine", TenantArg::Missing, 3_600_000))
+        .unwrap();
+    e.put_schedule(every_spec("broken", TenantArg::Missing, 1_000))
+        .unwrap();
+    let mut c = postgres::Client::connect(&cfg.url, postgres::NoTls).unwrap();
+    let table = format!("\"{}\".job_schedule", cfg.schema);
+    c.execute(
+        &format!(
+            "UPDATE {table} SET every_ms = NULL, cron = '0 0 L * *', \
+             next_fire_at = now() - interval '1 second' WHERE name = 'broken'"
+        ),
+        &[],
+    )
+    .unwrap();
+    assert_eq!(e.fire_due_schedules().unwrap(), 0);
+    let row = c
+        .query_one(
+            &format!("SELECT next_fire_at IS NULL, last_error FROM {table} WHERE name = 'broken'"),
+            &[],
+        )
+        .unwrap();
+    assert!(row.get::<_, bool>(0), "it no longer fires");
+    assert!(row.get::<_, String>(1).contains("could not be read"));
+    let next = e.next_schedule_fire().unwrap().unwrap();
+    assert!(next > e.now() + 3_000_000, "only the readable one is due");
+}

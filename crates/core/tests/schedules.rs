@@ -225,7 +225,7 @@ fn bad_schedules_are_refused_with_typed_errors_and_store_nothing() {
 }
 
 #[test]
-fn a_fire_the_rules_refuse_is_recorded_and_the_schedule_moves_on() {
+fn a_key_the_input_cannot_fill_is_refused_when_the_schedule_is_put() {
     let e = engine(false);
     e.register(DefinitionSpec {
         job_type: "keyed".to_owned(),
@@ -233,20 +233,82 @@ fn a_fire_the_rules_refuse_is_recorded_and_the_schedule_moves_on() {
         ..DefinitionSpec::default()
     })
     .unwrap();
-    let s = ScheduleSpec {
+    let err = e
+        .put_schedule(ScheduleSpec {
+            job_type: "keyed".to_owned(),
+            input: raw("{}"),
+            ..every("missing-field", 1_000)
+        })
+        .unwrap_err();
+    assert_eq!(err.code(), "JOB_TEMPLATE_FIELD_MISSING");
+    assert!(e.list_schedules(&TenantArg::Missing).unwrap().is_empty());
+    e.put_schedule(ScheduleSpec {
         job_type: "keyed".to_owned(),
-        input: raw("{}"),
-        ..every("missing-field", 1_000)
-    };
-    e.put_schedule(s).unwrap();
+        input: raw(r#"{"account":"a1"}"#),
+        ..every("filled", 1_000)
+    })
+    .unwrap();
+}
+
+#[test]
+fn a_fire_the_rules_refuse_is_recorded_and_the_schedule_moves_on() {
+    let e = engine(false);
+    e.register(DefinitionSpec {
+        job_type: "single".to_owned(),
+        concurrency_key: Some("the-one".to_owned()),
+        collision_mode: Some(CollisionMode::Reject),
+        ..DefinitionSpec::default()
+    })
+    .unwrap();
+    // The lane is held: the occurrence collides.
+    let holder = e
+        .start(StartRequest {
+            job_type: "single".to_owned(),
+            input: raw("{}"),
+            ..StartRequest::default()
+        })
+        .unwrap();
+    e.put_schedule(ScheduleSpec {
+        job_type: "single".to_owned(),
+        ..every("collides", 1_000)
+    })
+    .unwrap();
     e.advance_time(1_000);
     assert_eq!(e.fire_due_schedules().unwrap(), 0);
     let s = &e.list_schedules(&TenantArg::Missing).unwrap()[0];
     let err = s.last_error.as_deref().expect("the refusal is recorded");
-    assert!(err.contains("account"), "{err}");
+    assert!(err.contains(&holder.id.to_string()), "{err}");
     assert_eq!(s.last_run_id, None);
+    assert_eq!(s.last_fired_at, Some(s.anchor + 1_000));
     assert_eq!(s.next_fire_at, Some(s.anchor + 2_000));
     assert!(all_runs(&e).is_empty());
+    // The lane frees: the next occurrence starts and clears the error.
+    e.cancel(&holder.id.to_string(), true, &TenantArg::Missing)
+        .unwrap();
+    e.advance_time(1_000);
+    assert_eq!(e.fire_due_schedules().unwrap(), 1);
+    let s = &e.list_schedules(&TenantArg::Missing).unwrap()[0];
+    assert_eq!(s.last_error, None);
+    assert!(s.last_run_id.is_some());
+}
+
+#[test]
+fn an_interval_past_the_largest_date_is_refused_and_names_are_counted_in_characters() {
+    let e = engine(false);
+    e.advance_time(8_640_000_000_000_000 - e.now() - 500);
+    let err = e
+        .put_schedule(every("late", 1_000))
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("largest date"), "{err}");
+    let e = engine(false);
+    e.put_schedule(every(&"é".repeat(200), 1_000)).unwrap();
+    assert_eq!(
+        e.put_schedule(every(&"é".repeat(201), 1_000))
+            .unwrap_err()
+            .code(),
+        "JOB_INPUT_INVALID"
+    );
 }
 
 #[test]

@@ -1001,6 +1001,11 @@ const SQL_DELETE_OPEN_STEPS: &str =
 /// (Casts: a database made by another system may use `integer` columns.)
 const SQL_SCHEDULE: &str = "SELECT name, tenant_id, job_type, input, cron, every_ms, anchor, next_fire_at, \
     last_fired_at, last_run_id, last_error, created_at, updated_at FROM {S}.job_schedule WHERE {T} AND name = $2";
+const SQL_SCHEDULE_LOCK: &str = "SELECT name, tenant_id, job_type, input, cron, every_ms, anchor, next_fire_at, \
+    last_fired_at, last_run_id, last_error, created_at, updated_at FROM {S}.job_schedule WHERE {T} AND name = $2 \
+    FOR UPDATE";
+const SQL_PARK_SCHEDULE: &str =
+    "UPDATE {S}.job_schedule SET next_fire_at = NULL, last_error = $3 WHERE {T} AND name = $2";
 const SQL_SCHEDULES: &str = "SELECT name, tenant_id, job_type, input, cron, every_ms, anchor, next_fire_at, \
     last_fired_at, last_run_id, last_error, created_at, updated_at FROM {S}.job_schedule WHERE {T} ORDER BY name";
 const SQL_DUE_SCHEDULES: &str =
@@ -1780,7 +1785,16 @@ impl StoreTx for PgTx<'_> {
     }
 
     fn schedule(&self, tenant: TenantRef<'_>, name: &str) -> Option<ScheduleRow> {
-        let rows = self.query(SQL_SCHEDULE, &[&tenant, &name], Self::tenant_null(tenant));
+        let sql = if self.lock {
+            // A writer queues on the schedule's key (two puts of a new
+            // schedule) and reads the row locked, so it sees what a firing
+            // transaction wrote instead of writing a stale next fire back.
+            self.exec(SQL_LOCK, &[&lock_key(b's', tenant, name, "")]);
+            SQL_SCHEDULE_LOCK
+        } else {
+            SQL_SCHEDULE
+        };
+        let rows = self.query(sql, &[&tenant, &name], Self::tenant_null(tenant));
         rows.first().and_then(schedule_from_row)
     }
 
@@ -1828,7 +1842,28 @@ impl StoreTx for PgTx<'_> {
     fn due_schedules(&mut self, now: Millis, limit: usize) -> Vec<ScheduleRow> {
         let limit = limit as i64;
         let rows = self.query(SQL_DUE_SCHEDULES, &[&Ms(now), &limit], None);
-        rows.iter().filter_map(schedule_from_row).collect()
+        let mut out = Vec::with_capacity(rows.len());
+        for r in &rows {
+            match schedule_from_row(r) {
+                Some(s) => out.push(s),
+                None => {
+                    // A row this version cannot read (edited by hand, say):
+                    // stop it firing, and say why, rather than find it due
+                    // on every pass.
+                    let name: Option<&str> = r.try_get(0).ok();
+                    let tenant: Option<&str> = r.try_get(1).ok().flatten();
+                    if let Some(name) = name {
+                        let why = "this schedule's row could not be read (cron, every_ms or input); it no longer fires";
+                        self.query(
+                            SQL_PARK_SCHEDULE,
+                            &[&tenant, &name, &why],
+                            Self::tenant_null(tenant),
+                        );
+                    }
+                }
+            }
+        }
+        out
     }
 
     fn next_schedule_fire(&mut self) -> Option<Millis> {

@@ -64,7 +64,7 @@ export declare class NativeEngine {
   /** `[{pool, status, count}]`, sorted by pool then status. */
   countByPoolAndStatus(tenantGiven: boolean, tenantId?: string | undefined | null): string
   /** The schedule as stored (JSON; times in epoch ms). */
-  putSchedule(tenantGiven: boolean, tenantId: string | undefined | null, name: string, jobType: string, inputJson: string, cron?: string | undefined | null, everyMs?: number | undefined | null): string
+  putSchedule(tenantGiven: boolean, tenantId: string | undefined | null, name: string, jobType: string, inputJson: string, cron?: string | undefined | null, timezone?: string | undefined | null, everyMs?: number | undefined | null): string
   removeSchedule(tenantGiven: boolean, tenantId: string | undefined | null, name: string): boolean
   listSchedules(tenantGiven: boolean, tenantId?: string | undefined | null): string
   /** Runs started for due schedules. */
@@ -178,7 +178,7 @@ export declare class PgEngine {
   cancelForScope(tenantGiven: boolean, tenantId: string | undefined | null, entityType: string, entityId: string, cascade: boolean): Promise<number>
   rescheduleForScope(tenantGiven: boolean, tenantId: string | undefined | null, entityType: string, entityId: string, runAt: number): Promise<number>
   countByPoolAndStatus(tenantGiven: boolean, tenantId?: string | undefined | null): Promise<string>
-  putSchedule(tenantGiven: boolean, tenantId: string | undefined | null, name: string, jobType: string, inputJson: string, cron?: string | undefined | null, everyMs?: number | undefined | null): Promise<string>
+  putSchedule(tenantGiven: boolean, tenantId: string | undefined | null, name: string, jobType: string, inputJson: string, cron?: string | undefined | null, timezone?: string | undefined | null, everyMs?: number | undefined | null): Promise<string>
   removeSchedule(tenantGiven: boolean, tenantId: string | undefined | null, name: string): Promise<boolean>
   listSchedules(tenantGiven: boolean, tenantId?: string | undefined | null): Promise<string>
   fireDueSchedules(): Promise<number>

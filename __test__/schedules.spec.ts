@@ -84,6 +84,40 @@ forBackends('schedule: a cron expression fires on its minutes (UTC); fireDueSche
   t.is(after!.nextRunAt?.getTime(), next + 5 * quarter);
 });
 
+forBackends('schedule: a cron in a time zone fires on its wall clock (default UTC)', async (t, make) => {
+  const o = await make.manual();
+  o.registerHandler('standup', {}, async () => ({}));
+  const t0 = o.now().getTime();
+  const utc = await o.schedule('utc', { jobType: 'standup', cron: '0 9 * * *' });
+  t.is(utc.timezone, 'UTC');
+  t.is(new Date(utc.nextRunAt!).getUTCHours(), 9);
+  // Kathmandu is UTC+05:45 all year: 09:00 there is 03:15 UTC.
+  const ktm = await o.schedule('ktm', { jobType: 'standup', cron: '0 9 * * *', timezone: 'Asia/Kathmandu' });
+  t.is(ktm.timezone, 'Asia/Kathmandu');
+  const next = ktm.nextRunAt!;
+  t.is(next.getUTCHours() * 60 + next.getUTCMinutes(), 3 * 60 + 15);
+  t.true(next.getTime() > t0 && next.getTime() <= t0 + 86_400_000);
+  const listed = await o.listSchedules();
+  t.deepEqual(
+    listed.map((s) => [s.name, s.timezone, s.nextRunAt?.getTime()]),
+    [
+      ['ktm', 'Asia/Kathmandu', next.getTime()],
+      ['utc', 'UTC', utc.nextRunAt!.getTime()],
+    ],
+  );
+  const every = await o.schedule('every', { jobType: 'standup', everyMs: 60_000 });
+  t.is(every.timezone, null);
+  await t.throwsAsync(o.schedule('bad', { jobType: 'standup', cron: '0 9 * * *', timezone: 'Mars/Olympus_Mons' }), {
+    instanceOf: JobInputInvalidError,
+    message: /Mars\/Olympus_Mons/,
+  });
+  await t.throwsAsync(o.schedule('bad', { jobType: 'standup', everyMs: 1_000, timezone: 'UTC' }), { instanceOf: JobInputInvalidError });
+  await t.throwsAsync(o.schedule('bad', { jobType: 'standup', cron: '0 9 * * *', timezone: 5 as unknown as string }), {
+    instanceOf: JobInputInvalidError,
+  });
+  t.is((await o.listSchedules()).length, 3);
+});
+
 forBackends('schedule: re-declaring keeps the phase, unschedule stops it, listSchedules is by name', async (t, make) => {
   const o = await make.manual();
   o.registerHandler('a', {}, async () => ({}));

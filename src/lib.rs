@@ -691,6 +691,7 @@ impl NativeEngine {
         job_type: String,
         input_json: String,
         cron: Option<String>,
+        timezone: Option<String>,
         every_ms: Option<f64>,
     ) -> Result<String> {
         ops::put_schedule(
@@ -701,6 +702,7 @@ impl NativeEngine {
             job_type,
             input_json,
             cron,
+            timezone,
             every_ms,
         )
     }

@@ -349,6 +349,7 @@ pub fn put_schedule<S: Store>(
     job_type: String,
     input_json: String,
     cron: Option<String>,
+    timezone: Option<String>,
     every_ms: Option<f64>,
 ) -> Result<String> {
     let every_ms = match every_ms {
@@ -362,6 +363,7 @@ pub fn put_schedule<S: Store>(
         job_type,
         input: json_value(input_json).map_err(to_napi)?,
         cron,
+        timezone,
         every_ms,
     };
     let row = engine.put_schedule(spec).map_err(to_napi)?;
@@ -408,6 +410,7 @@ fn schedule_json(s: &ScheduleRow) -> String {
         job_type: &'a str,
         input: &'a RawValue,
         cron: Option<&'a str>,
+        timezone: Option<&'static str>,
         every_ms: Option<i64>,
         next_run_at: Option<i64>,
         last_run_at: Option<i64>,
@@ -416,9 +419,9 @@ fn schedule_json(s: &ScheduleRow) -> String {
         created_at: i64,
         updated_at: i64,
     }
-    let (cron, every_ms) = match &s.timing {
-        ScheduleTiming::Cron(c) => (Some(c.expr()), None),
-        ScheduleTiming::Every(ms) => (None, Some(*ms)),
+    let (cron, timezone, every_ms) = match &s.timing {
+        ScheduleTiming::Cron(c, tz) => (Some(c.expr()), Some(tz.name()), None),
+        ScheduleTiming::Every(ms) => (None, None, Some(*ms)),
     };
     let out = Out {
         name: &s.name,
@@ -426,6 +429,7 @@ fn schedule_json(s: &ScheduleRow) -> String {
         job_type: &s.job_type,
         input: &s.input,
         cron,
+        timezone,
         every_ms,
         next_run_at: s.next_fire_at,
         last_run_at: s.last_fired_at,

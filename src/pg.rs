@@ -356,6 +356,7 @@ impl PgEngine {
         job_type: String,
         input_json: String,
         cron: Option<String>,
+        timezone: Option<String>,
         every_ms: Option<f64>,
     ) -> Result<String> {
         on_db!(self, |e| ops::put_schedule(
@@ -366,6 +367,7 @@ impl PgEngine {
             job_type,
             input_json,
             cron,
+            timezone,
             every_ms
         ))
     }

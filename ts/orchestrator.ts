@@ -109,10 +109,16 @@ export interface ScheduleOptions<K extends string = string, TInput = unknown> ex
   /** The input of every run (JSON; left out or null: `{}`). */
   input?: TInput | null | undefined;
   /**
-   * A five-field cron expression (minute hour day-of-month month day-of-week),
-   * in UTC: `'*\/15 * * * *'`, `'0 9 * * MON-FRI'`, `'@daily'`.
+   * A five-field cron expression (minute hour day-of-month month day-of-week):
+   * `'*\/15 * * * *'`, `'0 9 * * MON-FRI'`, `'@daily'`; read in `timezone`.
    */
   cron?: string | undefined;
+  /**
+   * The IANA time zone the cron fields are wall-clock time in
+   * (`'Europe/Berlin'`); default UTC. Across a DST change a skipped time
+   * fires at the end of the gap, a repeated one once.
+   */
+  timezone?: string | undefined;
   /** Or a fixed interval in ms (10 ms to 10 years), counted from when this timing was set. */
   everyMs?: number | undefined;
 }
@@ -1595,14 +1601,15 @@ export class JobOrchestrator<Jobs extends object = AnyJobs> {
     // Crossing into Rust, a lone surrogate becomes U+FFFD: two names would be one.
     if (LONE_SURROGATE.test(name)) throw new JobInputInvalidError('schedule name must not hold a lone surrogate');
     if (typeof opts !== 'object' || opts === null) throw new JobInputInvalidError('schedule options must be an object');
-    const { jobType, cron, everyMs } = opts;
+    const { jobType, cron, everyMs, timezone } = opts;
     if (typeof jobType !== 'string') throw new JobInputInvalidError('schedule jobType must be a string');
     if (cron !== undefined && typeof cron !== 'string') throw new JobInputInvalidError('cron must be a string');
+    if (timezone !== undefined && typeof timezone !== 'string') throw new JobInputInvalidError('timezone must be a string');
     if (everyMs !== undefined && typeof everyMs !== 'number') throw new JobInputInvalidError('everyMs must be a number');
     const payload = opts.input === undefined || opts.input === null ? {} : opts.input;
     const j = toJsonText(payload, 'input');
     if (!j.ok) throw new JobInputInvalidError(j.reason);
-    const args = [tenantGiven(opts), opts.tenantId ?? null, name, jobType, j.text, cron ?? null, everyMs ?? null] as const;
+    const args = [tenantGiven(opts), opts.tenantId ?? null, name, jobType, j.text, cron ?? null, timezone ?? null, everyMs ?? null] as const;
     const json = this.pg ? await db(this.pg.putSchedule(...args)) : call(() => this.native.putSchedule(...args));
     return parseSchedule(JSON.parse(json) as Record<string, unknown>);
   }

@@ -242,8 +242,10 @@ export interface JobSchedule {
   tenantId: string | null;
   jobType: string;
   input: unknown;
-  /** Five-field cron expression, in UTC; null for an interval schedule. */
+  /** Five-field cron expression; null for an interval schedule. */
   cron: string | null;
+  /** The IANA time zone `cron` is read in (`'UTC'` unless one was given); null for an interval schedule. */
+  timezone: string | null;
   /** Interval in ms; null for a cron schedule. */
   everyMs: number | null;
   /** When it fires next; null once a cron expression can never fire again. */

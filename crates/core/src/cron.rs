@@ -1,4 +1,5 @@
-//! Cron expressions (five-field, Vixie-cron style) and next-fire-time calculation, in UTC.
+//! Cron expressions (five-field, Vixie-cron style) and next-fire-time calculation, in UTC or
+//! in an IANA time zone.
 //!
 //! Supported syntax, per field (`minute hour day-of-month month day-of-week`):
 //! `*`, `N`, `A-B`, `*/S`, `A-B/S`, `A/S` (A through the field maximum, step S) and comma
@@ -9,21 +10,64 @@
 //! Day matching follows Vixie cron: when both the day-of-month and the day-of-week field
 //! are restricted (neither starts with `*`), a day matches when either field matches;
 //! otherwise both must match (a field starting with `*`, such as `*/2`, counts as `*`).
+//!
+//! # Time zones
+//!
+//! [`CronSchedule::next_after`] reads the five fields as UTC wall-clock time;
+//! [`CronSchedule::next_after_in`] reads them as wall-clock time in a [`Tz`] (an IANA zone
+//! such as `Europe/Berlin`, see [`parse_time_zone`]). Where the zone's clocks jump, these
+//! rules apply (`next_after` is `next_after_in` with [`Tz::UTC`], which has no jumps):
+//!
+//! - **Gap** (clocks spring forward, e.g. 02:00 -> 03:00): a matching wall-clock time that
+//!   does not exist fires at the first instant after the gap (03:00 local). However many
+//!   matching times fall inside one gap, and whether or not the first time after the gap
+//!   matches too, that instant fires once.
+//! - **Overlap** (clocks fall back, e.g. 03:00 -> 02:00): a matching wall-clock time that
+//!   occurs twice fires once, at its earlier instant; the repeated hour fires nothing.
+//! - Put together: a wall-clock time `M` that matches fires at the first instant at which the
+//!   zone's clock reads `M` or later. Successive results are strictly increasing
+//!   (`next_after_in(t) > t`), so no instant fires twice and nothing goes back.
+//! - Offsets need not be whole hours (`Asia/Kolkata` +05:30, `Asia/Kathmandu` +05:45,
+//!   `Australia/Lord_Howe`, whose DST shift is 30 minutes). A fire time is the instant at which
+//!   the local clock shows a whole minute (or the end of a gap). Every offset in use since
+//!   1972-01-07 is a whole number of minutes, so fire times since then are whole minutes in UTC
+//!   too; only older offsets with seconds (Liberia's -00:44:30 until that day, 19th-century
+//!   local mean times) give fire times with seconds.
+//! - Cost stays bounded as for UTC: a field-wise search on local time plus one zone lookup per
+//!   candidate, never a minute-by-minute scan.
+//!
+//! Zone data comes from `chrono-tz` (compiled in); future dates use the rules it was built
+//! with.
 
 use std::fmt;
 use std::str::FromStr;
 
-use chrono::{DateTime, Datelike, NaiveDate, Timelike};
+use chrono::{
+    DateTime, Datelike, MappedLocalTime, NaiveDate, NaiveDateTime, Offset, TimeDelta, TimeZone,
+    Timelike,
+};
+use chrono_tz::GapInfo;
 use thiserror::Error;
+
+/// An IANA time zone name, parsed (e.g. "Europe/Berlin", "UTC"). Re-exported from `chrono-tz`
+/// so callers need no import of their own; obtain one with [`parse_time_zone`].
+pub use chrono_tz::Tz;
 
 /// Longest accepted expression, in characters (after trimming surrounding whitespace).
 pub const MAX_CRON_EXPR_LEN: usize = 1000;
 
-const MS_PER_MINUTE: i64 = 60_000;
+/// Longest accepted time-zone name, in characters (the longest IANA name has 32).
+pub const MAX_TIME_ZONE_NAME_LEN: usize = 100;
+
 const MAX_YEAR: i32 = 9999;
 /// The Gregorian calendar, weekdays included, repeats every 400 years (146097 days, a whole
 /// number of weeks), so a schedule that does not fire within 400 years never fires.
 const MAX_MONTHS_SCANNED: u32 = 400 * 12 + 1;
+/// How many matching wall-clock minutes `next_after_in` may pass over because they already
+/// occurred before `after` (the repeated part of a fall-back overlap). Real overlaps last at
+/// most 24 hours (the largest in tzdb, Alaska's 1867 date-line change), so this is never reached
+/// with real zone data; it only guarantees termination.
+const MAX_PASSED_CANDIDATES: u32 = 4 * 24 * 60;
 
 /// One of the five fields of a cron expression.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -182,6 +226,43 @@ pub enum CronError {
     },
     #[error("cron expression {expr:?}: {field}: empty item in comma-separated list")]
     EmptyListItem { expr: String, field: CronField },
+    /// Returned by [`parse_time_zone`]. `name` is the name as given (cut to
+    /// [`MAX_TIME_ZONE_NAME_LEN`] characters, followed by `...`, when longer).
+    #[error("time zone {name:?}: unknown (an IANA name such as \"Europe/Berlin\" or \"UTC\")")]
+    UnknownTimeZone { name: String },
+}
+
+/// Parses an IANA time-zone name such as `Europe/Berlin`, `America/New_York` or `UTC`
+/// (surrounding whitespace ignored).
+///
+/// Exact (case-sensitive) IANA names are looked up first; failing that, a name that equals an
+/// IANA name ignoring ASCII case (`europe/berlin`, `utc`) is accepted too and gives that zone.
+/// tzdb never has two names differing only in case, so this is unambiguous. Legacy aliases
+/// that tzdb still ships (`US/Eastern`, `Etc/GMT+5`, `CET`) are accepted. Names longer than
+/// [`MAX_TIME_ZONE_NAME_LEN`] characters, non-ASCII names and unknown names give
+/// [`CronError::UnknownTimeZone`].
+pub fn parse_time_zone(name: &str) -> Result<Tz, CronError> {
+    let unknown = || {
+        let shown: String = name.chars().take(MAX_TIME_ZONE_NAME_LEN).collect();
+        let shown = if shown.len() < name.len() {
+            shown + "..."
+        } else {
+            shown
+        };
+        CronError::UnknownTimeZone { name: shown }
+    };
+    let trimmed = name.trim();
+    if !trimmed.is_ascii() || trimmed.len() > MAX_TIME_ZONE_NAME_LEN || trimmed.is_empty() {
+        return Err(unknown());
+    }
+    if let Ok(tz) = trimmed.parse::<Tz>() {
+        return Ok(tz);
+    }
+    chrono_tz::TZ_VARIANTS
+        .iter()
+        .copied()
+        .find(|tz| tz.name().eq_ignore_ascii_case(trimmed))
+        .ok_or_else(unknown)
 }
 
 /// A field-level problem, turned into a [`CronError`] once the expression and field are known.
@@ -231,7 +312,8 @@ impl FieldProblem {
     }
 }
 
-/// A parsed cron expression: minute hour day-of-month month day-of-week, UTC.
+/// A parsed cron expression: minute hour day-of-month month day-of-week, evaluated in UTC
+/// ([`next_after`](Self::next_after)) or a time zone ([`next_after_in`](Self::next_after_in)).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CronSchedule {
     expr: String,
@@ -304,15 +386,64 @@ impl CronSchedule {
     /// in ms (always a whole minute), or None when the expression can never fire again
     /// (e.g. "0 0 30 2 *") or the next fire is beyond year 9999.
     ///
+    /// The same as [`next_after_in`](Self::next_after_in) with [`Tz::UTC`].
+    ///
     /// Cost: the search jumps field-wise (month, then day, then hour, then minute). It visits
     /// at most `MAX_MONTHS_SCANNED` (~4800, one full 400-year Gregorian cycle) selected
     /// months, doing at most 31 day checks per month; only the first candidate day can fail
     /// at the hour/minute level (at most 24 hour probes, each with an O(1) minute lookup).
     /// So the worst case (an expression that never fires) is O(4800 * 31) cheap steps.
     pub fn next_after(&self, after_ms: i64) -> Option<i64> {
-        let first_minute = after_ms.div_euclid(MS_PER_MINUTE).checked_add(1)?;
-        let start = DateTime::from_timestamp(first_minute.checked_mul(60)?, 0)?.naive_utc();
+        self.next_after_in(after_ms, Tz::UTC)
+    }
 
+    /// The first fire time strictly after `after_ms` (milliseconds since the Unix epoch), the
+    /// five fields read as wall-clock time in `tz`; in ms since the epoch. None when the
+    /// expression can never fire again, when the next matching wall-clock time is beyond year
+    /// 9999, or when `after_ms` is outside the calendar's range.
+    ///
+    /// Daylight-saving rules (see the [module docs](self)):
+    /// - a matching wall-clock time skipped by a spring-forward gap fires at the first instant
+    ///   after the gap (02:30 on a 02:00 -> 03:00 day fires at 03:00 local); all matching times
+    ///   in one gap, and 03:00 itself if it matches, make a single fire at that instant;
+    /// - a matching wall-clock time that occurs twice (fall-back overlap) fires only at its
+    ///   earlier instant;
+    /// - results are strictly increasing: `next_after_in(r, tz) > r` for any result `r`.
+    ///
+    /// The result is the instant the local clock shows a whole minute (or the end of a gap),
+    /// a whole minute in UTC for every zone offset in use since 1972-01-07 (`+05:30` and
+    /// `+05:45` included); only older offsets with seconds give results with seconds.
+    ///
+    /// Cost: the same field-wise search as [`next_after`](Self::next_after), run on local
+    /// time, plus one zone lookup (a binary search over the zone's transitions) per candidate.
+    /// Only candidates in the repeated hour of an overlap that `after_ms` lies in can be
+    /// rejected, so at most one overlap's worth of extra candidates (60 for a one-hour
+    /// DST shift) is ever examined.
+    pub fn next_after_in(&self, after_ms: i64, tz: Tz) -> Option<i64> {
+        let after = after_ms.div_euclid(1000);
+        let after_utc = DateTime::from_timestamp(after, 0)?.naive_utc();
+        let local_now =
+            after_utc.checked_add_offset(tz.offset_from_utc_datetime(&after_utc).fix())?;
+        // Every wall-clock time up to `local_now` was already shown at or before `after`, so
+        // the first candidate is the next whole local minute.
+        let mut from = local_now
+            .with_second(0)?
+            .checked_add_signed(TimeDelta::minutes(1))?;
+        for _ in 0..MAX_PASSED_CANDIDATES {
+            let candidate = self.next_local_match(from)?;
+            let fire = first_instant_showing(tz, candidate)?;
+            if fire > after {
+                return fire.checked_mul(1000);
+            }
+            // Shown before `after` (we are in the repeated part of an overlap): skip it.
+            from = candidate.checked_add_signed(TimeDelta::minutes(1))?;
+        }
+        None
+    }
+
+    /// The first matching wall-clock minute at or after `start` (whose seconds are ignored),
+    /// up to year 9999.
+    fn next_local_match(&self, start: NaiveDateTime) -> Option<NaiveDateTime> {
         let (mut year, mut month) = (start.year(), start.month());
         let (mut day, mut hour, mut minute) = (start.day(), start.hour(), start.minute());
         let first_month = next_set_bit(self.months, 1)?;
@@ -323,11 +454,7 @@ impl CronSchedule {
             }
             if self.months & (1 << month) != 0 {
                 if let Some((d, h, m)) = self.first_in_month(year, month, day, hour, minute) {
-                    let secs = NaiveDate::from_ymd_opt(year, month, d)?
-                        .and_hms_opt(h, m, 0)?
-                        .and_utc()
-                        .timestamp();
-                    return secs.checked_mul(1000);
+                    return NaiveDate::from_ymd_opt(year, month, d)?.and_hms_opt(h, m, 0);
                 }
             }
             // Jump to the first minute of the next selected month.
@@ -406,6 +533,27 @@ impl FromStr for CronSchedule {
 impl fmt::Display for CronSchedule {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(&self.expr)
+    }
+}
+
+/// The first instant (seconds since the epoch) at which the clock of `tz` shows `local` or a
+/// later time: the only instant of an ordinary time, the earlier instant of a time repeated by
+/// a fall-back overlap, and the end of the gap for a time skipped by a spring-forward gap.
+fn first_instant_showing(tz: Tz, local: NaiveDateTime) -> Option<i64> {
+    match tz.from_local_datetime(&local) {
+        MappedLocalTime::Single(t) => Some(t.timestamp()),
+        MappedLocalTime::Ambiguous(a, b) => Some(a.timestamp().min(b.timestamp())),
+        MappedLocalTime::None => {
+            let gap = GapInfo::new(&local, &tz)?;
+            match gap.begin {
+                // The gap starts where the clock, still on the old offset, reaches `begin`;
+                // that instant is the transition, the first one after the gap.
+                Some((begin, offset_before)) => begin
+                    .checked_sub_offset(offset_before.fix())
+                    .map(|t| t.and_utc().timestamp()),
+                None => gap.end.map(|t| t.timestamp()),
+            }
+        }
     }
 }
 
@@ -862,6 +1010,449 @@ mod tests {
         assert!(CronSchedule::parse("0\t0  *  * *").is_ok());
     }
 
+    // ---- time zones ----
+
+    fn zone(name: &str) -> Tz {
+        parse_time_zone(name).unwrap()
+    }
+
+    fn next_in(expr: &str, tz: Tz, after: i64) -> Option<i64> {
+        CronSchedule::parse(expr).unwrap().next_after_in(after, tz)
+    }
+
+    /// The successive fire times in `tz` after `after`, checking they strictly increase.
+    fn fires_in(expr: &str, tz: Tz, after: i64, count: usize) -> Vec<i64> {
+        let schedule = CronSchedule::parse(expr).unwrap();
+        let mut out = Vec::new();
+        let mut t = after;
+        for _ in 0..count {
+            let next = schedule.next_after_in(t, tz).unwrap();
+            assert!(next > t, "{expr} in {tz}: {next} after {t}");
+            out.push(next);
+            t = next;
+        }
+        out
+    }
+
+    /// Fire times given as UTC (y, mo, d, h, mi) tuples.
+    fn utc(times: &[(i32, u32, u32, u32, u32)]) -> Vec<i64> {
+        times
+            .iter()
+            .map(|&(y, mo, d, h, mi)| ms(y, mo, d, h, mi))
+            .collect()
+    }
+
+    #[test]
+    fn berlin_spring_forward_gap_fires_at_end_of_gap() {
+        // 2024-03-31: 02:00 CET -> 03:00 CEST at 01:00Z; 02:30 does not exist that day.
+        let berlin = zone("Europe/Berlin");
+        assert_eq!(
+            fires_in("30 2 * * *", berlin, ms(2024, 3, 29, 12, 0), 4),
+            utc(&[
+                (2024, 3, 30, 1, 30), // 02:30 CET
+                (2024, 3, 31, 1, 0),  // 03:00 CEST, the first instant after the gap
+                (2024, 4, 1, 0, 30),  // 02:30 CEST
+                (2024, 4, 2, 0, 30),
+            ])
+        );
+        let e = "30 2 * * *";
+        assert_eq!(
+            next_in(e, berlin, ms(2024, 3, 31, 0, 59)),
+            Some(ms(2024, 3, 31, 1, 0))
+        );
+        assert_eq!(
+            next_in(e, berlin, ms(2024, 3, 31, 1, 0) - 1),
+            Some(ms(2024, 3, 31, 1, 0))
+        );
+        assert_eq!(
+            next_in(e, berlin, ms(2024, 3, 31, 1, 0)),
+            Some(ms(2024, 4, 1, 0, 30))
+        );
+    }
+
+    #[test]
+    fn berlin_gap_with_several_matches_fires_once() {
+        let berlin = zone("Europe/Berlin");
+        // 02:00, 02:15, 02:30 and 02:45 all fall in the gap: one fire at 03:00 CEST, then
+        // the next day's 02:00 CEST.
+        assert_eq!(
+            fires_in("*/15 2 * * *", berlin, ms(2024, 3, 30, 2, 0), 4),
+            utc(&[
+                (2024, 3, 31, 1, 0),
+                (2024, 4, 1, 0, 0),
+                (2024, 4, 1, 0, 15),
+                (2024, 4, 1, 0, 30),
+            ])
+        );
+        // 03:00 matching as well is still one fire.
+        assert_eq!(
+            fires_in("0,30 2-3 * * *", berlin, ms(2024, 3, 31, 0, 0), 3),
+            utc(&[
+                (2024, 3, 31, 1, 0),
+                (2024, 3, 31, 1, 30),
+                (2024, 4, 1, 0, 0)
+            ])
+        );
+        // Every minute: 01:59 CET, then 03:00 CEST once, then on.
+        assert_eq!(
+            fires_in("* * * * *", berlin, ms(2024, 3, 31, 0, 58), 3),
+            utc(&[
+                (2024, 3, 31, 0, 59),
+                (2024, 3, 31, 1, 0),
+                (2024, 3, 31, 1, 1)
+            ])
+        );
+    }
+
+    #[test]
+    fn berlin_fall_back_overlap_fires_earlier_instant_only() {
+        // 2024-10-27: 03:00 CEST -> 02:00 CET at 01:00Z; 02:30 occurs at 00:30Z and 01:30Z.
+        let berlin = zone("Europe/Berlin");
+        let e = "30 2 * * *";
+        assert_eq!(
+            fires_in(e, berlin, ms(2024, 10, 26, 12, 0), 2),
+            utc(&[(2024, 10, 27, 0, 30), (2024, 10, 28, 1, 30)])
+        );
+        // From inside the repeated hour, or just before the second 02:30: the next day.
+        for after in [
+            ms(2024, 10, 27, 0, 30),
+            ms(2024, 10, 27, 1, 0),
+            ms(2024, 10, 27, 1, 10),
+            ms(2024, 10, 27, 1, 30) - 1,
+            ms(2024, 10, 27, 1, 30),
+        ] {
+            assert_eq!(next_in(e, berlin, after), Some(ms(2024, 10, 28, 1, 30)));
+        }
+        // Every 15 minutes in hour 2: four fires in the first pass, none in the second.
+        assert_eq!(
+            fires_in("*/15 2 * * *", berlin, ms(2024, 10, 26, 23, 0), 5),
+            utc(&[
+                (2024, 10, 27, 0, 0),
+                (2024, 10, 27, 0, 15),
+                (2024, 10, 27, 0, 30),
+                (2024, 10, 27, 0, 45),
+                (2024, 10, 28, 1, 0),
+            ])
+        );
+        // Every minute: 02:59 CEST, then 03:00 CET an hour later.
+        assert_eq!(
+            fires_in("* * * * *", berlin, ms(2024, 10, 27, 0, 58), 2),
+            utc(&[(2024, 10, 27, 0, 59), (2024, 10, 27, 2, 0)])
+        );
+    }
+
+    #[test]
+    fn new_york_weekdays_at_nine_across_dst_changes() {
+        let new_york = zone("America/New_York");
+        let e = "0 9 * * MON-FRI";
+        // 2024-03-10 (Sunday): EST -> EDT.
+        assert_eq!(
+            fires_in(e, new_york, ms(2024, 3, 8, 0, 0), 3),
+            utc(&[
+                (2024, 3, 8, 14, 0),
+                (2024, 3, 11, 13, 0),
+                (2024, 3, 12, 13, 0)
+            ])
+        );
+        // 2024-11-03 (Sunday): EDT -> EST.
+        assert_eq!(
+            fires_in(e, new_york, ms(2024, 11, 1, 0, 0), 2),
+            utc(&[(2024, 11, 1, 13, 0), (2024, 11, 4, 14, 0)])
+        );
+    }
+
+    #[test]
+    fn non_hour_offsets() {
+        assert_eq!(
+            fires_in("0 0 * * *", zone("Asia/Kathmandu"), ms(2024, 5, 1, 0, 0), 2),
+            utc(&[(2024, 5, 1, 18, 15), (2024, 5, 2, 18, 15)])
+        );
+        assert_eq!(
+            next_in("30 9 * * *", zone("Asia/Kolkata"), ms(2024, 5, 1, 0, 0)),
+            Some(ms(2024, 5, 1, 4, 0))
+        );
+        // +05:45 local 00:00 on a Saturday is Friday 18:15Z.
+        assert_eq!(
+            next_in("0 0 * * SAT", zone("Asia/Kathmandu"), ms(2024, 5, 1, 0, 0)),
+            Some(ms(2024, 5, 3, 18, 15))
+        );
+    }
+
+    #[test]
+    fn lord_howe_half_hour_dst() {
+        let lord_howe = zone("Australia/Lord_Howe");
+        // 2024-04-07 02:00 +11:00 -> 01:30 +10:30 at 2024-04-06 15:00Z: 01:30-01:59 repeats.
+        assert_eq!(
+            fires_in("45 1 * * *", lord_howe, ms(2024, 4, 5, 0, 0), 3),
+            utc(&[
+                (2024, 4, 5, 14, 45), // 04-06 01:45 +11:00
+                (2024, 4, 6, 14, 45), // 04-07 01:45 +11:00; not again at 15:15Z (+10:30)
+                (2024, 4, 7, 15, 15), // 04-08 01:45 +10:30
+            ])
+        );
+        // 2024-10-06 02:00 +10:30 -> 02:30 +11:00 at 2024-10-05 15:30Z: 02:15 is skipped.
+        assert_eq!(
+            fires_in("15 2 * * *", lord_howe, ms(2024, 10, 4, 0, 0), 3),
+            utc(&[
+                (2024, 10, 4, 15, 45), // 10-05 02:15 +10:30
+                (2024, 10, 5, 15, 30), // 10-06 02:30 +11:00, the end of the gap
+                (2024, 10, 6, 15, 15), // 10-07 02:15 +11:00
+            ])
+        );
+    }
+
+    #[test]
+    fn samoa_skipped_day_fires_at_its_end() {
+        // Pacific/Apia skipped 2011-12-30 entirely (-10:00 -> +14:00 at 2011-12-30 10:00Z).
+        assert_eq!(
+            fires_in(
+                "0 12 * * *",
+                zone("Pacific/Apia"),
+                ms(2011, 12, 29, 0, 0),
+                3
+            ),
+            utc(&[
+                (2011, 12, 29, 22, 0), // 12-29 12:00 -10:00
+                (2011, 12, 30, 10, 0), // 12-30 12:00 does not exist: 12-31 00:00 +14:00
+                (2011, 12, 30, 22, 0), // 12-31 12:00 +14:00
+            ])
+        );
+    }
+
+    #[test]
+    fn historical_offsets_with_seconds() {
+        // Liberia used -00:44:30 until 1972-01-07 (then UTC): 09:00 local is 09:44:30Z.
+        let monrovia = zone("Africa/Monrovia");
+        let nine = ms(1971, 6, 1, 9, 44) + 30_000;
+        assert_eq!(
+            next_in("0 9 * * *", monrovia, ms(1971, 6, 1, 0, 0)),
+            Some(nine)
+        );
+        assert_eq!(
+            next_in("0 9 * * *", monrovia, nine),
+            Some(nine + 86_400_000)
+        );
+        assert_eq!(
+            next_in("0 9 * * *", monrovia, ms(1972, 6, 1, 0, 0)),
+            Some(ms(1972, 6, 1, 9, 0))
+        );
+    }
+
+    #[test]
+    fn utc_zone_equals_next_after() {
+        let exprs = [
+            "* * * * *",
+            "*/7 3-5 * * *",
+            "30 2 * * *",
+            "0 0 13 * FRI",
+            "0 0 29 2 *",
+            "0 0 30 2 *",
+            "59 23 31 12 *",
+        ];
+        let times = [
+            i64::MIN,
+            i64::MIN + 1,
+            -1,
+            0,
+            ms(1900, 6, 1, 0, 0),
+            ms(2024, 3, 31, 1, 30) + 123,
+            ms(9998, 6, 1, 0, 0),
+            ms(9999, 12, 31, 23, 59),
+            i64::MAX - 1,
+            i64::MAX,
+        ];
+        for expr in exprs {
+            let s = CronSchedule::parse(expr).unwrap();
+            for t in times {
+                assert_eq!(s.next_after_in(t, Tz::UTC), s.next_after(t), "{expr} {t}");
+                assert_eq!(
+                    s.next_after_in(t, zone("Etc/UTC")),
+                    s.next_after(t),
+                    "{expr} {t}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn zones_at_extreme_times() {
+        let zones = [
+            "Europe/Berlin",
+            "Pacific/Kiritimati",
+            "Etc/GMT+12",
+            "Australia/Lord_Howe",
+            "America/Sitka",
+        ];
+        let times = [
+            i64::MIN,
+            i64::MIN + 1,
+            i64::MIN / 2,
+            -8_334_000_000_000_000, // around year -262000, near chrono's lower limit
+            -1,
+            0,
+            ms(9999, 12, 31, 23, 59),
+            8_210_000_000_000_000, // around year 262000, near chrono's upper limit
+            i64::MAX - 1,
+            i64::MAX,
+        ];
+        let started = Instant::now();
+        for name in zones {
+            let tz = zone(name);
+            for expr in ["* * * * *", "0 0 1 1 *", "0 0 30 2 *", "59 23 31 12 *"] {
+                let s = CronSchedule::parse(expr).unwrap();
+                for t in times {
+                    if let Some(g) = s.next_after_in(t, tz) {
+                        assert!(g > t, "{expr} {name} {t}");
+                    }
+                }
+                assert_eq!(s.next_after_in(i64::MAX, tz), None);
+                assert_eq!(s.next_after_in(i64::MIN, tz), None);
+            }
+        }
+        assert!(started.elapsed() < Duration::from_secs(5));
+        // The year limit applies to local time: 9999-01-01 00:00 CET is 9998-12-31 23:00Z.
+        let yearly = CronSchedule::parse("0 0 1 1 *").unwrap();
+        let berlin = zone("Europe/Berlin");
+        assert_eq!(
+            yearly.next_after_in(ms(9998, 6, 1, 0, 0), berlin),
+            Some(ms(9998, 12, 31, 23, 0))
+        );
+        assert_eq!(yearly.next_after_in(ms(9998, 12, 31, 23, 0), berlin), None);
+    }
+
+    #[test]
+    fn sitka_day_long_overlap_is_skipped() {
+        // 1867-10-19 00:31:13Z: Sitka went from +14:58:47 to -09:01:13 (Alaska purchase), so
+        // the clock fell back by a whole day and that day's hours were shown twice.
+        let sitka = zone("America/Sitka");
+        let transition = ms(1867, 10, 19, 0, 31) + 13_000;
+        // Local 15:30 on 10-19 became 15:30 on 10-18 again.
+        let hourly = CronSchedule::parse("0 * * * *").unwrap();
+        let last_before = hourly.next_after_in(transition - 3_600_000, sitka).unwrap();
+        // 10-19 15:00 local is the last fire before the change.
+        assert_eq!(last_before, transition - 1_800_000);
+        // The repeated day fires nothing; next is 10-19 16:00 at -09:01:13, 25 hours later.
+        assert_eq!(
+            hourly.next_after_in(last_before, sitka),
+            Some(last_before + 25 * 3_600_000)
+        );
+        assert_eq!(
+            hourly.next_after_in(transition - 1, sitka),
+            Some(last_before + 25 * 3_600_000)
+        );
+        let started = Instant::now();
+        let every_minute = CronSchedule::parse("* * * * *").unwrap();
+        let next = every_minute.next_after_in(transition, sitka).unwrap();
+        // Every minute up to 10-19 15:29 was shown before; 15:30 comes a day after the change.
+        assert_eq!(next, transition + 24 * 3_600_000);
+        assert!(started.elapsed() < Duration::from_secs(2));
+    }
+
+    #[test]
+    fn parse_time_zone_accepts_iana_names() {
+        assert_eq!(parse_time_zone("Europe/Berlin"), Ok(Tz::Europe__Berlin));
+        assert_eq!(parse_time_zone("UTC"), Ok(Tz::UTC));
+        assert_eq!(
+            parse_time_zone("America/New_York"),
+            Ok(Tz::America__New_York)
+        );
+        assert_eq!(parse_time_zone("Asia/Kathmandu"), Ok(Tz::Asia__Kathmandu));
+        assert_eq!(
+            parse_time_zone("America/Argentina/Buenos_Aires"),
+            Ok(Tz::America__Argentina__Buenos_Aires)
+        );
+        assert_eq!(parse_time_zone("Etc/GMT+5"), Ok(Tz::Etc__GMTPlus5));
+        assert_eq!(parse_time_zone("US/Eastern"), Ok(Tz::US__Eastern));
+        assert_eq!(parse_time_zone(" Europe/Berlin\n"), Ok(Tz::Europe__Berlin));
+        assert_eq!(Tz::Europe__Berlin.name(), "Europe/Berlin");
+    }
+
+    #[test]
+    fn parse_time_zone_ignores_case_as_a_fallback() {
+        assert_eq!(parse_time_zone("europe/berlin"), Ok(Tz::Europe__Berlin));
+        assert_eq!(parse_time_zone("EUROPE/BERLIN"), Ok(Tz::Europe__Berlin));
+        assert_eq!(parse_time_zone("utc"), Ok(Tz::UTC));
+        assert_eq!(
+            parse_time_zone("america/new_york"),
+            Ok(Tz::America__New_York)
+        );
+        assert_eq!(parse_time_zone("etc/gmt-14"), Ok(Tz::Etc__GMTMinus14));
+        // No two IANA names differ only in case, so the fallback is unambiguous.
+        let mut lower: Vec<String> = chrono_tz::TZ_VARIANTS
+            .iter()
+            .map(|tz| tz.name().to_ascii_lowercase())
+            .collect();
+        let total = lower.len();
+        lower.sort();
+        lower.dedup();
+        assert_eq!(lower.len(), total);
+        for tz in chrono_tz::TZ_VARIANTS {
+            assert_eq!(parse_time_zone(&tz.name().to_ascii_uppercase()), Ok(tz));
+        }
+    }
+
+    #[test]
+    fn parse_time_zone_rejects_unknown_names() {
+        let e = parse_time_zone("Mars/Base").unwrap_err();
+        assert_eq!(
+            e,
+            CronError::UnknownTimeZone {
+                name: "Mars/Base".to_string()
+            }
+        );
+        assert_eq!(
+            e.to_string(),
+            "time zone \"Mars/Base\": unknown (an IANA name such as \"Europe/Berlin\" or \"UTC\")"
+        );
+        for bad in [
+            "",
+            "  ",
+            "Europe/Berlinn",
+            "Europe/ Berlin",
+            "Europe/Berlin/",
+            "Berlin",
+            "+05:30",
+            "UTC+1",
+            "Europe\\Berlin",
+            "Europe/Berlin\0",
+        ] {
+            assert!(
+                matches!(parse_time_zone(bad), Err(CronError::UnknownTimeZone { .. })),
+                "{bad:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn parse_time_zone_rejects_non_ascii_and_overlong_names() {
+        assert_eq!(
+            parse_time_zone("Europe/Zürich"),
+            Err(CronError::UnknownTimeZone {
+                name: "Europe/Zürich".to_string()
+            })
+        );
+        assert!(parse_time_zone("Europe/Berlin\u{200b}").is_err());
+        let at_limit = "A".repeat(MAX_TIME_ZONE_NAME_LEN);
+        assert_eq!(
+            parse_time_zone(&at_limit),
+            Err(CronError::UnknownTimeZone {
+                name: at_limit.clone()
+            })
+        );
+        // Over the limit: rejected even if it would otherwise match, and cut in the message.
+        let padded = format!("Europe/Berlin{}", " ".repeat(100));
+        assert!(padded.len() > MAX_TIME_ZONE_NAME_LEN);
+        assert_eq!(parse_time_zone(&padded), Ok(Tz::Europe__Berlin)); // whitespace is trimmed
+        let long = "Europe/".repeat(100);
+        match parse_time_zone(&long) {
+            Err(CronError::UnknownTimeZone { name }) => {
+                assert_eq!(name, format!("{}...", &long[..MAX_TIME_ZONE_NAME_LEN]));
+            }
+            other => panic!("{other:?}"),
+        }
+        let _ = parse_time_zone(&"ü".repeat(10_000));
+    }
+
     // ---- errors: one per kind ----
 
     fn assert_mentions(e: &CronError, words: &[&str]) {
@@ -1236,6 +1827,194 @@ mod tests {
         // 1970-01-01 .. 2200-01-01 in ms.
         const AFTER_MAX: i64 = 7_258_118_400_000;
 
+        // ---- time-zone brute force ----
+
+        const TZ_ZONES: [&str; 6] = [
+            "Europe/Berlin",
+            "America/New_York",
+            "Australia/Lord_Howe",
+            "America/Sao_Paulo",
+            "Asia/Kolkata",
+            "UTC",
+        ];
+        /// How many of `TZ_ZONES` (from the start) have DST transitions.
+        const DST_ZONES: usize = 4;
+        // 2000-01-01 .. 2040-01-01 in ms.
+        const Y2000_MS: i64 = 946_684_800_000;
+        const Y2040_MS: i64 = 2_208_988_800_000;
+        const TZ_BRUTE_MINUTES: i64 = 2 * 366 * 24 * 60;
+
+        /// A field that is just `*`.
+        fn star(field: CronField) -> FieldSpec {
+            FieldSpec {
+                field,
+                items: vec![Item::Star],
+                names: false,
+            }
+        }
+
+        /// Expressions that fire most days, so that fires land on transition days.
+        fn daily_specs() -> impl Strategy<Value = [FieldSpec; 5]> {
+            let mostly_star = |field| prop_oneof![3 => Just(star(field)), 1 => field_spec(field)];
+            (
+                field_spec(CronField::Minute),
+                field_spec(CronField::Hour),
+                mostly_star(CronField::DayOfMonth),
+                mostly_star(CronField::Month),
+                mostly_star(CronField::DayOfWeek),
+            )
+                .prop_map(|(a, b, c, d, e)| [a, b, c, d, e])
+        }
+
+        /// The wall-clock time in `tz` at the UTC instant `secs`, from the zone's UTC offset
+        /// alone (no local-to-UTC conversion).
+        fn wall_clock(tz: Tz, secs: i64) -> chrono::NaiveDateTime {
+            let utc = DateTime::from_timestamp(secs, 0).unwrap().naive_utc();
+            let offset = tz.offset_from_utc_datetime(&utc).fix().local_minus_utc();
+            utc + chrono::TimeDelta::seconds(i64::from(offset))
+        }
+
+        /// Independent brute force for `next_after_in`: walks UTC instants `step` seconds apart
+        /// (60 is exact when every offset and transition is a whole minute) from the first one
+        /// after `after_ms`, for `steps` steps, and returns the first `count` fire times (ms).
+        ///
+        /// With H the latest wall-clock time shown before instant u and L(u) the time shown at
+        /// u, u fires when some matching whole minute lies in (H, L(u)]:
+        /// - ordinary minute: that interval is just L(u);
+        /// - gap (the clock jumped forward): it also holds every skipped minute, so any number
+        ///   of matches in the gap fire once, at the first instant after it;
+        /// - overlap (the clock went back): L(u) <= H, the interval is empty, so a repeated
+        ///   time fires only at its first instance.
+        fn brute_fires(
+            specs: &[FieldSpec; 5],
+            sets: &[Vec<bool>],
+            tz: Tz,
+            after_ms: i64,
+            step: i64,
+            steps: i64,
+            count: usize,
+        ) -> Vec<i64> {
+            let one_minute = chrono::TimeDelta::minutes(1);
+            let first = (after_ms.div_euclid(1000).div_euclid(step) + 1) * step;
+            // H before `first`: no overlap lasts two days.
+            let mut high = (1..=2 * 86_400 / step)
+                .map(|i| wall_clock(tz, first - i * step))
+                .max()
+                .unwrap();
+            let mut out = Vec::new();
+            for i in 0..steps {
+                let u = first + i * step;
+                let shown = wall_clock(tz, u);
+                // Whole minutes in (high, shown].
+                let mut m = high.with_second(0).unwrap() + one_minute;
+                while m <= shown {
+                    if brute_matches(specs, sets, m) {
+                        out.push(u * 1000);
+                        break;
+                    }
+                    m += one_minute;
+                }
+                high = high.max(shown);
+                if out.len() == count {
+                    break;
+                }
+            }
+            out
+        }
+
+        /// Checks up to `count` successive `next_after_in` results against `brute_fires`.
+        fn check_zone(
+            specs: &[FieldSpec; 5],
+            tz: Tz,
+            after: i64,
+            count: usize,
+        ) -> Result<(), TestCaseError> {
+            let expr = specs
+                .iter()
+                .map(FieldSpec::render)
+                .collect::<Vec<_>>()
+                .join(" ");
+            let schedule = CronSchedule::parse(&expr).unwrap();
+            let sets: Vec<Vec<bool>> = specs.iter().map(FieldSpec::values).collect();
+            let want = brute_fires(specs, &sets, tz, after, 60, TZ_BRUTE_MINUTES, count);
+            let horizon = (after.div_euclid(60_000) + 1 + TZ_BRUTE_MINUTES) * 60_000;
+            let mut t = after;
+            for i in 0..count {
+                let got = schedule.next_after_in(t, tz);
+                if let Some(g) = got {
+                    prop_assert!(g > t, "{} in {}: {} after {}", expr, tz, g, t);
+                    prop_assert_eq!(g % 60_000, 0);
+                }
+                match want.get(i) {
+                    Some(&w) => prop_assert_eq!(
+                        got,
+                        Some(w),
+                        "{} in {} after {}, fire {}",
+                        expr,
+                        tz,
+                        after,
+                        i
+                    ),
+                    None => {
+                        if let Some(g) = got {
+                            prop_assert!(g >= horizon, "{} in {} after {}: {}", expr, tz, t, g);
+                        }
+                        break;
+                    }
+                }
+                t = want[i];
+            }
+            Ok(())
+        }
+
+        /// UTC hours (ms) in `year` at which the offset of `tz` differs from an hour before.
+        fn transitions(tz: Tz, year: i32) -> Vec<i64> {
+            let start = ms(year, 1, 1, 0, 0) / 1000;
+            let offset = |secs: i64| {
+                let utc = DateTime::from_timestamp(secs, 0).unwrap().naive_utc();
+                tz.offset_from_utc_datetime(&utc).fix()
+            };
+            (1..366 * 24)
+                .map(|h| start + h * 3600)
+                .filter(|&t| offset(t) != offset(t - 3600))
+                .map(|t| t * 1000)
+                .collect()
+        }
+
+        #[test]
+        fn brute_force_handles_seconds_offsets_and_day_long_changes() {
+            // The brute force itself, stepping by seconds, agrees with the hand-checked
+            // Sitka and Monrovia cases.
+            let hourly = [
+                star(CronField::Minute),
+                star(CronField::Hour),
+                star(CronField::DayOfMonth),
+                star(CronField::Month),
+                star(CronField::DayOfWeek),
+            ];
+            let mut hourly = hourly;
+            hourly[0].items = vec![Item::Value(0)];
+            let sets: Vec<Vec<bool>> = hourly.iter().map(FieldSpec::values).collect();
+            let sitka = parse_time_zone("America/Sitka").unwrap();
+            let after = ms(1867, 10, 18, 23, 40);
+            let want = brute_fires(&hourly, &sets, sitka, after, 1, 2 * 86_400, 3);
+            let schedule = CronSchedule::parse("0 * * * *").unwrap();
+            let mut t = after;
+            for w in want {
+                t = schedule.next_after_in(t, sitka).unwrap();
+                assert_eq!(t, w);
+            }
+            let monrovia = parse_time_zone("Africa/Monrovia").unwrap();
+            let after = ms(1972, 1, 6, 20, 0);
+            let want = brute_fires(&hourly, &sets, monrovia, after, 1, 86_400, 6);
+            assert_eq!(want.len(), 6);
+            let mut t = after;
+            for w in want {
+                t = schedule.next_after_in(t, monrovia).unwrap();
+                assert_eq!(t, w);
+            }
+        }
+
         proptest! {
             #![proptest_config(ProptestConfig::with_cases(256))]
 
@@ -1285,6 +2064,72 @@ mod tests {
                 if let Ok(schedule) = CronSchedule::parse(&s) {
                     prop_assert_eq!(schedule.expr(), s.trim());
                 }
+            }
+
+            #[test]
+            fn next_after_in_matches_brute_force(
+                specs in specs(),
+                zone in 0..TZ_ZONES.len(),
+                after in Y2000_MS..Y2040_MS,
+            ) {
+                let tz = parse_time_zone(TZ_ZONES[zone]).unwrap();
+                check_zone(&specs, tz, after, 3)?;
+            }
+
+            #[test]
+            fn next_after_in_matches_brute_force_near_transitions(
+                specs in daily_specs(),
+                zone in 0..DST_ZONES,
+                year in 2000..2040i32,
+                which in 0..2usize,
+                shift_minutes in prop_oneof![-45..=5i64, -240..=60i64],
+                sub_minute_ms in 0..60_000i64,
+            ) {
+                let tz = parse_time_zone(TZ_ZONES[zone]).unwrap();
+                let changes = transitions(tz, year);
+                let base = if changes.is_empty() {
+                    ms(year, 6, 1, 0, 0) // Sao Paulo has had no DST since 2019.
+                } else {
+                    changes[which % changes.len()]
+                };
+                let after = base + shift_minutes * 60_000 + sub_minute_ms;
+                check_zone(&specs, tz, after, 30)?;
+            }
+
+            #[test]
+            fn next_after_in_never_panics(
+                specs in specs(),
+                zone in prop::sample::select(&[
+                    "Europe/Berlin",
+                    "Australia/Lord_Howe",
+                    "Asia/Kathmandu",
+                    "Pacific/Kiritimati",
+                    "Pacific/Apia",
+                    "Etc/GMT+12",
+                    "America/Sitka",
+                    "Africa/Monrovia",
+                    "UTC",
+                ][..]),
+                after in prop_oneof![any::<i64>(), -5_000_000_000_000i64..5_000_000_000_000],
+            ) {
+                let expr = specs.iter().map(FieldSpec::render).collect::<Vec<_>>().join(" ");
+                let schedule = CronSchedule::parse(&expr).unwrap();
+                let tz = parse_time_zone(zone).unwrap();
+                let mut t = after;
+                for _ in 0..3 {
+                    match schedule.next_after_in(t, tz) {
+                        Some(g) => {
+                            prop_assert!(g > t);
+                            t = g;
+                        }
+                        None => break,
+                    }
+                }
+            }
+
+            #[test]
+            fn parse_time_zone_never_panics(s in any::<String>()) {
+                let _ = parse_time_zone(&s);
             }
 
             #[test]

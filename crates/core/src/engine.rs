@@ -2083,7 +2083,17 @@ impl<S: Store> Engine<S> {
             (Some(c), None) => ScheduleTiming::Cron(
                 c.parse::<crate::cron::CronSchedule>()
                     .map_err(|e| JobError::invalid(e.to_string()))?,
+                match &spec.timezone {
+                    Some(tz) => crate::cron::parse_time_zone(tz)
+                        .map_err(|e| JobError::invalid(e.to_string()))?,
+                    None => crate::cron::Tz::UTC,
+                },
             ),
+            (None, Some(_)) if spec.timezone.is_some() => {
+                return Err(JobError::invalid(
+                    "timezone applies to a cron schedule; an everyMs interval has none",
+                ))
+            }
             (None, Some(ms)) if (MIN_EVERY_MS..=MAX_EVERY_MS).contains(&ms) => {
                 ScheduleTiming::Every(ms)
             }

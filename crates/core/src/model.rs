@@ -651,11 +651,12 @@ fn unreachable_raw() -> Box<RawValue> {
 
 // ── schedules ──────────────────────────────────────────────────────────
 
-/// When a schedule fires: a cron expression (UTC, minute resolution) or a
-/// fixed interval counted from the schedule's anchor.
+/// When a schedule fires: a cron expression read as wall-clock time in a
+/// time zone (UTC by default), or a fixed interval counted from the
+/// schedule's anchor.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ScheduleTiming {
-    Cron(crate::cron::CronSchedule),
+    Cron(crate::cron::CronSchedule, crate::cron::Tz),
     Every(Millis),
 }
 
@@ -665,7 +666,7 @@ impl ScheduleTiming {
     pub fn next_after(&self, after: Millis, anchor: Millis) -> Option<Millis> {
         // Past the largest JS Date there is no fire time a row could show.
         let t = match self {
-            ScheduleTiming::Cron(c) => c.next_after(after),
+            ScheduleTiming::Cron(c, tz) => c.next_after_in(after, *tz),
             ScheduleTiming::Every(every) => {
                 let every = (*every).max(1);
                 // O(1): the number of whole intervals since the anchor.
@@ -712,5 +713,7 @@ pub struct ScheduleSpec {
     /// Validated JSON text of the input (`{}` when absent).
     pub input: Box<RawValue>,
     pub cron: Option<String>,
+    /// IANA name the cron fields are read in (`None`: UTC).
+    pub timezone: Option<String>,
     pub every_ms: Option<i64>,
 }

@@ -482,6 +482,7 @@ fn every_spec(name: &str, tenant: TenantArg, ms: i64) -> ScheduleSpec {
         job_type: "tick".to_owned(),
         input: raw(r#"{"n":1}"#),
         cron: None,
+        timezone: None,
         every_ms: Some(ms),
     }
 }
@@ -735,4 +736,38 @@ fn an_unreadable_schedule_row_is_parked_with_its_reason() {
     assert!(row.get::<_, String>(1).contains("could not be read"));
     let next = e.next_schedule_fire().unwrap().unwrap();
     assert!(next > e.now() + 3_000_000, "only the readable one is due");
+}
+
+#[test]
+fn a_schedule_time_zone_is_stored_and_read_back() {
+    let Some((e, _)) = engine("schedtz") else {
+        return;
+    };
+    e.register(spec("tick")).unwrap();
+    let put = e
+        .put_schedule(ScheduleSpec {
+            cron: Some("0 9 * * MON-FRI".to_owned()),
+            timezone: Some("Asia/Kathmandu".to_owned()),
+            every_ms: None,
+            ..every_spec("standup", TenantArg::Missing, 1)
+        })
+        .unwrap();
+    let stored = &e.list_schedules(&TenantArg::Missing).unwrap()[0];
+    assert_eq!(stored.timing, put.timing);
+    assert_eq!(stored.next_fire_at, put.next_fire_at);
+    // 09:00 at +05:45 is 03:15 UTC.
+    assert_eq!(
+        put.next_fire_at.unwrap() % 86_400_000,
+        (3 * 60 + 15) * 60_000
+    );
+    // Declared again in the same zone: same timing, the next fire is kept.
+    let again = e
+        .put_schedule(ScheduleSpec {
+            cron: Some("0 9 * * MON-FRI".to_owned()),
+            timezone: Some("Asia/Kathmandu".to_owned()),
+            every_ms: None,
+            ..every_spec("standup", TenantArg::Missing, 1)
+        })
+        .unwrap();
+    assert_eq!(again.anchor, put.anchor);
 }

@@ -33,6 +33,7 @@ fn every(name: &str, ms: i64) -> ScheduleSpec {
         job_type: "report".to_owned(),
         input: raw(r#"{"kind":"daily"}"#),
         cron: None,
+        timezone: None,
         every_ms: Some(ms),
     }
 }
@@ -456,4 +457,68 @@ async fn the_worker_fires_a_schedule_on_time_even_with_every_slot_busy() {
         .await
         .unwrap()
         .unwrap();
+}
+
+#[test]
+fn a_cron_in_a_time_zone_follows_its_wall_clock_across_daylight_saving() {
+    let e = engine(false);
+    // 2030-03-30T12:00Z: Berlin springs forward on the 31st (02:00 → 03:00)
+    // and falls back on 2030-10-27 (03:00 → 02:00).
+    e.advance_time(1_901_102_400_000 - e.now());
+    let berlin = |name: &str| ScheduleSpec {
+        timezone: Some("Europe/Berlin".to_owned()),
+        ..cron(name, "30 2 * * *")
+    };
+    let s = e.put_schedule(berlin("nightly")).unwrap();
+    // 02:30 does not exist on the 31st: it fires at the end of the gap, 03:00 CEST.
+    assert_eq!(s.next_fire_at, Some(1_901_149_200_000));
+    e.advance_time(1_901_149_200_000 - e.now());
+    assert_eq!(e.fire_due_schedules().unwrap(), 1);
+    let s = &e.list_schedules(&TenantArg::Missing).unwrap()[0];
+    assert_eq!(
+        s.next_fire_at,
+        Some(1_901_233_800_000),
+        "02:30 CEST the next day"
+    );
+    // In October 02:30 happens twice: it fires once, at the first.
+    e.advance_time(1_919_246_400_000 - e.now());
+    assert_eq!(
+        e.fire_due_schedules().unwrap(),
+        1,
+        "the missed days collapse"
+    );
+    let s = &e.list_schedules(&TenantArg::Missing).unwrap()[0];
+    assert_eq!(s.next_fire_at, Some(1_919_291_400_000));
+    e.advance_time(1_919_291_400_000 - e.now());
+    assert_eq!(e.fire_due_schedules().unwrap(), 1);
+    let s = &e.list_schedules(&TenantArg::Missing).unwrap()[0];
+    assert_eq!(
+        s.next_fire_at,
+        Some(1_919_381_400_000),
+        "not again at 02:30 CET"
+    );
+    // The same expression in another zone is another timing: it starts over.
+    let moved = e
+        .put_schedule(ScheduleSpec {
+            timezone: Some("America/New_York".to_owned()),
+            ..cron("nightly", "30 2 * * *")
+        })
+        .unwrap();
+    assert_ne!(moved.next_fire_at, s.next_fire_at);
+    // A zone that does not exist, or one given to an interval, is refused.
+    let bad = ScheduleSpec {
+        timezone: Some("Mars/Olympus_Mons".to_owned()),
+        ..cron("x", "* * * * *")
+    };
+    let err = e.put_schedule(bad).unwrap_err();
+    assert_eq!(err.code(), "JOB_INPUT_INVALID");
+    assert!(err.to_string().contains("Mars/Olympus_Mons"), "{err}");
+    let interval = ScheduleSpec {
+        timezone: Some("UTC".to_owned()),
+        ..every("y", 1_000)
+    };
+    assert_eq!(
+        e.put_schedule(interval).unwrap_err().code(),
+        "JOB_INPUT_INVALID"
+    );
 }

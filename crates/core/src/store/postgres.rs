@@ -1000,24 +1000,25 @@ const SQL_DELETE_OPEN_STEPS: &str =
     "DELETE FROM {S}.job_step WHERE job_run_id = $1 AND status <> 'completed'";
 /// (Casts: a database made by another system may use `integer` columns.)
 const SQL_SCHEDULE: &str = "SELECT name, tenant_id, job_type, input, cron, every_ms, anchor, next_fire_at, \
-    last_fired_at, last_run_id, last_error, created_at, updated_at FROM {S}.job_schedule WHERE {T} AND name = $2";
+    last_fired_at, last_run_id, last_error, created_at, updated_at, timezone FROM {S}.job_schedule WHERE {T} AND name = $2";
 const SQL_SCHEDULE_LOCK: &str = "SELECT name, tenant_id, job_type, input, cron, every_ms, anchor, next_fire_at, \
-    last_fired_at, last_run_id, last_error, created_at, updated_at FROM {S}.job_schedule WHERE {T} AND name = $2 \
+    last_fired_at, last_run_id, last_error, created_at, updated_at, timezone FROM {S}.job_schedule WHERE {T} AND name = $2 \
     FOR UPDATE";
 const SQL_PARK_SCHEDULE: &str =
     "UPDATE {S}.job_schedule SET next_fire_at = NULL, last_error = $3 WHERE {T} AND name = $2";
 const SQL_SCHEDULES: &str = "SELECT name, tenant_id, job_type, input, cron, every_ms, anchor, next_fire_at, \
-    last_fired_at, last_run_id, last_error, created_at, updated_at FROM {S}.job_schedule WHERE {T} ORDER BY name";
+    last_fired_at, last_run_id, last_error, created_at, updated_at, timezone FROM {S}.job_schedule WHERE {T} ORDER BY name";
 const SQL_DUE_SCHEDULES: &str =
     "SELECT name, tenant_id, job_type, input, cron, every_ms, anchor, next_fire_at, \
-    last_fired_at, last_run_id, last_error, created_at, updated_at FROM {S}.job_schedule \
+    last_fired_at, last_run_id, last_error, created_at, updated_at, timezone FROM {S}.job_schedule \
     WHERE next_fire_at <= $1 ORDER BY next_fire_at LIMIT $2 FOR UPDATE SKIP LOCKED";
 const SQL_NEXT_SCHEDULE: &str = "SELECT min(next_fire_at) FROM {S}.job_schedule";
 const SQL_PUT_SCHEDULE: &str = "INSERT INTO {S}.job_schedule (name, tenant_id, job_type, input, cron, every_ms, \
-    anchor, next_fire_at, last_fired_at, last_run_id, last_error, created_at, updated_at) \
-    VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13) \
+    anchor, next_fire_at, last_fired_at, last_run_id, last_error, created_at, updated_at, timezone) \
+    VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14) \
     ON CONFLICT ((tenant_id IS NULL), coalesce(tenant_id, ''), name) DO UPDATE SET \
     job_type = EXCLUDED.job_type, input = EXCLUDED.input, cron = EXCLUDED.cron, every_ms = EXCLUDED.every_ms, \
+    timezone = EXCLUDED.timezone, \
     anchor = EXCLUDED.anchor, next_fire_at = EXCLUDED.next_fire_at, last_fired_at = EXCLUDED.last_fired_at, \
     last_run_id = EXCLUDED.last_run_id, last_error = EXCLUDED.last_error, updated_at = EXCLUDED.updated_at";
 const SQL_DELETE_SCHEDULE: &str =
@@ -1028,7 +1029,13 @@ fn schedule_from_row(r: &Row) -> Option<ScheduleRow> {
         r.try_get::<_, Option<&str>>(4).ok()?,
         r.try_get::<_, Option<i64>>(5).ok()?,
     ) {
-        (Some(c), None) => ScheduleTiming::Cron(c.parse().ok()?),
+        (Some(c), None) => ScheduleTiming::Cron(
+            c.parse().ok()?,
+            match r.try_get::<_, Option<&str>>(13).ok()? {
+                Some(tz) => crate::cron::parse_time_zone(tz).ok()?,
+                None => crate::cron::Tz::UTC,
+            },
+        ),
         (None, Some(ms)) => ScheduleTiming::Every(ms),
         _ => return None,
     };
@@ -1799,9 +1806,9 @@ impl StoreTx for PgTx<'_> {
     }
 
     fn put_schedule(&mut self, row: ScheduleRow) {
-        let (cron, every) = match &row.timing {
-            ScheduleTiming::Cron(c) => (Some(c.expr().to_owned()), None),
-            ScheduleTiming::Every(ms) => (None, Some(*ms)),
+        let (cron, every, tz) = match &row.timing {
+            ScheduleTiming::Cron(c, tz) => (Some(c.expr().to_owned()), None, Some(tz.name())),
+            ScheduleTiming::Every(ms) => (None, Some(*ms), None),
         };
         let tenant = row.tenant_id.as_deref();
         self.exec(
@@ -1820,6 +1827,7 @@ impl StoreTx for PgTx<'_> {
                 &row.last_error,
                 &Ms(row.created_at),
                 &Ms(row.updated_at),
+                &tz,
             ],
         );
     }

@@ -131,6 +131,8 @@ CREATE TABLE IF NOT EXISTS {S}.job_schedule (
   updated_at    timestamptz NOT NULL DEFAULT now(),
   CHECK ((cron IS NULL) <> (every_ms IS NULL))
 );
+-- The IANA zone a cron expression is read in (null: UTC).
+ALTER TABLE {S}.job_schedule ADD COLUMN IF NOT EXISTS timezone text;
 -- The key: a null tenant is its own value (UNIQUE NULLS NOT DISTINCT needs 15+).
 CREATE UNIQUE INDEX IF NOT EXISTS job_schedule_key_idx
   ON {S}.job_schedule ((tenant_id IS NULL), coalesce(tenant_id, ''), name);

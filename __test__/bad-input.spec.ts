@@ -621,3 +621,26 @@ test('a line break in a job type or pool name is refused where it is given; noth
   const run = await o.start('tab\tcomma,colon:emoji🚀', {});
   t.is((await o.findById(run.id))?.pool, 'p\tq');
 });
+
+test('null meta fields mean "not given", as in the seed (pool, retry, replayFrom, collisionMode, nonRetryableErrors, timeoutMs)', async (t) => {
+  const o = new JobOrchestrator();
+  const metas: [string, unknown][] = [
+    ['pool', { pool: null }],
+    ['retry', { retry: null }],
+    ['replayFrom', { replayFrom: null }],
+    ['collisionMode', { concurrency: { key: '{{a}}', collisionMode: null } }],
+    ['nonRetryableErrors', { retry: { attempts: 2, backoff: 'fixed', baseMs: 0, nonRetryableErrors: null } }],
+    ['timeoutMs', { timeoutMs: null }],
+  ];
+  for (const [what, meta] of metas) {
+    o.registerHandler(`null.${what}`, meta as never, noop);
+    const def = await o.getDefinition(`null.${what}`);
+    t.truthy(def, what);
+    t.is(def!.pool, 'batch', what);
+    t.is(def!.replayFrom, 'last_checkpoint', what);
+    const run = await o.start(`null.${what}`, { a: 'x' });
+    t.is(run.status, 'pending', what);
+  }
+  t.is((await o.getDefinition('null.collisionMode'))!.collisionMode, 'queue');
+  t.is((await o.getDefinition('null.retry'))!.retryPolicy.attempts, 1);
+});

@@ -143,6 +143,7 @@ forBackends('schedule: bad schedules are refused with typed errors and store not
   const o = await make.manual();
   o.registerHandler('a', {}, async () => ({}));
   o.registerHandler('fnkey', { dedupe: { key: (i: { id: string }) => i.id, windowMs: 1_000 } }, async () => ({}));
+  o.registerHandler('scoped', { scope: { entity: 'customer', from: (i: { c: string }) => i.c } }, async () => ({}));
   const cyclic: Record<string, unknown> = {};
   cyclic.self = cyclic;
   const bad: [string, unknown, unknown, (new (...a: never[]) => Error)?][] = [
@@ -166,6 +167,7 @@ forBackends('schedule: bad schedules are refused with typed errors and store not
     ['tenantId a number', 'x', { jobType: 'a', everyMs: 1_000, tenantId: 7 }],
     ['unknown job type', 'x', { jobType: 'nope', everyMs: 1_000 }, JobTypeNotFoundError],
     ['function key', 'x', { jobType: 'fnkey', everyMs: 1_000 }, JobKeyFunctionUnavailableError],
+    ['meta.scope (from() is JS)', 'x', { jobType: 'scoped', everyMs: 1_000, input: { c: 'c1' } }, JobKeyFunctionUnavailableError],
   ];
   const schedule = o.schedule.bind(o) as (name: unknown, opts: unknown) => Promise<unknown>;
   for (const [what, name, opts, cls] of bad) {

@@ -426,7 +426,7 @@ function checkRetryPolicy(p: unknown, what: string): void {
   if (typeof baseMs !== 'number' || !Number.isSafeInteger(baseMs) || baseMs < 0) {
     throw bad(`baseMs must be an integer >= 0, got ${String(baseMs)}`);
   }
-  if (nonRetryableErrors !== undefined && (!Array.isArray(nonRetryableErrors) || nonRetryableErrors.some((e) => typeof e !== 'string'))) {
+  if (nonRetryableErrors !== undefined && nonRetryableErrors !== null && (!Array.isArray(nonRetryableErrors) || nonRetryableErrors.some((e) => typeof e !== 'string'))) {
     throw bad('nonRetryableErrors must be an array of strings');
   }
 }
@@ -1161,7 +1161,7 @@ export class JobOrchestrator<Jobs extends object = AnyJobs> {
       // JSON would turn NaN/Infinity into null, silently switching a feature
       // off; the engine stores whole milliseconds and counts.
       const finite = (v: unknown, what: string, min: number) => {
-        if (v !== undefined && (typeof v !== 'number' || !Number.isSafeInteger(v) || v < min)) {
+        if (v !== undefined && v !== null && (typeof v !== 'number' || !Number.isSafeInteger(v) || v < min)) {
           throw new JobInputInvalidError(`${what} of '${type}' must be an integer >= ${min}, got ${String(v)}`);
         }
       };
@@ -1169,14 +1169,15 @@ export class JobOrchestrator<Jobs extends object = AnyJobs> {
       finite(m.dedupe?.windowMs, 'dedupe.windowMs', 0);
       finite(m.retry?.attempts, 'retry.attempts', 1);
       finite(m.retry?.baseMs, 'retry.baseMs', 0);
-      if (m.retry !== undefined) checkRetryPolicy(m.retry, `retry of '${type}'`);
+      // null is "not given" throughout the meta, as in the seed (`meta.pool ?? 'batch'`).
+      if (m.retry !== undefined && m.retry !== null) checkRetryPolicy(m.retry, `retry of '${type}'`);
       const strings: [unknown, string][] = [
         [m.pool, 'pool'],
         [m.replayFrom, 'replayFrom'],
         [m.concurrency?.collisionMode, 'concurrency.collisionMode'],
       ];
       for (const [v, what] of strings) {
-        if (v !== undefined && typeof v !== 'string') {
+        if (v !== undefined && v !== null && typeof v !== 'string') {
           throw new JobInputInvalidError(`${what} of '${type}' must be a string, got ${typeof v}`);
         }
       }

@@ -2148,6 +2148,13 @@ impl<S: Store> Engine<S> {
                     });
                 }
             }
+            // A scope taken from the input by `meta.scope.from` needs JS too.
+            if def.scope_entity_type.is_some() {
+                return Err(JobError::JobKeyFunctionUnavailable {
+                    job_type: spec.job_type.clone(),
+                    kind: "scope".to_owned(),
+                });
+            }
             // The input never changes: a key it cannot fill would fail every
             // fire, so say so now.
             let templates = [&def.concurrency_key_template, &def.dedupe_key_template];
@@ -2246,12 +2253,18 @@ impl<S: Store> Engine<S> {
     /// `last_error` and the schedule moves on. O(log s) when none is due,
     /// O(log s + log n) per run. Returns how many runs were created.
     pub fn fire_due_schedules(&self) -> Result<usize> {
+        self.fire_due_schedules_then_next().map(|(n, _)| n)
+    }
+
+    /// `fire_due_schedules`, answering also when the next schedule fires
+    /// (read in the same transaction: one round trip when nothing is due).
+    pub fn fire_due_schedules_then_next(&self) -> Result<(usize, Option<Millis>)> {
         let now = self.now();
         let mut fx = Effects::default();
         let mut pools: Vec<Arc<str>> = Vec::new();
         let mut created = 0;
-        loop {
-            let (n, more) = self.write(|tx| {
+        let next = loop {
+            let (n, more, next) = self.write(|tx| {
                 let due = tx.due_schedules(now, SCHEDULE_BATCH);
                 let more = due.len() == SCHEDULE_BATCH;
                 let mut n = 0;
@@ -2292,20 +2305,21 @@ impl<S: Store> Engine<S> {
                     s.updated_at = now;
                     tx.put_schedule(s);
                 }
-                Ok((n, more))
+                let next = if more { None } else { tx.next_schedule_fire() };
+                Ok((n, more, next))
             })?;
             created += n;
             if !more {
-                break;
+                break next;
             }
-        }
+        };
         self.deliver(fx);
         pools.sort();
         pools.dedup();
         for pool in &pools {
             self.wake_worker_for(pool);
         }
-        Ok(created)
+        Ok((created, next))
     }
 
     /// Moves a manual clock. `None` on the system clock.

@@ -106,6 +106,13 @@ fn trouble_began(t: &Mutex<Trouble>, say: impl FnOnce(u64) -> String) -> Option<
     })
 }
 
+/// A store error saying the schedule table does not exist (a schema not
+/// migrated since schedules were added).
+fn is_missing_schedule_table(e: &crate::error::JobError) -> bool {
+    let m = e.to_string();
+    m.contains("job_schedule") && m.contains("does not exist")
+}
+
 /// Ends a trouble of `t`: how long it lasted (ms), if there was one.
 fn trouble_ended(t: &Mutex<Trouble>) -> Option<u128> {
     let mut t = t.lock().ok()?;
@@ -455,14 +462,14 @@ impl PgWorker {
         let changed = self.engine.schedules_changed();
         let poll = Duration::from_millis(self.poll_ms as u64);
         let mut failures: u32 = 0;
+        let mut missing_table_told = false;
         loop {
             if self.is_stopping() {
                 return;
             }
             let engine = self.engine.clone();
             let r = tokio::task::spawn_blocking(move || {
-                engine.fire_due_schedules()?;
-                engine.next_schedule_fire()
+                engine.fire_due_schedules_then_next().map(|(_, next)| next)
             })
             .await;
             let wait = match r {
@@ -481,6 +488,25 @@ impl PgWorker {
                         Some(t) => poll.min(Duration::from_millis((t - now) as u64)),
                         None => poll,
                     }
+                }
+                Ok(Err(e)) if is_missing_schedule_table(&e) => {
+                    // A database migrated before schedules existed: nothing
+                    // to fire until `migrate()` adds the table. Say so once,
+                    // then keep looking, backing off, without repeating it.
+                    let first = trouble_began(&self.schedule_trouble, |_| String::new());
+                    if first.is_some() && !missing_table_told {
+                        missing_table_told = true;
+                        self.notify(
+                            "the worker fires no schedules: this database has no job_schedule table yet (run migrate())"
+                                .to_owned(),
+                        );
+                    }
+                    failures += 1;
+                    backoff(
+                        Duration::from_millis(500),
+                        Duration::from_secs(10),
+                        failures - 1,
+                    )
                 }
                 Ok(Err(e)) => {
                     let notice = trouble_began(&self.schedule_trouble, |secs| {

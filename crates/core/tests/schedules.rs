@@ -211,6 +211,20 @@ fn bad_schedules_are_refused_with_typed_errors_and_store_nothing() {
         ..every("c", 1_000)
     };
     assert_eq!(code(function_key), "JOB_KEY_FUNCTION_UNAVAILABLE");
+    // A scope taken from the input by a JS function cannot be evaluated either.
+    e.register(DefinitionSpec {
+        job_type: "scoped".to_owned(),
+        scope_entity_type: Some("customer".to_owned()),
+        ..DefinitionSpec::default()
+    })
+    .unwrap();
+    let scoped = ScheduleSpec {
+        job_type: "scoped".to_owned(),
+        ..every("c", 1_000)
+    };
+    let err = e.put_schedule(scoped).unwrap_err();
+    assert_eq!(err.code(), "JOB_KEY_FUNCTION_UNAVAILABLE");
+    assert!(err.to_string().contains("scope"), "{err}");
     let never = e
         .put_schedule(cron("c", "0 0 30 2 *"))
         .unwrap_err()

@@ -2125,12 +2125,12 @@ impl<S: Store> Engine<S> {
             )));
         }
         let now = self.now();
-        if timing.next_after(now, now).is_none() {
+        let Some(first) = timing.next_after(now, now) else {
             return Err(JobError::invalid(match &spec.cron {
                 Some(c) => format!("cron expression \"{c}\" never fires"),
                 None => "everyMs: the next fire time is past the largest date".to_owned(),
             }));
-        }
+        };
         let row = self.store.transaction(|tx| {
             let def = tx
                 .definition(&spec.job_type)
@@ -2179,11 +2179,11 @@ impl<S: Store> Engine<S> {
                 ),
                 Some(o) => (
                     now,
-                    timing.next_after(now, now),
+                    Some(first),
                     o.created_at,
                     (o.last_fired_at, o.last_run_id, o.last_error),
                 ),
-                None => (now, timing.next_after(now, now), now, (None, None, None)),
+                None => (now, Some(first), now, (None, None, None)),
             };
             let row = ScheduleRow {
                 name: name.to_owned(),

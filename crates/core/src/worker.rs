@@ -169,8 +169,13 @@ impl<S: Store> Worker<S> {
         let schedules = self.engine.schedules_changed();
         let clock = self.engine.clock().clone();
         while !self.is_stopping() {
-            // Due schedules become runs first, so this pass can claim them.
-            let _ = self.engine.fire_due_schedules();
+            // Due schedules become runs first, so this pass can claim them;
+            // the next fire comes with it (a change after this wakes us).
+            let fire_at = self
+                .engine
+                .fire_due_schedules_then_next()
+                .ok()
+                .and_then(|(_, next)| next);
             // Announce hunger before looking, so a start racing this check
             // leaves a wake-up permit instead of being missed.
             self.engine.set_hungry_pools(
@@ -203,7 +208,6 @@ impl<S: Store> Worker<S> {
                 None
             };
             // A schedule fires on time even while every slot is busy.
-            let fire_at = self.engine.next_schedule_fire().ok().flatten();
             let wake_at = match (due_at, fire_at) {
                 (Some(a), Some(b)) => Some(a.min(b)),
                 (a, b) => a.or(b),

@@ -1590,10 +1590,12 @@ export class JobOrchestrator<Jobs extends object = AnyJobs> {
    *
    * Replacing a schedule with the same timing keeps its next fire, so
    * declaring schedules at every boot is safe. Rejects with
-   * `JobInputInvalidError` (bad name, cron expression or interval, input
-   * not JSON), `JobTypeNotFoundError`, `JobKeyFunctionUnavailableError`
-   * (a function key needs the registering process) or
-   * `MissingTenantIdError`; nothing is stored then.
+   * `JobInputInvalidError` (bad name, cron expression, time zone or
+   * interval, input not JSON), `JobTypeNotFoundError`,
+   * `JobKeyFunctionUnavailableError` (a function key or `meta.scope` needs
+   * the registering process), `JobTemplateFieldMissingError` (a template
+   * key the input cannot fill) or `MissingTenantIdError`; nothing is
+   * stored then.
    */
   schedule<K extends JobTypeName<Jobs>>(name: string, opts: TypedScheduleOptions<Jobs, K>): Promise<JobSchedule>;
   async schedule(name: string, opts: ScheduleOptions): Promise<JobSchedule> {

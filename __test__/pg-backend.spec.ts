@@ -32,6 +32,28 @@ async function pair(
   return [a, b];
 }
 
+/** A client of its own on the test server (closed at teardown), to change tables behind jobforge's back. */
+async function adminClient(t: ExecutionContext): Promise<import('pg').Client> {
+  // eslint-disable-next-line @typescript-eslint/no-require-imports
+  const { Client } = require('pg') as typeof import('pg');
+  const admin = new Client({ connectionString: PG_URL });
+  await admin.connect();
+  t.teardown(() => admin.end());
+  return admin;
+}
+
+/** Collects what is written to console.error (the orchestrator's default logger) until `restore()` or teardown. */
+function captureConsoleError(t: ExecutionContext): { logged: string[]; restore: () => void } {
+  const logged: string[] = [];
+  const consoleError = console.error;
+  console.error = (...a: unknown[]) => void logged.push(a.map(String).join(' '));
+  const restore = () => {
+    console.error = consoleError;
+  };
+  t.teardown(restore);
+  return { logged, restore };
+}
+
 async function until<T>(what: string, f: () => Promise<T | null | undefined | false>, ms = 10_000): Promise<T> {
   const deadline = Date.now() + ms;
   for (;;) {
@@ -144,11 +166,7 @@ postgresOnly('connections the server ends (restart, failover, pg_terminate_backe
   const first = await Promise.all([0, 1, 2, 3, 4, 5].map((n) => o.start('job', { n })));
   t.is(first.length, 6);
 
-  // eslint-disable-next-line @typescript-eslint/no-require-imports
-  const { Client } = require('pg') as typeof import('pg');
-  const admin = new Client({ connectionString: PG_URL });
-  await admin.connect();
-  t.teardown(() => admin.end());
+  const admin = await adminClient(t);
   const pids = (await admin.query<{ pid: number }>('SELECT pid FROM pg_stat_activity WHERE application_name = $1', [app])).rows.map((r) => r.pid);
   t.true(pids.length >= 2, `the pool holds ${pids.length} connections named ${app}`);
   await admin.query('SELECT pg_terminate_backend(pid) FROM unnest($1::int[]) AS pid', [pids]);
@@ -212,11 +230,7 @@ for (const backAfterMs of [300, null]) {
     const worker = o.startWorker({ pools: { batch: { concurrency: 2 } }, shutdownTimeoutMs: 500 });
     await until('both handlers to start', async () => started === 2);
 
-    // eslint-disable-next-line @typescript-eslint/no-require-imports
-    const { Client } = require('pg') as typeof import('pg');
-    const admin = new Client({ connectionString: PG_URL });
-    await admin.connect();
-    t.teardown(() => admin.end());
+    const admin = await adminClient(t);
     // From now on no outcome can be stored (as with the database down).
     await admin.query(`ALTER TABLE ${table} RENAME TO job_run_away`);
     const logged: string[] = [];
@@ -260,11 +274,7 @@ postgresOnly('waitForRun keeps its timeout while the database does not answer it
   await o.migrate();
   o.registerHandler('w', {}, async () => undefined);
   const run = await o.start('w', {});
-  // eslint-disable-next-line @typescript-eslint/no-require-imports
-  const { Client } = require('pg') as typeof import('pg');
-  const admin = new Client({ connectionString: PG_URL });
-  await admin.connect();
-  t.teardown(() => admin.end());
+  const admin = await adminClient(t);
   // Every read of job_run now waits for this lock, as for a server that stopped answering.
   await admin.query('BEGIN');
   await admin.query(`LOCK TABLE "${opts.postgres?.schema}".job_run IN ACCESS EXCLUSIVE MODE`);
@@ -288,15 +298,8 @@ postgresOnly('a worker that cannot reach its tables says so once (not per attemp
   const worker = o.startWorker({ pools: { batch: { concurrency: 2 } } });
   t.teardown(() => worker.stop());
   await o.waitForRun((await o.start('n', {})).id, { timeoutMs: 5000 });
-  const logged: string[] = [];
-  const consoleError = console.error;
-  console.error = (...a: unknown[]) => void logged.push(a.map(String).join(' '));
-  t.teardown(() => (console.error = consoleError));
-  // eslint-disable-next-line @typescript-eslint/no-require-imports
-  const { Client } = require('pg') as typeof import('pg');
-  const admin = new Client({ connectionString: PG_URL });
-  await admin.connect();
-  t.teardown(() => admin.end());
+  const { logged, restore } = captureConsoleError(t);
+  const admin = await adminClient(t);
   await admin.query(`ALTER TABLE "${schema}".job_run RENAME TO job_run_away`);
   // The sweeper runs every lease/3 = 200 ms: several failures in this second.
   await sleep(1000);
@@ -305,7 +308,7 @@ postgresOnly('a worker that cannot reach its tables says so once (not per attemp
   t.regex(failing[0], /job_run/);
   await admin.query(`ALTER TABLE "${schema}".job_run_away RENAME TO job_run`);
   await until('the recovery notice', async () => logged.some((l) => l.includes('succeed again')));
-  console.error = consoleError;
+  restore();
   // And it works: a new run completes.
   t.is((await o.waitForRun((await o.start('n', {})).id, { timeoutMs: 5000 })).status, 'completed');
 });
@@ -319,15 +322,8 @@ postgresOnly('a missing schedule table (a database not migrated since schedules)
   o.registerHandler('n', {}, async () => undefined);
   const worker = o.startWorker({ pools: { batch: { concurrency: 2 } } });
   t.teardown(() => worker.stop());
-  const logged: string[] = [];
-  const consoleError = console.error;
-  console.error = (...a: unknown[]) => void logged.push(a.map(String).join(' '));
-  t.teardown(() => (console.error = consoleError));
-  // eslint-disable-next-line @typescript-eslint/no-require-imports
-  const { Client } = require('pg') as typeof import('pg');
-  const admin = new Client({ connectionString: PG_URL });
-  await admin.connect();
-  t.teardown(() => admin.end());
+  const { logged, restore } = captureConsoleError(t);
+  const admin = await adminClient(t);
   // A database migrated by a jobforge without schedules, say.
   await admin.query(`ALTER TABLE "${schema}".job_schedule RENAME TO job_schedule_away`);
   await sleep(1000);
@@ -339,7 +335,7 @@ postgresOnly('a missing schedule table (a database not migrated since schedules)
   t.is((await o.waitForRun((await o.start('n', {})).id, { timeoutMs: 5000 })).status, 'completed');
   await admin.query(`ALTER TABLE "${schema}".job_schedule_away RENAME TO job_schedule`);
   await until('the recovery notice', async () => logged.some((l) => l.includes('fires schedules again')), 15_000);
-  console.error = consoleError;
+  restore();
   const t0 = Date.now();
   await o.schedule('after', { jobType: 'n', everyMs: 50 });
   const ran = await until('a scheduled run', async () => (await o.listJobRuns({})).rows.find((r) => r.triggerRef === 'after'));
@@ -500,11 +496,7 @@ postgresOnly('a run finishes when its handler did, not when its outcome could be
   const run = await o.start('held', {});
   await until('the run to start', async () => (await o.findById(run.id))?.status === 'running');
   // The table is away for ~800 ms: storing the outcome fails and is retried.
-  // eslint-disable-next-line @typescript-eslint/no-require-imports
-  const { Client } = require('pg') as typeof import('pg');
-  const admin = new Client({ connectionString: PG_URL });
-  await admin.connect();
-  t.teardown(() => admin.end());
+  const admin = await adminClient(t);
   const schema = opts.postgres!.schema;
   await admin.query(`ALTER TABLE ${schema}.job_run RENAME TO job_run_away`);
   release();

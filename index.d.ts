@@ -9,96 +9,65 @@
  */
 export declare const __napiBindingTarget: 'native' | 'wasm32-wasi' | 'wasm32-wasip1'
 
-/** The engine over the in-memory store. Rows cross as JSON text. */
 export declare class NativeEngine {
-  constructor(options: NativeOptions, dispatch: (payload: string) => Promise<string>, onAbort: () => void)
+  /** Creates the engine; a networked store connects on first use. */
+  constructor(options: NativeOptions, onNotice: (nothing: string) => void)
   /**
-   * Registers definitions from a JSON array of specs, all or none;
-   * returns the definition rows as a JSON array.
+   * Runs operation `op` (its position in `opNames()`) on the JS thread:
+   * only for a store that does no I/O.
    */
-  register(specsJson: string): string
-  definition(jobType: string): string | null
+  callSync(op: number, request: string): string
   /**
-   * `start`: `input_json` is the validated input; `opts_json` the start
-   * options (with any function-evaluated keys). Returns the row JSON.
+   * Runs operation `op` on a blocking thread (the JS thread never waits
+   * on the store).
    */
-  start(jobType: string, inputJson: string, optsJson?: string | undefined | null): string
-  /** Checks the tenant gate and job type only (see `Engine::start_preflight`). */
-  startPreflight(jobType: string, tenantGiven: boolean, tenantId: string | undefined | null, hasParent: boolean): void
-  cancel(runId: string, cascade: boolean, tenantGiven: boolean, tenantId?: string | undefined | null): void
-  claimNext(pool: string): string | null
+  call(op: number, request: string): Promise<string>
   /**
-   * Starts the attempt of a claimed run: `{"run","epoch","timeoutMs"}`.
-   * With `finish_attempt` this is the synchronous path `tick` uses from
-   * JS: the handler runs on the JS thread with no thread hop.
+   * Checks and builds definitions from specs without storing them (a
+   * networked store's are written later with `register`): the rows, or
+   * the first error.
    */
-  beginAttempt(runId: string): string
-  /**
-   * Applies an attempt's outcome JSON (`completed` / `failed` /
-   * `timed_out` / `no_handler`). Returns whether it was applied (false
-   * when the run was canceled or replayed meanwhile).
-   */
-  finishAttempt(runId: string, epoch: number, outcomeJson: string): boolean
-  /**
-   * Executes one claimed run with the handler called through the
-   * threadsafe dispatch function, from the engine's async runtime (the
-   * path a Rust-driven scheduler uses).
-   */
-  tick(runId: string): Promise<void>
-  /** `ctx.step` begin: `{"memoized":true,"output":…}` or `{"attempt":n}`. */
-  stepBegin(runId: string, epoch: number, stepId: string): string
-  stepComplete(runId: string, epoch: number, stepId: string, outputJson?: string | undefined | null): void
-  /** Records a step failure; returns the backoff before a retry, if any. */
-  stepFail(runId: string, epoch: number, stepId: string, failureJson: string, policyJson?: string | undefined | null): number | null
-  replay(runId: string): string
-  findById(runId: string, tenantGiven: boolean, tenantId?: string | undefined | null): string | null
-  /** Steps of a run as a JSON array, in seq order. */
-  listSteps(runId: string, tenantGiven: boolean, tenantId?: string | undefined | null): string
-  /**
-   * Runs of a scope as a JSON array. `query_json`: `{status?, jobType?,
-   * limit?, offset?, orderBy?}`.
-   */
-  listForScope(tenantGiven: boolean, tenantId: string | undefined | null, entityType: string, entityId: string, queryJson: string): string
-  cancelForScope(tenantGiven: boolean, tenantId: string | undefined | null, entityType: string, entityId: string, cascade: boolean): number
-  rescheduleForScope(tenantGiven: boolean, tenantId: string | undefined | null, entityType: string, entityId: string, runAt: number): number
-  /** `[{pool, status, count}]`, sorted by pool then status. */
-  countByPoolAndStatus(tenantGiven: boolean, tenantId?: string | undefined | null): string
-  /** The schedule as stored (JSON; times in epoch ms). */
-  putSchedule(tenantGiven: boolean, tenantId: string | undefined | null, name: string, jobType: string, inputJson: string, cron?: string | undefined | null, timezone?: string | undefined | null, everyMs?: number | undefined | null): string
-  removeSchedule(tenantGiven: boolean, tenantId: string | undefined | null, name: string): boolean
-  listSchedules(tenantGiven: boolean, tenantId?: string | undefined | null): string
-  /** Runs started for due schedules. */
-  fireDueSchedules(): number
-  listRecentFailed(tenantGiven: boolean, tenantId?: string | undefined | null, limit?: number | undefined | null): string
-  /** `{"rows": [...], "nextCursor": string | null}`. */
-  listJobRuns(tenantGiven: boolean, tenantId: string | undefined | null, queryJson: string): string
-  /** `{run, children: [...]}` nested, or null. */
-  getRunTree(tenantGiven: boolean, tenantId: string | undefined | null, rootRunId: string): string | null
-  findStep(tenantGiven: boolean, tenantId: string | undefined | null, runId: string, stepId: string): string | null
-  recordStep(tenantGiven: boolean, tenantId: string | undefined | null, recordJson: string): string
-  /**
-   * Drains queued notices: `{"aborts":[{"runId","epoch"?,"reason"}],"events":[row…]}`,
-   * or null when there are none.
-   */
+  validateDefinitions(specs: string): string
+  /** Drains queued notices (`wire::notices_text`), or null when none. */
   takeNotices(): string | null
   /** Turns transition events for every run on or off. */
   setEvents(enabled: boolean): void
   /** Watches (or stops watching) one run's transitions, for `waitForRun`. */
   watchRun(runId: string, on: boolean): void
+  /** Engine time in epoch ms. */
+  now(): number
+  /** Moves a manual clock; returns the new time, or null on the system clock. */
+  advanceTime(ms: number): number | null
   /**
-   * Starts the scheduler for `pools_json` (`[{"name","concurrency"}]`);
-   * claimed batches reach `on_batch` as a JSON array of tickets.
+   * `count` (at most 4096) fresh run ids (UUID v4), concatenated: JS
+   * hands them out to starts it answers itself.
    */
-  startWorker(poolsJson: string, onBatch: (tickets: string) => void): void
+  newRunIds(count: number): string
+  /** Lets idle connections go; a networked store reopens on demand. */
+  close(): void
   /**
-   * Records the outcomes of several worker attempts in one call and
-   * claims into the slots they free (see `Worker::report`). `report`:
-   * one attempt per line, `<id><epoch>,<pool index>,<outcome JSON>`,
-   * where the pool index is the pool's position in `start_worker`'s list,
-   * an empty outcome means the attempt ended without one (canceled or
-   * released) and `.` a completion with no output; outcome JSON never
-   * holds a raw newline. `starts`: as
-   * `start_batch`, created first so the freed slots can claim them.
+   * Creates runs JS has already answered `start` for, one per line
+   * (`wire::parse_start_line`). `fed`: claim into the worker's free slots
+   * in the same call. Answers one line per ticket claimed, and
+   * `!<line index> <message>` for each run that could not be created.
+   */
+  startBatch(batch: string, fed: boolean): string
+  /**
+   * The row of a run a worker ticket handed out, for `ctx.run` (no
+   * tenant gate: the handler already holds the run). Null once purged.
+   */
+  claimedRun(runId: string): string | null
+  /**
+   * Starts the worker for `pools` (`[{"name","concurrency"}]`); claimed
+   * attempts reach `onBatch` as tickets, one per line.
+   */
+  startWorker(pools: string, onBatch: (tickets: string) => void): void
+  /**
+   * Records the outcomes of worker attempts (`report`: one per line,
+   * `wire::parse_report_line`). In memory the outcomes are applied in
+   * this call, which claims into the slots they free; `starts` (as
+   * `startBatch`) are created first so the freed slots can claim them.
+   * A networked store queues them for the worker's next transaction.
    * Answers `'0'|'1'` (notices pending), then one line per new ticket,
    * `!<line> <message>` per refused start and `?<message>` per outcome
    * that could not be recorded.
@@ -109,122 +78,18 @@ export declare class NativeEngine {
    * start): tickets one per line, or an empty string.
    */
   workerFill(): string
-  /**
-   * `count` (at most 4096) fresh run ids (UUID v4), concatenated: JS
-   * hands them out to buffered starts.
-   */
-  newRunIds(count: number): string
-  /**
-   * The row of a run a worker ticket handed out, for `ctx.run` (no
-   * tenant gate: the handler already holds the run). `None` once purged.
-   */
-  claimedRun(runId: string): string | null
-  /**
-   * Creates runs JS has already answered `start` for (see
-   * `Engine::start_plain_batch`). `batch`: one run per line,
-   * `<id><createdAt ms>,<type byte length>:<type><input JSON>` (input
-   * JSON text never holds a raw newline). `fed`: claim into the worker's
-   * free slots in the same call. Answers one line per ticket claimed, and
-   * `!<line index> <message>` for each run that could not be created.
-   */
-  startBatch(batch: string, fed: boolean): string
   /** Stops claiming; in-flight attempts go on. Returns how many are in flight. */
   workerStop(): number
-  /** Attempts the worker holds right now. */
-  workerInFlight(): number
   /**
-   * Whether an attempt is still the run's current one (not canceled,
-   * timed out or released since it was claimed).
-   */
-  attemptLive(runId: string, epoch: number): boolean
-  /** Puts an interrupted attempt's run back to pending (shutdown). */
-  releaseAttempt(runId: string, epoch: number): boolean
-  /** Engine time in epoch ms. */
-  now(): number
-  /** Moves a manual clock; returns the new time, or null on the system clock. */
-  advanceTime(ms: number): number | null
-  /**
-   * Resolves after `ms` of engine time (a manual clock waits for
-   * `advanceTime`).
-   */
-  sleep(ms: number): Promise<void>
-  clockKind(): string
-}
-
-export declare class PgEngine {
-  /** Creates the engine; connections open on first use. */
-  constructor(options: PgNativeOptions, onAbort: () => void)
-  /** Creates or upgrades the schema (idempotent, safe concurrently). */
-  migrate(): Promise<void>
-  /** Job types stored in the `job` table (for `upsertJobRows`' orphans). */
-  storedJobTypes(): Promise<Array<string>>
-  /** Closes idle connections; the pool reopens on demand. */
-  close(): void
-  register(specsJson: string): Promise<string>
-  definition(jobType: string): Promise<string | null>
-  start(jobType: string, inputJson: string, optsJson?: string | undefined | null): Promise<string>
-  startPreflight(jobType: string, tenantGiven: boolean, tenantId: string | undefined | null, hasParent: boolean): Promise<void>
-  cancel(runId: string, cascade: boolean, tenantGiven: boolean, tenantId?: string | undefined | null): Promise<void>
-  claimNext(pool: string): Promise<string | null>
-  beginAttempt(runId: string): Promise<string>
-  finishAttempt(runId: string, epoch: number, outcomeJson: string): Promise<boolean>
-  stepBegin(runId: string, epoch: number, stepId: string): Promise<string>
-  stepComplete(runId: string, epoch: number, stepId: string, outputJson?: string | undefined | null): Promise<void>
-  stepFail(runId: string, epoch: number, stepId: string, failureJson: string, policyJson?: string | undefined | null): Promise<number | null>
-  replay(runId: string): Promise<string>
-  findById(runId: string, tenantGiven: boolean, tenantId?: string | undefined | null): Promise<string | null>
-  listSteps(runId: string, tenantGiven: boolean, tenantId?: string | undefined | null): Promise<string>
-  listForScope(tenantGiven: boolean, tenantId: string | undefined | null, entityType: string, entityId: string, queryJson: string): Promise<string>
-  cancelForScope(tenantGiven: boolean, tenantId: string | undefined | null, entityType: string, entityId: string, cascade: boolean): Promise<number>
-  rescheduleForScope(tenantGiven: boolean, tenantId: string | undefined | null, entityType: string, entityId: string, runAt: number): Promise<number>
-  countByPoolAndStatus(tenantGiven: boolean, tenantId?: string | undefined | null): Promise<string>
-  putSchedule(tenantGiven: boolean, tenantId: string | undefined | null, name: string, jobType: string, inputJson: string, cron?: string | undefined | null, timezone?: string | undefined | null, everyMs?: number | undefined | null): Promise<string>
-  removeSchedule(tenantGiven: boolean, tenantId: string | undefined | null, name: string): Promise<boolean>
-  listSchedules(tenantGiven: boolean, tenantId?: string | undefined | null): Promise<string>
-  fireDueSchedules(): Promise<number>
-  listRecentFailed(tenantGiven: boolean, tenantId?: string | undefined | null, limit?: number | undefined | null): Promise<string>
-  listJobRuns(tenantGiven: boolean, tenantId: string | undefined | null, queryJson: string): Promise<string>
-  getRunTree(tenantGiven: boolean, tenantId: string | undefined | null, rootRunId: string): Promise<string | null>
-  findStep(tenantGiven: boolean, tenantId: string | undefined | null, runId: string, stepId: string): Promise<string | null>
-  recordStep(tenantGiven: boolean, tenantId: string | undefined | null, recordJson: string): Promise<string>
-  /** Puts an interrupted attempt's run back to pending. */
-  releaseAttempt(runId: string, epoch: number): Promise<boolean>
-  /** Whether an attempt is still the run's current one. */
-  attemptLive(runId: string, epoch: number): Promise<boolean>
-  /**
-   * Returns runs whose lease expired to pending now (the worker also
-   * does this on its own every lease/1.5). Returns how many.
-   */
-  sweepExpired(): Promise<number>
-  takeNotices(): string | null
-  setEvents(enabled: boolean): void
-  watchRun(runId: string, on: boolean): void
-  now(): number
-  advanceTime(ms: number): number | null
-  clockKind(): string
-  /**
-   * Starts the worker loop for `pools_json` (`[{"name","concurrency"}]`);
-   * claimed batches reach `on_batch` as tickets, one per line.
-   */
-  startWorker(poolsJson: string, onBatch: (tickets: string) => void): void
-  /**
-   * Queues a worker attempt's outcome (null = it ended without one).
-   * No I/O: the worker loop applies it with the next batch.
-   */
-  workerDone(runId: string, epoch: number, outcomeJson: string | undefined | null, pool: string): void
-  /** Stops claiming; returns how many attempts are still in flight. */
-  workerStop(): number
-  /**
-   * Slots the worker holds plus attempt outcomes not yet stored: a
-   * stop waits for this to reach 0 (outcomes are stored by the loop,
-   * which keeps trying while the database is unreachable).
+   * Slots the worker holds, plus (networked store) outcomes not yet
+   * stored: a stop waits for this to reach 0.
    */
   workerInFlight(): number
-  /** The worker loop's last database error, if any (diagnostics). */
-  workerLastError(): string | null
 }
 
 export interface NativeOptions {
+  /** `'memory'` (default) or `'postgres'`. */
+  store?: string
   /** Tenant gate on every call (CONTRACT.md "Tenant gate"). */
   multiTenant?: boolean
   /** `'system'` (default) or `'manual'` (moved only by `advanceTime`). */
@@ -233,26 +98,23 @@ export interface NativeOptions {
   retainCompletedMs?: number
   /** Keep failed, timed-out and canceled runs this many ms (default: forever). */
   retainFailedMs?: number
-}
-
-export interface PgNativeOptions {
-  /** `postgres://user:password@host:port/database`. */
-  url: string
-  /** Schema holding jobforge's tables. Default `public`. */
+  /** Postgres: `postgres://user:password@host:port/database`. */
+  url?: string
+  /** Postgres: schema holding jobforge's tables. Default `public`. */
   schema?: string
-  /** Connection pool size per process. Default 10. */
+  /** Postgres: connection pool size per process. Default 10. */
   maxConnections?: number
-  /** Tenant gate on every call (CONTRACT.md "Tenant gate"). */
-  multiTenant?: boolean
-  /** `'system'` (default) or `'manual'`. */
-  clock?: string
-  retainCompletedMs?: number
-  retainFailedMs?: number
   /**
-   * A claimed run whose lease (`claimed_at`) is not renewed for this
-   * long goes back to `pending` (its worker died). Default 30000.
+   * Postgres: a claimed run whose lease (`claimed_at`) is not renewed for
+   * this long goes back to `pending` (its worker died). Default 30000.
    */
   leaseMs?: number
-  /** Polling fallback when no notification arrives. Default 1000. */
+  /** Postgres: polling fallback when no notification arrives. Default 1000. */
   pollMs?: number
 }
+
+/** The operation names, in the order of their codes (`callSync(code, …)`). */
+export declare function opNames(): Array<string>
+
+/** The run row's fields, in the order of its tuple (`RunRow::to_compact_json`). */
+export declare function runFields(): Array<string>

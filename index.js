@@ -836,4 +836,5 @@ function __napiStampBindingTarget(exportsObject, target) {
 module.exports.__napiBindingTarget = __napiStampBindingTarget(nativeBinding, __napiLoadedBindingTarget)
 module.exports = nativeBinding
 module.exports.NativeEngine = nativeBinding.NativeEngine
-module.exports.PgEngine = nativeBinding.PgEngine
+module.exports.opNames = nativeBinding.opNames
+module.exports.runFields = nativeBinding.runFields

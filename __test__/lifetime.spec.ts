@@ -32,7 +32,7 @@ const collect = async (passes = 8) => {
 async function useOne(first) {
   const o = new JobOrchestrator({ ...options, loggerFactory: () => quiet });
   registry.register(o, 'orchestrators');
-  registry.register(o.engine, 'engines');
+  registry.register(o.store.native, 'engines');
   if (o.backend === 'postgres' && first) await o.migrate();
   o.registerHandler('life.noop', { pool: 'batch' }, Noop);
   const ids = [];

@@ -1474,7 +1474,7 @@ test('attempts that end in the same turn are recorded in one report, each with i
     }),
   );
   // Count what each native report carries (one line per attempt).
-  const engine = (o as unknown as { engine: { workerReport(report: string, starts: string | null): string } }).engine;
+  const engine = (o as unknown as { store: { native: { workerReport(report: string, starts: string | null): string } } }).store.native;
   const report = engine.workerReport.bind(engine);
   const sizes: number[] = [];
   engine.workerReport = (text, starts) => {

@@ -1,16 +1,147 @@
-//! The binding's operations, written once over any store: the memory
-//! class calls them synchronously on the JS thread, the Postgres class on
-//! a blocking thread behind async napi methods.
+//! The operations JS calls, one list for every store: each takes the
+//! engine and its request (one JSON object, see `wire.rs`) and answers
+//! JSON text. The in-memory engine runs them on the JS thread
+//! (`callSync`), a networked one on a blocking thread (`call`); the list
+//! and the functions are the same. Adding an operation: a function here,
+//! its name in `operations!`, and its call in `ts/backend/native.ts`.
 
-use super::*;
-use jobforge_core::Store;
+use crate::wire::{self, invalid, reply, request, to_napi, Result};
+use jobforge_core::engine::{json_value, StepBegin};
+use jobforge_core::{
+    DefinitionSpec, Engine, JobDefinition, JobError, RetryPolicy, RunId, ScheduleSpec,
+    StartRequest, Store, TenantArg,
+};
+use serde::Deserialize;
+use serde_json::value::RawValue;
+use serde_json::Value;
 
-pub fn register<S: Store>(engine: &Engine<S>, specs_json: String) -> Result<String> {
-    // Element by element, so a bad meta names its job type.
-    let raw: Vec<serde_json::Value> =
-        serde_json::from_str(&specs_json).map_err(|e| invalid(format!("handler meta: {e}")))?;
-    let specs = raw
-        .into_iter()
+/// What differs per store beside its runs (schema, what it holds).
+pub trait Admin {
+    /// Creates or upgrades the store's schema.
+    fn migrate(&self) -> jobforge_core::Result<()> {
+        Ok(())
+    }
+    /// Job types the store has definitions of (beyond this process's).
+    fn stored_job_types(&self) -> jobforge_core::Result<Vec<String>> {
+        Ok(Vec::new())
+    }
+}
+
+impl Admin for jobforge_core::MemoryStore {}
+
+impl Admin for jobforge_core::store::postgres::PgStore {
+    fn migrate(&self) -> jobforge_core::Result<()> {
+        jobforge_core::store::postgres::PgStore::migrate(self)
+    }
+    fn stored_job_types(&self) -> jobforge_core::Result<Vec<String>> {
+        jobforge_core::store::postgres::PgStore::stored_job_types(self)
+    }
+}
+
+macro_rules! operations {
+    ($($name:ident),* $(,)?) => {
+        /// Operation names in code order (`opNames()` hands them to JS, so
+        /// the codes cannot drift apart).
+        pub const NAMES: &[&str] = &[$(stringify!($name)),*];
+
+        /// Runs operation number `op` with its request.
+        pub fn run<S: Store + Admin>(e: &Engine<S>, op: u32, req: &str) -> Result<String> {
+            let mut code = 0u32;
+            $(
+                if op == code {
+                    return $name(e, req);
+                }
+                code += 1;
+            )*
+            let _ = code;
+            Err(invalid(format!("unknown operation {op}")))
+        }
+    };
+}
+
+operations!(
+    migrate,
+    stored_job_types,
+    register,
+    definition,
+    start,
+    start_preflight,
+    cancel,
+    replay,
+    claim_next,
+    begin_attempt,
+    finish_attempt,
+    attempt_live,
+    release_attempt,
+    step_begin,
+    step_complete,
+    step_fail,
+    find_by_id,
+    list_steps,
+    find_step,
+    record_step,
+    list_for_scope,
+    cancel_for_scope,
+    reschedule_for_scope,
+    count_by_pool_and_status,
+    list_recent_failed,
+    list_job_runs,
+    get_run_tree,
+    put_schedule,
+    remove_schedule,
+    list_schedules,
+    fire_due_schedules,
+);
+
+const NULL: &str = "null";
+
+fn run_id(text: &str) -> Result<RunId> {
+    text.parse::<RunId>().map_err(|_| {
+        to_napi(JobError::JobRunNotFound {
+            run_id: text.to_owned(),
+        })
+    })
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct RunReq {
+    run_id: String,
+    #[serde(default, deserialize_with = "wire::tenant")]
+    tenant: TenantArg,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct AttemptReq {
+    run_id: String,
+    epoch: u32,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct TenantReq {
+    #[serde(default, deserialize_with = "wire::tenant")]
+    tenant: TenantArg,
+}
+
+// ── store ──────────────────────────────────────────────────────────────
+
+fn migrate<S: Store + Admin>(e: &Engine<S>, _req: &str) -> Result<String> {
+    e.store().migrate().map_err(to_napi)?;
+    Ok(NULL.to_owned())
+}
+
+fn stored_job_types<S: Store + Admin>(e: &Engine<S>, _req: &str) -> Result<String> {
+    Ok(reply(&e.store().stored_job_types().map_err(to_napi)?))
+}
+
+// ── definitions ────────────────────────────────────────────────────────
+
+/// Definition specs, element by element, so a bad meta names its job type.
+pub fn definition_specs(text: &str) -> Result<Vec<DefinitionSpec>> {
+    let raw: Vec<Value> = request(text, "handler meta")?;
+    raw.into_iter()
         .map(|v| {
             let job_type = v
                 .get("type")
@@ -20,102 +151,182 @@ pub fn register<S: Store>(engine: &Engine<S>, specs_json: String) -> Result<Stri
             serde_json::from_value::<DefinitionSpec>(v)
                 .map_err(|e| invalid(format!("handler meta of '{job_type}': {e}")))
         })
-        .collect::<Result<Vec<_>>>()?;
-    let defs = engine.register_all(specs).map_err(to_napi)?;
-    let rows: Vec<&jobforge_core::JobDefinition> = defs.iter().map(|d| d.as_ref()).collect();
-    serde_json::to_string(&rows).map_err(|e| invalid(e.to_string()))
+        .collect()
 }
 
-pub fn definition<S: Store>(engine: &Engine<S>, job_type: String) -> Option<String> {
-    engine
-        .definition(&job_type)
-        .and_then(|d| serde_json::to_string(d.as_ref()).ok())
+pub fn definitions_text(defs: &[std::sync::Arc<JobDefinition>]) -> String {
+    let rows: Vec<&JobDefinition> = defs.iter().map(|d| d.as_ref()).collect();
+    reply(&rows)
 }
 
-pub fn start<S: Store>(
-    engine: &Engine<S>,
-    job_type: String,
-    input_json: String,
-    opts_json: Option<String>,
-) -> Result<String> {
-    let mut req = StartRequest {
-        job_type,
-        input: json_value(input_json).map_err(to_napi)?,
+/// `[spec…]` → `[definition row…]`, all or none.
+fn register<S: Store + Admin>(e: &Engine<S>, req: &str) -> Result<String> {
+    let defs = e.register_all(definition_specs(req)?).map_err(to_napi)?;
+    Ok(definitions_text(&defs))
+}
+
+fn definition<S: Store + Admin>(e: &Engine<S>, req: &str) -> Result<String> {
+    #[derive(Deserialize)]
+    #[serde(deny_unknown_fields)]
+    struct Req {
+        r#type: String,
+    }
+    let r: Req = request(req, "definition")?;
+    Ok(e.definition(&r.r#type)
+        .map_or_else(|| NULL.to_owned(), |d| reply(d.as_ref())))
+}
+
+// ── start ──────────────────────────────────────────────────────────────
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct StartReq<'a> {
+    r#type: String,
+    #[serde(borrow)]
+    input: &'a RawValue,
+    opts: Option<wire::StartOpts>,
+}
+
+/// `{type, input, opts?}` → the new run (or the dedupe hit) as a tuple.
+fn start<S: Store + Admin>(e: &Engine<S>, req: &str) -> Result<String> {
+    let r: StartReq = request(req, "start")?;
+    let mut sr = StartRequest {
+        job_type: r.r#type,
+        input: r.input.to_owned(),
         ..StartRequest::default()
     };
-    if let Some(o) = opts_json {
-        apply_start_opts(&mut req, &o)?;
+    if let Some(o) = r.opts {
+        o.apply(&mut sr)?;
     }
-    engine
-        .start(req)
-        .map(|r| r.to_compact_json())
+    e.start(sr).map(|r| wire::row_text(&r)).map_err(to_napi)
+}
+
+/// The checks of `start` before its keys (see `Engine::start_preflight`).
+fn start_preflight<S: Store + Admin>(e: &Engine<S>, req: &str) -> Result<String> {
+    #[derive(Deserialize)]
+    #[serde(rename_all = "camelCase", deny_unknown_fields)]
+    struct Req {
+        r#type: String,
+        #[serde(default, deserialize_with = "wire::tenant")]
+        tenant: TenantArg,
+        has_parent: bool,
+    }
+    let r: Req = request(req, "startPreflight")?;
+    e.start_preflight(&r.r#type, &r.tenant, r.has_parent)
+        .map_err(to_napi)?;
+    Ok(NULL.to_owned())
+}
+
+// ── cancel and replay ──────────────────────────────────────────────────
+
+fn cancel<S: Store + Admin>(e: &Engine<S>, req: &str) -> Result<String> {
+    #[derive(Deserialize)]
+    #[serde(rename_all = "camelCase", deny_unknown_fields)]
+    struct Req {
+        run_id: String,
+        cascade: bool,
+        #[serde(default, deserialize_with = "wire::tenant")]
+        tenant: TenantArg,
+    }
+    let r: Req = request(req, "cancel")?;
+    e.cancel(&r.run_id, r.cascade, &r.tenant).map_err(to_napi)?;
+    Ok(NULL.to_owned())
+}
+
+fn replay<S: Store + Admin>(e: &Engine<S>, req: &str) -> Result<String> {
+    let r: RunReq = request(req, "replay")?;
+    e.replay(&r.run_id)
+        .map(|r| wire::row_text(&r))
         .map_err(to_napi)
 }
 
-pub fn start_preflight<S: Store>(
-    engine: &Engine<S>,
-    job_type: String,
-    tenant_given: bool,
-    tenant_id: Option<String>,
-    has_parent: bool,
-) -> Result<()> {
-    engine
-        .start_preflight(&job_type, &tenant_arg(tenant_given, tenant_id), has_parent)
+// ── claims and attempts ────────────────────────────────────────────────
+
+fn claim_next<S: Store + Admin>(e: &Engine<S>, req: &str) -> Result<String> {
+    #[derive(Deserialize)]
+    #[serde(deny_unknown_fields)]
+    struct Req {
+        pool: String,
+    }
+    let r: Req = request(req, "claimNext")?;
+    e.claim_next(&r.pool)
+        .map(wire::opt_row_text)
         .map_err(to_napi)
 }
 
-pub fn cancel<S: Store>(
-    engine: &Engine<S>,
-    run_id: String,
-    cascade: bool,
-    tenant_given: bool,
-    tenant_id: Option<String>,
-) -> Result<()> {
-    engine
-        .cancel(&run_id, cascade, &tenant_arg(tenant_given, tenant_id))
-        .map_err(to_napi)
+/// Opens the attempt of a claimed run: its ticket, with the row.
+fn begin_attempt<S: Store + Admin>(e: &Engine<S>, req: &str) -> Result<String> {
+    let r: RunReq = request(req, "beginAttempt")?;
+    let t = e.begin_attempt(&r.run_id).map_err(to_napi)?;
+    Ok(wire::ticket_text(&t, true))
 }
 
-pub fn claim_next<S: Store>(engine: &Engine<S>, pool: String) -> Result<Option<String>> {
-    engine
-        .claim_next(&pool)
-        .map(|r| r.map(|r| r.to_compact_json()))
-        .map_err(to_napi)
+/// Applies an attempt's outcome; whether it was applied (false when the
+/// run was canceled or replayed meanwhile).
+fn finish_attempt<S: Store + Admin>(e: &Engine<S>, req: &str) -> Result<String> {
+    #[derive(Deserialize)]
+    #[serde(rename_all = "camelCase", deny_unknown_fields)]
+    struct Req<'a> {
+        run_id: String,
+        epoch: u32,
+        #[serde(borrow)]
+        outcome: &'a RawValue,
+    }
+    let r: Req = request(req, "finishAttempt")?;
+    let id = run_id(&r.run_id)?;
+    let applied = e
+        .finish_attempt(&id, r.epoch, wire::parse_outcome(r.outcome.get()))
+        .map_err(to_napi)?;
+    Ok(applied.is_some().to_string())
 }
 
-pub fn begin_attempt<S: Store>(engine: &Engine<S>, run_id: String) -> Result<String> {
-    let t = engine.begin_attempt(&run_id).map_err(to_napi)?;
-    Ok(ticket_json(&t))
+/// Whether an attempt is still the run's current one.
+fn attempt_live<S: Store + Admin>(e: &Engine<S>, req: &str) -> Result<String> {
+    let r: AttemptReq = request(req, "attemptLive")?;
+    let live = r
+        .run_id
+        .parse::<RunId>()
+        .is_ok_and(|id| e.attempt_current(&id, r.epoch));
+    Ok(live.to_string())
 }
 
-pub fn finish_attempt<S: Store>(
-    engine: &Engine<S>,
-    run_id: String,
-    epoch: u32,
-    outcome_json: String,
-) -> Result<bool> {
-    let Ok(id) = run_id.parse::<RunId>() else {
-        return Err(to_napi(JobError::JobRunNotFound { run_id }));
+/// Puts an interrupted attempt's run back to pending (a shutdown).
+fn release_attempt<S: Store + Admin>(e: &Engine<S>, req: &str) -> Result<String> {
+    let r: AttemptReq = request(req, "releaseAttempt")?;
+    let Ok(id) = r.run_id.parse::<RunId>() else {
+        return Ok("false".to_owned());
     };
-    engine
-        .finish_attempt(&id, epoch, parse_outcome(&outcome_json))
-        .map(|r| r.is_some())
-        .map_err(to_napi)
+    Ok(e.release_attempt(&id, r.epoch)
+        .map_err(to_napi)?
+        .to_string())
 }
 
-pub fn step_begin<S: Store>(
-    engine: &Engine<S>,
+// ── steps ──────────────────────────────────────────────────────────────
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct StepReq<'a> {
     run_id: String,
     epoch: u32,
     step_id: String,
-) -> Result<String> {
-    match engine
-        .step_begin(&run_id, epoch, &step_id)
+    #[serde(borrow, default)]
+    output: Option<&'a RawValue>,
+    #[serde(default)]
+    failure: Option<wire::FailureWire>,
+    #[serde(default)]
+    policy: Option<RetryPolicy>,
+}
+
+/// `{"memoized":true,"output":…}` or `{"memoized":false,"attempt":n}`.
+fn step_begin<S: Store + Admin>(e: &Engine<S>, req: &str) -> Result<String> {
+    let r: StepReq = request(req, "stepBegin")?;
+    match e
+        .step_begin(&r.run_id, r.epoch, &r.step_id)
         .map_err(to_napi)?
     {
         StepBegin::Memoized(out) => Ok(format!(
             "{{\"memoized\":true,\"output\":{}}}",
-            out.as_deref().map_or("null", RawValue::get)
+            out.as_deref().map_or(NULL, RawValue::get)
         )),
         StepBegin::Started { attempt } => {
             Ok(format!("{{\"memoized\":false,\"attempt\":{attempt}}}"))
@@ -123,320 +334,211 @@ pub fn step_begin<S: Store>(
     }
 }
 
-pub fn step_complete<S: Store>(
-    engine: &Engine<S>,
-    run_id: String,
-    epoch: u32,
-    step_id: String,
-    output_json: Option<String>,
-) -> Result<()> {
-    let output = output_json.map(json_value).transpose().map_err(to_napi)?;
-    engine
-        .step_complete(&run_id, epoch, &step_id, output)
-        .map_err(to_napi)
-}
-
-pub fn step_fail<S: Store>(
-    engine: &Engine<S>,
-    run_id: String,
-    epoch: u32,
-    step_id: String,
-    failure_json: String,
-    policy_json: Option<String>,
-) -> Result<Option<f64>> {
-    let info = parse_failure(&failure_json);
-    let policy: Option<RetryPolicy> = policy_json
-        .map(|p| serde_json::from_str(&p).map_err(|e| invalid(format!("step retry policy: {e}"))))
-        .transpose()?;
-    engine
-        .step_fail(&run_id, epoch, &step_id, info, policy.as_ref())
-        .map(|d| d.map(|ms| ms as f64))
-        .map_err(to_napi)
-}
-
-pub fn replay<S: Store>(engine: &Engine<S>, run_id: String) -> Result<String> {
-    engine
-        .replay(&run_id)
-        .map(|r| r.to_compact_json())
-        .map_err(to_napi)
-}
-
-pub fn find_by_id<S: Store>(
-    engine: &Engine<S>,
-    run_id: String,
-    tenant_given: bool,
-    tenant_id: Option<String>,
-) -> Result<Option<String>> {
-    engine
-        .find_by_id(&run_id, &tenant_arg(tenant_given, tenant_id))
-        .map(|r| r.map(|r| r.to_compact_json()))
-        .map_err(to_napi)
-}
-
-pub fn list_steps<S: Store>(
-    engine: &Engine<S>,
-    run_id: String,
-    tenant_given: bool,
-    tenant_id: Option<String>,
-) -> Result<String> {
-    let steps = engine
-        .list_steps(&run_id, &tenant_arg(tenant_given, tenant_id))
+fn step_complete<S: Store + Admin>(e: &Engine<S>, req: &str) -> Result<String> {
+    let r: StepReq = request(req, "stepComplete")?;
+    let output = r.output.map(|o| o.to_owned());
+    e.step_complete(&r.run_id, r.epoch, &r.step_id, output)
         .map_err(to_napi)?;
-    serde_json::to_string(&steps).map_err(|e| invalid(e.to_string()))
+    Ok(NULL.to_owned())
 }
 
-pub fn list_for_scope<S: Store>(
-    engine: &Engine<S>,
-    tenant_given: bool,
-    tenant_id: Option<String>,
-    entity_type: String,
-    entity_id: String,
-    query_json: String,
-) -> Result<String> {
-    let q = parse_scope_query(&query_json)?;
-    let rows = engine
-        .list_for_scope(
-            &tenant_arg(tenant_given, tenant_id),
-            &entity_type,
-            &entity_id,
-            &q,
-        )
+/// Records a step failure; the backoff before a retry (ms), or null.
+fn step_fail<S: Store + Admin>(e: &Engine<S>, req: &str) -> Result<String> {
+    let r: StepReq = request(req, "stepFail")?;
+    let info = r.failure.unwrap_or_default().into();
+    let delay = e
+        .step_fail(&r.run_id, r.epoch, &r.step_id, info, r.policy.as_ref())
         .map_err(to_napi)?;
-    Ok(rows_json(&rows))
+    Ok(delay.map_or_else(|| NULL.to_owned(), |ms| ms.to_string()))
 }
 
-pub fn cancel_for_scope<S: Store>(
-    engine: &Engine<S>,
-    tenant_given: bool,
-    tenant_id: Option<String>,
-    entity_type: String,
-    entity_id: String,
-    cascade: bool,
-) -> Result<u32> {
-    engine
-        .cancel_for_scope(
-            &tenant_arg(tenant_given, tenant_id),
-            &entity_type,
-            &entity_id,
-            cascade,
-        )
+// ── queries ────────────────────────────────────────────────────────────
+
+fn find_by_id<S: Store + Admin>(e: &Engine<S>, req: &str) -> Result<String> {
+    let r: RunReq = request(req, "findById")?;
+    e.find_by_id(&r.run_id, &r.tenant)
+        .map(wire::opt_row_text)
         .map_err(to_napi)
 }
 
-pub fn reschedule_for_scope<S: Store>(
-    engine: &Engine<S>,
-    tenant_given: bool,
-    tenant_id: Option<String>,
-    entity_type: String,
-    entity_id: String,
-    run_at: f64,
-) -> Result<u32> {
-    if !run_at.is_finite() || run_at.fract() != 0.0 || run_at.abs() > 8.64e15 {
-        return Err(invalid("newRunAt must be a valid Date"));
+fn list_steps<S: Store + Admin>(e: &Engine<S>, req: &str) -> Result<String> {
+    let r: RunReq = request(req, "listSteps")?;
+    Ok(reply(&e.list_steps(&r.run_id, &r.tenant).map_err(to_napi)?))
+}
+
+fn find_step<S: Store + Admin>(e: &Engine<S>, req: &str) -> Result<String> {
+    #[derive(Deserialize)]
+    #[serde(rename_all = "camelCase", deny_unknown_fields)]
+    struct Req {
+        run_id: String,
+        step_id: String,
+        #[serde(default, deserialize_with = "wire::tenant")]
+        tenant: TenantArg,
     }
-    engine
-        .reschedule_for_scope(
-            &tenant_arg(tenant_given, tenant_id),
-            &entity_type,
-            &entity_id,
-            run_at as i64,
+    let r: Req = request(req, "findStep")?;
+    let step = e
+        .find_step(&r.tenant, &r.run_id, &r.step_id)
+        .map_err(to_napi)?;
+    Ok(step.map_or_else(|| NULL.to_owned(), |s| reply(&s)))
+}
+
+fn record_step<S: Store + Admin>(e: &Engine<S>, req: &str) -> Result<String> {
+    #[derive(Deserialize)]
+    #[serde(deny_unknown_fields)]
+    struct Req {
+        record: Box<RawValue>,
+        #[serde(default, deserialize_with = "wire::tenant")]
+        tenant: TenantArg,
+    }
+    let r: Req = request(req, "recordStep")?;
+    let rec = wire::record_step(&r.record)?;
+    Ok(reply(&e.record_step(&r.tenant, rec).map_err(to_napi)?))
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct ScopeReq {
+    entity_type: String,
+    entity_id: String,
+    #[serde(default, deserialize_with = "wire::tenant")]
+    tenant: TenantArg,
+    #[serde(default)]
+    query: Option<Value>,
+    #[serde(default)]
+    cascade: Option<bool>,
+    #[serde(default)]
+    run_at: Option<f64>,
+}
+
+fn list_for_scope<S: Store + Admin>(e: &Engine<S>, req: &str) -> Result<String> {
+    let r: ScopeReq = request(req, "listForScope")?;
+    let q = wire::scope_query(r.query.as_ref().unwrap_or(&Value::Null))?;
+    let rows = e
+        .list_for_scope(&r.tenant, &r.entity_type, &r.entity_id, &q)
+        .map_err(to_napi)?;
+    Ok(wire::rows_text(&rows))
+}
+
+fn cancel_for_scope<S: Store + Admin>(e: &Engine<S>, req: &str) -> Result<String> {
+    let r: ScopeReq = request(req, "cancelForScope")?;
+    let n = e
+        .cancel_for_scope(
+            &r.tenant,
+            &r.entity_type,
+            &r.entity_id,
+            r.cascade.unwrap_or(true),
         )
-        .map_err(to_napi)
-}
-
-pub fn count_by_pool_and_status<S: Store>(
-    engine: &Engine<S>,
-    tenant_given: bool,
-    tenant_id: Option<String>,
-) -> Result<String> {
-    let counts = engine
-        .count_by_pool_and_status(&tenant_arg(tenant_given, tenant_id))
         .map_err(to_napi)?;
-    let items: Vec<String> = counts
-        .iter()
-        .map(|(pool, status, count)| {
-            format!(
-                "{{\"pool\":{},\"status\":\"{}\",\"count\":{count}}}",
-                Value::String(pool.to_string()),
-                status.as_str()
-            )
-        })
-        .collect();
-    Ok(format!("[{}]", items.join(",")))
+    Ok(n.to_string())
 }
 
-pub fn list_recent_failed<S: Store>(
-    engine: &Engine<S>,
-    tenant_given: bool,
-    tenant_id: Option<String>,
-    limit: Option<f64>,
-) -> Result<String> {
-    let limit = page_limit(limit)?;
-    let rows = engine
-        .list_recent_failed(&tenant_arg(tenant_given, tenant_id), limit)
+fn reschedule_for_scope<S: Store + Admin>(e: &Engine<S>, req: &str) -> Result<String> {
+    let r: ScopeReq = request(req, "rescheduleForScope")?;
+    let run_at = wire::date_ms(r.run_at.unwrap_or(f64::NAN), "newRunAt")?;
+    let n = e
+        .reschedule_for_scope(&r.tenant, &r.entity_type, &r.entity_id, run_at)
         .map_err(to_napi)?;
-    Ok(rows_json(&rows))
+    Ok(n.to_string())
 }
 
-pub fn list_job_runs<S: Store>(
-    engine: &Engine<S>,
-    tenant_given: bool,
-    tenant_id: Option<String>,
-    query_json: String,
-) -> Result<String> {
-    let q = parse_job_run_query(&query_json)?;
-    let (rows, next) = engine
-        .list_job_runs(&tenant_arg(tenant_given, tenant_id), &q)
+fn count_by_pool_and_status<S: Store + Admin>(e: &Engine<S>, req: &str) -> Result<String> {
+    let r: TenantReq = request(req, "countByPoolAndStatus")?;
+    let counts = e.count_by_pool_and_status(&r.tenant).map_err(to_napi)?;
+    Ok(wire::counts_text(&counts))
+}
+
+fn list_recent_failed<S: Store + Admin>(e: &Engine<S>, req: &str) -> Result<String> {
+    #[derive(Deserialize)]
+    #[serde(deny_unknown_fields)]
+    struct Req {
+        limit: Option<f64>,
+        #[serde(default, deserialize_with = "wire::tenant")]
+        tenant: TenantArg,
+    }
+    let r: Req = request(req, "listRecentFailed")?;
+    let rows = e
+        .list_recent_failed(&r.tenant, wire::page_limit(r.limit)?)
         .map_err(to_napi)?;
-    let cursor = next.map_or("null".to_owned(), |(t, id)| {
-        format!("\"{}\"", encode_cursor(t, id))
-    });
-    Ok(format!(
-        "{{\"rows\":{},\"nextCursor\":{cursor}}}",
-        rows_json(&rows)
-    ))
+    Ok(wire::rows_text(&rows))
 }
 
-pub fn get_run_tree<S: Store>(
-    engine: &Engine<S>,
-    tenant_given: bool,
-    tenant_id: Option<String>,
-    root_run_id: String,
-) -> Result<Option<String>> {
-    let Some(rows) = engine
-        .run_tree(&tenant_arg(tenant_given, tenant_id), &root_run_id)
-        .map_err(to_napi)?
-    else {
-        return Ok(None);
-    };
-    Ok(Some(tree_json(&rows)))
+fn list_job_runs<S: Store + Admin>(e: &Engine<S>, req: &str) -> Result<String> {
+    #[derive(Deserialize)]
+    #[serde(deny_unknown_fields)]
+    struct Req {
+        query: Value,
+        #[serde(default, deserialize_with = "wire::tenant")]
+        tenant: TenantArg,
+    }
+    let r: Req = request(req, "listJobRuns")?;
+    let q = wire::job_run_query(&r.query)?;
+    let (rows, next) = e.list_job_runs(&r.tenant, &q).map_err(to_napi)?;
+    Ok(wire::page_text(&rows, next))
 }
 
-pub fn find_step<S: Store>(
-    engine: &Engine<S>,
-    tenant_given: bool,
-    tenant_id: Option<String>,
-    run_id: String,
-    step_id: String,
-) -> Result<Option<String>> {
-    let step = engine
-        .find_step(&tenant_arg(tenant_given, tenant_id), &run_id, &step_id)
-        .map_err(to_napi)?;
-    Ok(step.and_then(|s| serde_json::to_string(&s).ok()))
-}
-
-pub fn record_step<S: Store>(
-    engine: &Engine<S>,
-    tenant_given: bool,
-    tenant_id: Option<String>,
-    record_json: String,
-) -> Result<String> {
-    let rec = parse_record_step(&record_json)?;
-    let row = engine
-        .record_step(&tenant_arg(tenant_given, tenant_id), rec)
-        .map_err(to_napi)?;
-    serde_json::to_string(&row).map_err(|e| invalid(e.to_string()))
+fn get_run_tree<S: Store + Admin>(e: &Engine<S>, req: &str) -> Result<String> {
+    let r: RunReq = request(req, "getRunTree")?;
+    let rows = e.run_tree(&r.tenant, &r.run_id).map_err(to_napi)?;
+    Ok(rows.map_or_else(|| NULL.to_owned(), |rows| wire::tree_text(&rows)))
 }
 
 // ── schedules ──────────────────────────────────────────────────────────
 
-#[allow(clippy::too_many_arguments)]
-pub fn put_schedule<S: Store>(
-    engine: &Engine<S>,
-    tenant_given: bool,
-    tenant_id: Option<String>,
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct ScheduleReq<'a> {
+    #[serde(default)]
     name: String,
+    #[serde(default, deserialize_with = "wire::tenant")]
+    tenant: TenantArg,
+    #[serde(default)]
     job_type: String,
-    input_json: String,
+    #[serde(borrow, default)]
+    input: Option<&'a RawValue>,
     cron: Option<String>,
     timezone: Option<String>,
     every_ms: Option<f64>,
-) -> Result<String> {
-    let every_ms = match every_ms {
+}
+
+/// The schedule as stored (times in epoch ms).
+fn put_schedule<S: Store + Admin>(e: &Engine<S>, req: &str) -> Result<String> {
+    let r: ScheduleReq = request(req, "schedule")?;
+    let every_ms = match r.every_ms {
         None => None,
         Some(ms) if ms.is_finite() && ms.fract() == 0.0 && ms.abs() < 9.0e15 => Some(ms as i64),
         Some(ms) => return Err(invalid(format!("everyMs must be an integer, not {ms}"))),
     };
+    let input = match r.input {
+        Some(i) => i.to_owned(),
+        None => json_value("{}".to_owned()).map_err(to_napi)?,
+    };
     let spec = ScheduleSpec {
-        name,
-        tenant: tenant_arg(tenant_given, tenant_id),
-        job_type,
-        input: json_value(input_json).map_err(to_napi)?,
-        cron,
-        timezone,
+        name: r.name,
+        tenant: r.tenant,
+        job_type: r.job_type,
+        input,
+        cron: r.cron,
+        timezone: r.timezone,
         every_ms,
     };
-    let row = engine.put_schedule(spec).map_err(to_napi)?;
-    Ok(schedule_json(&row))
+    Ok(wire::schedule_text(&e.put_schedule(spec).map_err(to_napi)?))
 }
 
-pub fn remove_schedule<S: Store>(
-    engine: &Engine<S>,
-    tenant_given: bool,
-    tenant_id: Option<String>,
-    name: String,
-) -> Result<bool> {
-    engine
-        .remove_schedule(&name, &tenant_arg(tenant_given, tenant_id))
-        .map_err(to_napi)
+fn remove_schedule<S: Store + Admin>(e: &Engine<S>, req: &str) -> Result<String> {
+    let r: ScheduleReq = request(req, "unschedule")?;
+    Ok(e.remove_schedule(&r.name, &r.tenant)
+        .map_err(to_napi)?
+        .to_string())
 }
 
-pub fn list_schedules<S: Store>(
-    engine: &Engine<S>,
-    tenant_given: bool,
-    tenant_id: Option<String>,
-) -> Result<String> {
-    let rows = engine
-        .list_schedules(&tenant_arg(tenant_given, tenant_id))
-        .map_err(to_napi)?;
-    let items: Vec<String> = rows.iter().map(schedule_json).collect();
+fn list_schedules<S: Store + Admin>(e: &Engine<S>, req: &str) -> Result<String> {
+    let r: TenantReq = request(req, "listSchedules")?;
+    let rows = e.list_schedules(&r.tenant).map_err(to_napi)?;
+    let items: Vec<String> = rows.iter().map(wire::schedule_text).collect();
     Ok(format!("[{}]", items.join(",")))
 }
 
-pub fn fire_due_schedules<S: Store>(engine: &Engine<S>) -> Result<u32> {
-    engine
-        .fire_due_schedules()
-        .map(|n| n.min(u32::MAX as usize) as u32)
-        .map_err(to_napi)
-}
-
-/// A schedule as JS reads it (times in epoch ms; the TS layer makes `Date`s).
-fn schedule_json(s: &ScheduleRow) -> String {
-    #[derive(serde::Serialize)]
-    #[serde(rename_all = "camelCase")]
-    struct Out<'a> {
-        name: &'a str,
-        tenant_id: Option<&'a str>,
-        job_type: &'a str,
-        input: &'a RawValue,
-        cron: Option<&'a str>,
-        timezone: Option<&'static str>,
-        every_ms: Option<i64>,
-        next_run_at: Option<i64>,
-        last_run_at: Option<i64>,
-        last_run_id: Option<String>,
-        last_error: Option<&'a str>,
-        created_at: i64,
-        updated_at: i64,
-    }
-    let (cron, timezone, every_ms) = match &s.timing {
-        ScheduleTiming::Cron(c, tz) => (Some(c.expr()), Some(tz.name()), None),
-        ScheduleTiming::Every(ms) => (None, None, Some(*ms)),
-    };
-    let out = Out {
-        name: &s.name,
-        tenant_id: s.tenant_id.as_deref(),
-        job_type: &s.job_type,
-        input: &s.input,
-        cron,
-        timezone,
-        every_ms,
-        next_run_at: s.next_fire_at,
-        last_run_at: s.last_fired_at,
-        last_run_id: s.last_run_id.map(|id| id.to_string()),
-        last_error: s.last_error.as_deref(),
-        created_at: s.created_at,
-        updated_at: s.updated_at,
-    };
-    serde_json::to_string(&out).unwrap_or_else(|_| "null".to_owned())
+/// Runs started for due schedules.
+fn fire_due_schedules<S: Store + Admin>(e: &Engine<S>, _req: &str) -> Result<String> {
+    Ok(e.fire_due_schedules().map_err(to_napi)?.to_string())
 }

@@ -109,3 +109,10 @@ export function consoleLogger(context: string): JobLogger {
     debug: (m, ...r) => console.debug(tag, m, ...r),
   };
 }
+
+/** A job type's handler as registered (`getHandlerRegistration`). */
+export interface HandlerRegistration {
+  type: string;
+  meta: JobHandlerMeta<unknown>;
+  handlerClass: JobHandler<unknown>;
+}

@@ -1,4 +1,6 @@
 /** Loads the napi-rs addon through the generated platform loader. */
+import { checkRunFields } from './wire';
+
 // eslint-disable-next-line @typescript-eslint/no-require-imports
 const binding = require('../index.js') as typeof import('../index');
 
@@ -12,5 +14,27 @@ type LooseOptions<C> = C extends new (options: infer O, ...rest: infer R) => inf
 
 export const NativeEngine = binding.NativeEngine as LooseOptions<typeof binding.NativeEngine>;
 export type NativeEngine = import('../index').NativeEngine;
-export const PgEngine = binding.PgEngine as LooseOptions<typeof binding.PgEngine>;
-export type PgEngine = import('../index').PgEngine;
+
+/** The engine's operations this build calls (`ops.rs`'s list). */
+const OP_NAMES = [
+  'migrate', 'storedJobTypes', 'register', 'definition', 'start', 'startPreflight', 'cancel', 'replay',
+  'claimNext', 'beginAttempt', 'finishAttempt', 'attemptLive', 'releaseAttempt', 'stepBegin', 'stepComplete',
+  'stepFail', 'findById', 'listSteps', 'findStep', 'recordStep', 'listForScope', 'cancelForScope',
+  'rescheduleForScope', 'countByPoolAndStatus', 'listRecentFailed', 'listJobRuns', 'getRunTree', 'putSchedule',
+  'removeSchedule', 'listSchedules', 'fireDueSchedules',
+] as const;
+export type OpName = (typeof OP_NAMES)[number];
+
+/** Operation codes, read from the addon itself so the two sides cannot drift. */
+export const OP: Readonly<Record<OpName, number>> = (() => {
+  const names = binding.opNames();
+  const codes: Partial<Record<OpName, number>> = {};
+  for (const n of OP_NAMES) {
+    const i = names.indexOf(n);
+    if (i < 0) throw new Error(`jobforge: the native addon has no operation '${n}'; rebuild it`);
+    codes[n] = i;
+  }
+  return codes as Record<OpName, number>;
+})();
+
+checkRunFields(binding.runFields());

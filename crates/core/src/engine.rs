@@ -538,23 +538,7 @@ impl<S: Store> Engine<S> {
     /// Registers several definitions: all are validated before any is
     /// stored, so one bad entry changes nothing. O(entries).
     pub fn register_all(&self, specs: Vec<DefinitionSpec>) -> Result<Vec<Arc<JobDefinition>>> {
-        let now = self.now();
-        let validated = specs
-            .into_iter()
-            .map(|s| {
-                let job_type = s.job_type.clone();
-                let at = s.registered_at.map_or(now, |t| clamp_time(t).min(now));
-                // Name the type: one call may register many.
-                Self::validate_spec(s, at).map_err(|e| match e {
-                    JobError::JobInputInvalid { reason } if !job_type.is_empty() => {
-                        JobError::JobInputInvalid {
-                            reason: format!("job type '{job_type}': {reason}"),
-                        }
-                    }
-                    e => e,
-                })
-            })
-            .collect::<Result<Vec<_>>>()?;
+        let validated = self.validate_definitions(specs)?;
         self.write(|tx| {
             Ok(validated
                 .into_iter()
@@ -569,6 +553,29 @@ impl<S: Store> Engine<S> {
                 })
                 .collect())
         })
+    }
+
+    /// The definitions `register_all` would store, checked and built but not
+    /// stored: a networked store's caller answers at once and writes them
+    /// in the background. One bad spec fails them all.
+    pub fn validate_definitions(&self, specs: Vec<DefinitionSpec>) -> Result<Vec<JobDefinition>> {
+        let now = self.now();
+        specs
+            .into_iter()
+            .map(|s| {
+                let job_type = s.job_type.clone();
+                let at = s.registered_at.map_or(now, |t| clamp_time(t).min(now));
+                // Name the type: one call may register many.
+                Self::validate_spec(s, at).map_err(|e| match e {
+                    JobError::JobInputInvalid { reason } if !job_type.is_empty() => {
+                        JobError::JobInputInvalid {
+                            reason: format!("job type '{job_type}': {reason}"),
+                        }
+                    }
+                    e => e,
+                })
+            })
+            .collect::<Result<Vec<_>>>()
     }
 
     fn validate_spec(spec: DefinitionSpec, now: Millis) -> Result<JobDefinition> {

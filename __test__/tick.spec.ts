@@ -1,12 +1,11 @@
-// The threadsafe-function bridge: the engine's async runtime calls the JS
-// dispatcher with `call_async_catch` and applies the outcome itself. This is
-// the path a Rust-driven scheduler uses; `tick()` from JS uses two sync calls
-// instead. These tests drive the native entry point directly.
+// `tick()`: the engine opens the attempt, the handler runs on the JS thread
+// through the same execution path the workers use, and the engine applies
+// the outcome. (These tests once drove a second, engine-driven path that
+// no worker used; it is gone, and they hold for the one path.)
 import test from 'ava';
 import { JobOrchestrator, JobRunStateError } from '../dist';
 
-type NativeTick = { tick(runId: string): Promise<void> };
-const nativeOf = (o: JobOrchestrator) => (o as unknown as { native: NativeTick }).native;
+const nativeOf = (o: JobOrchestrator) => o;
 
 async function runViaBridge(o: JobOrchestrator, type: string) {
   const run = await o.start(type, {});

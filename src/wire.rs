@@ -1,0 +1,792 @@
+//! Every format that crosses the napi boundary, Rust side. Its TS twin is
+//! `ts/wire.ts`; `__test__/wire.spec.ts` round-trips each one through the
+//! addon. A run row is the core's compact tuple (`RunRow::to_compact_json`,
+//! field order `RUN_FIELDS`, which JS reads back from `runFields()`).
+//!
+//! - operation requests: one JSON object per call (`ops.rs` names the
+//!   struct of each); a tenant is one field, `tenant`, absent / null / text;
+//! - errors: `JOBFORGE_ERROR:` + `{"code","message","fields"}`;
+//! - tickets, worker report lines and start-batch lines: hand-written text,
+//!   on every run's path (see each function);
+//! - replies: run tuples, step / definition / schedule objects, pages,
+//!   trees, counts and notices as JSON.
+
+use jobforge_core::engine::{AttemptTicket, JobRunQuery, PageCursor, RecordStep, ScopeQuery};
+use jobforge_core::worker::WorkerPool;
+use jobforge_core::{
+    AbortReason, AttemptOutcome, FailureInfo, JobError, ParentClosePolicy, PlainStart, RunId,
+    RunRow, RunStatus, ScheduleRow, ScheduleTiming, StartRequest, StepStatus, TenantArg,
+    TriggerSource,
+};
+use napi::{Error, Status};
+use serde::Deserialize;
+use serde_json::value::RawValue;
+use serde_json::{json, Value};
+use std::fmt::Write;
+
+pub type Result<T> = napi::Result<T>;
+
+// ── errors ─────────────────────────────────────────────────────────────
+
+/// Prefix of every engine error message crossing into JS; the TS layer
+/// parses the JSON after it into the matching error class. Async napi
+/// functions cannot carry custom codes, so sync and async share this form.
+pub const ERROR_PREFIX: &str = "JOBFORGE_ERROR:";
+
+/// An engine error as JS reads it (`decodeNativeError` in `ts/wire.ts`).
+pub fn error_text(e: &JobError) -> String {
+    let fields = match e {
+        // The incumbent crosses as every other run does: a tuple.
+        JobError::JobCollision {
+            job_type,
+            concurrency_key,
+            incumbent,
+        } => {
+            let row: Box<RawValue> =
+                RawValue::from_string(incumbent.to_compact_json()).unwrap_or_else(|_| null_raw());
+            json!({ "jobType": job_type, "concurrencyKey": concurrency_key, "incumbent": row })
+        }
+        JobError::JobTypeNotFound { job_type } => json!({ "jobType": job_type }),
+        JobError::JobNotReplayable {
+            run_id,
+            current_status,
+        } => json!({ "runId": run_id, "currentStatus": current_status }),
+        JobError::JobTemplateFieldMissing { template, field } => {
+            json!({ "template": template, "field": field })
+        }
+        JobError::MissingTenantId { method } => json!({ "method": method }),
+        JobError::JobKeyFunctionUnavailable { job_type, kind } => {
+            json!({ "jobType": job_type, "kind": kind })
+        }
+        JobError::JobRunNotFound { run_id } => json!({ "runId": run_id }),
+        JobError::ParentRunNotFound { parent_run_id } => json!({ "parentRunId": parent_run_id }),
+        JobError::JobInputInvalid { reason } => json!({ "reason": reason }),
+        JobError::JobRunState { run_id, status, .. } => {
+            json!({ "runId": run_id, "status": status })
+        }
+        JobError::JobStepConflict { run_id, step_id } => {
+            json!({ "runId": run_id, "stepId": step_id })
+        }
+        JobError::Store { retryable, .. } => json!({ "retryable": retryable }),
+    };
+    let payload = json!({ "code": e.code(), "message": e.to_string(), "fields": fields });
+    format!("{ERROR_PREFIX}{payload}")
+}
+
+pub fn to_napi(e: JobError) -> Error {
+    Error::new(Status::GenericFailure, error_text(&e))
+}
+
+pub fn invalid(reason: impl Into<String>) -> Error {
+    to_napi(JobError::JobInputInvalid {
+        reason: reason.into(),
+    })
+}
+
+fn null_raw() -> Box<RawValue> {
+    serde_json::value::to_raw_value(&Value::Null).unwrap_or_default()
+}
+
+/// Parses one operation's request object (`what` names it in the error).
+pub fn request<'a, T: Deserialize<'a>>(text: &'a str, what: &str) -> Result<T> {
+    serde_json::from_str(text).map_err(|e| invalid(format!("{what}: {e}")))
+}
+
+/// The JSON text of a reply value that cannot fail to serialise.
+pub fn reply<T: serde::Serialize>(v: &T) -> String {
+    serde_json::to_string(v).unwrap_or_else(|_| "null".to_owned())
+}
+
+// ── tenant ─────────────────────────────────────────────────────────────
+
+/// `tenant` of a request: absent (JS `undefined`), null or an id, as the
+/// tenant gate tells them apart. Use with `#[serde(default, deserialize_with = "tenant")]`.
+pub fn tenant<'de, D: serde::Deserializer<'de>>(d: D) -> std::result::Result<TenantArg, D::Error> {
+    Ok(match Option::<String>::deserialize(d)? {
+        None => TenantArg::Null,
+        Some(t) => TenantArg::Id(t),
+    })
+}
+
+// ── run rows ───────────────────────────────────────────────────────────
+
+pub fn row_text(r: &RunRow) -> String {
+    r.to_compact_json()
+}
+
+pub fn opt_row_text(r: Option<RunRow>) -> String {
+    r.map_or_else(|| "null".to_owned(), |r| r.to_compact_json())
+}
+
+pub fn rows_text(rows: &[RunRow]) -> String {
+    let mut out = String::from("[");
+    for (i, r) in rows.iter().enumerate() {
+        if i > 0 {
+            out.push(',');
+        }
+        out.push_str(&r.to_compact_json());
+    }
+    out.push(']');
+    out
+}
+
+/// `{run, children: [...]}` nested, from a tree's rows (root first).
+pub fn tree_text(rows: &[RunRow]) -> String {
+    use std::collections::HashMap;
+    let mut children: HashMap<RunId, Vec<usize>> = HashMap::new();
+    for (i, r) in rows.iter().enumerate().skip(1) {
+        if let Some(p) = r.parent_run_id() {
+            children.entry(p).or_default().push(i);
+        }
+    }
+    // Iterative: a deep chain of children must not exhaust the stack.
+    enum Step {
+        Open(usize),
+        Close,
+        Comma,
+    }
+    let mut out = String::new();
+    let mut stack = vec![Step::Open(0)];
+    while let Some(step) = stack.pop() {
+        match step {
+            Step::Comma => out.push(','),
+            Step::Close => out.push_str("]}"),
+            Step::Open(i) => {
+                out.push_str("{\"run\":");
+                out.push_str(&rows[i].to_compact_json());
+                out.push_str(",\"children\":[");
+                stack.push(Step::Close);
+                if let Some(kids) = children.get(&rows[i].id) {
+                    for (n, k) in kids.iter().enumerate().rev() {
+                        stack.push(Step::Open(*k));
+                        if n > 0 {
+                            stack.push(Step::Comma);
+                        }
+                    }
+                }
+            }
+        }
+    }
+    out
+}
+
+/// `[{pool, status, count}]`.
+pub fn counts_text(counts: &[(std::sync::Arc<str>, RunStatus, u64)]) -> String {
+    let items: Vec<Value> = counts
+        .iter()
+        .map(|(pool, status, count)| json!({ "pool": &**pool, "status": status.as_str(), "count": count }))
+        .collect();
+    Value::Array(items).to_string()
+}
+
+/// A schedule as JS reads it (times in epoch ms; the TS layer makes `Date`s).
+pub fn schedule_text(s: &ScheduleRow) -> String {
+    #[derive(serde::Serialize)]
+    #[serde(rename_all = "camelCase")]
+    struct Out<'a> {
+        name: &'a str,
+        tenant_id: Option<&'a str>,
+        job_type: &'a str,
+        input: &'a RawValue,
+        cron: Option<&'a str>,
+        timezone: Option<&'static str>,
+        every_ms: Option<i64>,
+        next_run_at: Option<i64>,
+        last_run_at: Option<i64>,
+        last_run_id: Option<String>,
+        last_error: Option<&'a str>,
+        created_at: i64,
+        updated_at: i64,
+    }
+    let (cron, timezone, every_ms) = match &s.timing {
+        ScheduleTiming::Cron(c, tz) => (Some(c.expr()), Some(tz.name()), None),
+        ScheduleTiming::Every(ms) => (None, None, Some(*ms)),
+    };
+    reply(&Out {
+        name: &s.name,
+        tenant_id: s.tenant_id.as_deref(),
+        job_type: &s.job_type,
+        input: &s.input,
+        cron,
+        timezone,
+        every_ms,
+        next_run_at: s.next_fire_at,
+        last_run_at: s.last_fired_at,
+        last_run_id: s.last_run_id.map(|id| id.to_string()),
+        last_error: s.last_error.as_deref(),
+        created_at: s.created_at,
+        updated_at: s.updated_at,
+    })
+}
+
+// ── keyset cursor ──────────────────────────────────────────────────────
+
+pub fn encode_cursor((created_at, id): PageCursor) -> String {
+    format!("c1{:016x}{:032x}", created_at as u64, id)
+}
+
+pub fn decode_cursor(c: &str) -> Result<PageCursor> {
+    cursor_parts(c).ok_or_else(|| {
+        invalid("cursor is malformed (pass nextCursor from a previous page unchanged)")
+    })
+}
+
+fn cursor_parts(c: &str) -> Option<PageCursor> {
+    let hex = c
+        .strip_prefix("c1")
+        .filter(|h| h.len() == 48 && h.bytes().all(|b| b.is_ascii_hexdigit()))?;
+    let t = u64::from_str_radix(&hex[..16], 16).ok()? as i64;
+    let id = u128::from_str_radix(&hex[16..], 16).ok()?;
+    Some((t, id))
+}
+
+// ── start ──────────────────────────────────────────────────────────────
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct ScopeWire {
+    entity_type: String,
+    entity_id: String,
+}
+
+/// Start options as the TS layer sends them (already shape-checked there;
+/// checked again here so that every value the engine stores is).
+#[derive(Deserialize, Default)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct StartOpts {
+    #[serde(default, deserialize_with = "tenant")]
+    tenant: TenantArg,
+    scope: Option<ScopeWire>,
+    scope_entity_id_from_meta: Option<String>,
+    pool: Option<String>,
+    run_at: Option<f64>,
+    priority: Option<f64>,
+    tags: Option<Box<RawValue>>,
+    trigger_source: Option<String>,
+    trigger_ref: Option<String>,
+    parent_close_policy: Option<String>,
+    parent_run_id: Option<String>,
+    concurrency_key: Option<String>,
+    dedupe_key: Option<String>,
+}
+
+/// `runAt` and other instants: an integral ms count inside a JS `Date`'s range.
+pub fn date_ms(t: f64, what: &str) -> Result<i64> {
+    if t.is_finite() && t.fract() == 0.0 && t.abs() <= 8.64e15 {
+        Ok(t as i64)
+    } else {
+        Err(invalid(format!("{what} must be a valid Date")))
+    }
+}
+
+impl StartOpts {
+    /// Moves the options into `req`, checking each value.
+    pub fn apply(self, req: &mut StartRequest) -> Result<()> {
+        let o = self;
+        req.tenant = o.tenant;
+        req.scope = o.scope.map(|s| (s.entity_type, s.entity_id));
+        req.scope_entity_id_from_meta = o.scope_entity_id_from_meta;
+        if matches!(&o.pool, Some(p) if p.is_empty()) {
+            return Err(invalid("pool must be a non-empty string"));
+        }
+        if matches!(&o.pool, Some(p) if p.contains('\n')) {
+            return Err(invalid("pool must not contain a line break"));
+        }
+        req.pool = o.pool;
+        req.run_at = o.run_at.map(|t| date_ms(t, "runAt")).transpose()?;
+        req.priority = match o.priority {
+            None => None,
+            Some(p) if p.fract() == 0.0 && p >= i32::MIN as f64 && p <= i32::MAX as f64 => {
+                Some(p as i32)
+            }
+            Some(p) => {
+                return Err(invalid(format!(
+                    "priority must be an integer between -2147483648 and 2147483647, got {p}"
+                )))
+            }
+        };
+        if let Some(tags) = o.tags.filter(|t| t.get() != "null") {
+            let parsed: std::result::Result<std::collections::HashMap<String, String>, _> =
+                serde_json::from_str(tags.get());
+            if parsed.is_err() {
+                return Err(invalid("tags must be an object of string values"));
+            }
+            req.tags = Some(tags);
+        }
+        req.trigger_source = match o.trigger_source {
+            None => None,
+            Some(s) => Some(TriggerSource::parse(&s).ok_or_else(|| {
+                invalid(format!(
+                    "triggerSource must be manual, schedule, event or parent, got '{s}'"
+                ))
+            })?),
+        };
+        req.trigger_ref = o.trigger_ref;
+        req.parent_close_policy = match o.parent_close_policy {
+            None => None,
+            Some(s) => Some(ParentClosePolicy::parse(&s).ok_or_else(|| {
+                invalid(format!(
+                    "parentClosePolicy must be terminate, cancel or abandon, got '{s}'"
+                ))
+            })?),
+        };
+        req.parent_run_id = o.parent_run_id;
+        req.concurrency_key = o.concurrency_key;
+        req.dedupe_key = o.dedupe_key;
+        Ok(())
+    }
+}
+
+/// The run id every ticket, report and batch line starts with, and the rest.
+fn split_run_id(line: &str) -> std::result::Result<(RunId, &str), String> {
+    let id_text = line.get(..36).ok_or("too short")?;
+    let id = id_text
+        .parse::<RunId>()
+        .map_err(|_| format!("bad run id '{id_text}'"))?;
+    Ok((id, &line[36..]))
+}
+
+/// One line of a start batch: a start JS already answered (see
+/// `Engine::start_plain_batch`), `<id><createdAt ms>,<type byte length>:<type><input JSON>`
+/// (input JSON text never holds a raw newline). Written by `encodeStartLine`.
+pub fn parse_start_line(line: &str) -> std::result::Result<PlainStart<'_>, String> {
+    let (id, rest) = split_run_id(line)?;
+    let comma = rest.find(',').ok_or("no ',' after the time")?;
+    let at: i64 = rest[..comma]
+        .parse()
+        .map_err(|_| format!("bad time '{}'", &rest[..comma]))?;
+    let rest = &rest[comma + 1..];
+    let colon = rest.find(':').ok_or("no ':' after the type length")?;
+    let len: usize = rest[..colon].parse().map_err(|_| "bad type length")?;
+    let rest = &rest[colon + 1..];
+    let (job_type, input) = (rest.get(..len).ok_or("type cut short")?, &rest[len..]);
+    let input = RawValue::from_string(input.to_owned()).map_err(|e| format!("input: {e}"))?;
+    Ok(PlainStart {
+        id,
+        at,
+        job_type,
+        input,
+    })
+}
+
+// ── attempts ───────────────────────────────────────────────────────────
+
+/// An attempt ticket for JS: `header \0 input \0 row`. The header is
+/// `<id><epoch>,<timeoutMs or nothing>,` then the job type and the pool,
+/// each as `<UTF-16 length>:<text>`, so any character may appear in them.
+/// Input and row are JSON, in which serde_json escapes NUL, so the
+/// separators are unambiguous. The row is left empty unless `with_row`:
+/// serialising it costs more than the rest of a worker's per-run native
+/// work, and most handlers never read `ctx.run` (JS fetches it with
+/// `claimedRun` if so). Read by `TicketReader` in `ts/wire.ts`.
+pub fn ticket_text(t: &AttemptTicket, with_row: bool) -> String {
+    let row = if with_row {
+        t.run.to_compact_json()
+    } else {
+        String::new()
+    };
+    let mut out = String::with_capacity(96 + t.run.input.get().len() + row.len());
+    write_ticket(&mut out, t);
+    out.push_str(&row);
+    out
+}
+
+/// Appends a ticket without its row to `out`. Written by hand and read by
+/// hand in JS (no JSON for the header): this is on every run's path.
+pub fn write_ticket(out: &mut String, t: &AttemptTicket) {
+    let mut id = RunId::encode_buffer();
+    out.push_str(t.run.id.hyphenated().encode_lower(&mut id));
+    let _ = write!(out, "{},", t.epoch);
+    if let Some(ms) = t.timeout_ms {
+        let _ = write!(out, "{ms}");
+    }
+    let (job_type, pool) = (&*t.run.job_type, &*t.run.pool);
+    let _ = write!(
+        out,
+        ",{}:{job_type}{}:{pool}\0{}\0",
+        utf16_len(job_type),
+        utf16_len(pool),
+        t.run.input.get()
+    );
+}
+
+/// Length in UTF-16 units (what JS string lengths count).
+fn utf16_len(s: &str) -> usize {
+    if s.is_ascii() {
+        s.len()
+    } else {
+        s.encode_utf16().count()
+    }
+}
+
+#[derive(Deserialize)]
+struct OutcomeError {
+    message: Option<String>,
+    stack: Option<String>,
+    name: Option<String>,
+    code: Option<String>,
+}
+
+/// The outcome JSON a handler's attempt ends with (`outcomeText` in TS).
+/// `output` stays raw text so the handler's key order is kept.
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct OutcomeWire {
+    status: String,
+    output: Option<Box<RawValue>>,
+    error: Option<OutcomeError>,
+    timeout_ms: Option<i64>,
+}
+
+/// What a handler that returns nothing reports (most do).
+pub const COMPLETED_EMPTY: &str = r#"{"status":"completed","output":{}}"#;
+
+pub fn parse_outcome(text: &str) -> AttemptOutcome {
+    if text == COMPLETED_EMPTY {
+        return AttemptOutcome::Completed(None);
+    }
+    let wire: OutcomeWire = match serde_json::from_str(text) {
+        Ok(v) => v,
+        Err(e) => {
+            return AttemptOutcome::Failed(FailureInfo {
+                message: format!("handler outcome was not understood: {e}"),
+                ..FailureInfo::default()
+            })
+        }
+    };
+    match wire.status.as_str() {
+        "completed" => AttemptOutcome::Completed(wire.output.filter(|o| o.get() != "null")),
+        "no_handler" => AttemptOutcome::NoHandler,
+        "timed_out" => AttemptOutcome::TimedOut {
+            timeout_ms: wire.timeout_ms.unwrap_or(0),
+        },
+        _ => {
+            let e = wire.error;
+            AttemptOutcome::Failed(FailureInfo {
+                message: e
+                    .as_ref()
+                    .and_then(|e| e.message.clone())
+                    .unwrap_or_else(|| "handler failed".to_owned()),
+                stack: e.as_ref().and_then(|e| e.stack.clone()),
+                name: e.as_ref().and_then(|e| e.name.clone()),
+                code: e.as_ref().and_then(|e| e.code.clone()),
+            })
+        }
+    }
+}
+
+/// A thrown value as `describeFailure` in TS reports it.
+#[derive(Deserialize, Default)]
+pub struct FailureWire {
+    message: Option<String>,
+    stack: Option<String>,
+    name: Option<String>,
+    code: Option<String>,
+}
+
+impl From<FailureWire> for FailureInfo {
+    fn from(f: FailureWire) -> Self {
+        FailureInfo {
+            message: f.message.unwrap_or_else(|| "step failed".to_owned()),
+            stack: f.stack,
+            name: f.name,
+            code: f.code,
+        }
+    }
+}
+
+/// One attempt of a worker report: `<id><epoch>,<pool index>,<outcome>`,
+/// where the pool index is the pool's position in `startWorker`'s list, an
+/// empty outcome means the attempt ended without one (canceled or
+/// released) and `.` a completion with no output; outcome JSON never holds
+/// a raw newline. Written by `reportLine` in TS.
+pub fn parse_report_line(
+    line: &str,
+) -> std::result::Result<(RunId, u32, Option<AttemptOutcome>, usize), String> {
+    let (id, rest) = split_run_id(line)?;
+    let a = rest.find(',').ok_or("no ',' after the epoch")?;
+    let epoch: u32 = rest[..a].parse().map_err(|_| "bad epoch")?;
+    let rest = &rest[a + 1..];
+    let b = rest.find(',').ok_or("no ',' after the pool index")?;
+    // Negative or huge: no slot of this worker (frees none).
+    let slot = rest[..b].parse::<usize>().unwrap_or(usize::MAX);
+    let outcome = match &rest[b + 1..] {
+        "" => None,
+        "." => Some(AttemptOutcome::Completed(None)),
+        text => Some(parse_outcome(text)),
+    };
+    Ok((id, epoch, outcome, slot))
+}
+
+/// Worker pools from `[{"name","concurrency"}]`.
+pub fn parse_pools(text: &str) -> Result<Vec<WorkerPool>> {
+    #[derive(Deserialize)]
+    #[serde(deny_unknown_fields)]
+    struct PoolWire {
+        name: String,
+        concurrency: usize,
+    }
+    let pools: Vec<PoolWire> = request(text, "worker pools")?;
+    // Tickets cross to JS one per line.
+    if let Some(p) = pools.iter().find(|p| p.name.contains('\n')) {
+        return Err(invalid(format!(
+            "pool name {:?} must not contain a line break",
+            p.name
+        )));
+    }
+    Ok(pools
+        .iter()
+        .map(|p| WorkerPool::new(&p.name, p.concurrency))
+        .collect())
+}
+
+/// Appends `lines` to `out`, one per line.
+pub fn push_lines(out: &mut String, lines: &[String]) {
+    for l in lines {
+        if !out.is_empty() {
+            out.push('\n');
+        }
+        out.push_str(l);
+    }
+}
+
+/// `{"aborts":[{"runId","epoch"?,"reason"}],"events":[row…]}`.
+pub fn notices_text(aborts: &[(RunId, Option<u32>, AbortReason)], events: &[String]) -> String {
+    let aborts: Vec<Value> = aborts
+        .iter()
+        .map(|(id, epoch, r)| match epoch {
+            Some(e) => json!({ "runId": id.to_string(), "epoch": e, "reason": r.as_str() }),
+            None => json!({ "runId": id.to_string(), "reason": r.as_str() }),
+        })
+        .collect();
+    format!(
+        "{{\"aborts\":{},\"events\":[{}]}}",
+        Value::Array(aborts),
+        events.join(",")
+    )
+}
+
+// ── queries ────────────────────────────────────────────────────────────
+
+const DEFAULT_PAGE: usize = 50;
+const MAX_PAGE: usize = 500;
+
+/// `limit`: absent → 50, above 500 → 500; anything but a positive integer
+/// is an error.
+pub fn page_limit(limit: Option<f64>) -> Result<usize> {
+    match limit {
+        None => Ok(DEFAULT_PAGE),
+        Some(l) if l.is_finite() && l.fract() == 0.0 && l >= 1.0 => Ok((l as usize).min(MAX_PAGE)),
+        Some(l) => Err(invalid(format!(
+            "limit must be a positive integer, got {l}"
+        ))),
+    }
+}
+
+fn status_of(s: &str) -> Result<RunStatus> {
+    RunStatus::parse(s).ok_or_else(|| invalid(format!("unknown run status '{s}'")))
+}
+
+/// A query's `status`: one status, an array of them, or absent (every status).
+fn statuses_of(v: &Value) -> Result<Option<Vec<RunStatus>>> {
+    match v.get("status") {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::String(s)) => Ok(Some(vec![status_of(s)?])),
+        Some(Value::Array(a)) => a
+            .iter()
+            .map(|x| {
+                x.as_str()
+                    .ok_or_else(|| invalid("status must be a string or an array of strings"))
+                    .and_then(status_of)
+            })
+            .collect::<Result<Vec<_>>>()
+            .map(Some),
+        Some(_) => Err(invalid("status must be a string or an array of strings")),
+    }
+}
+
+fn limit_of(v: &Value) -> Result<usize> {
+    match v.get("limit") {
+        None | Some(Value::Null) => page_limit(None),
+        Some(l) => page_limit(Some(
+            l.as_f64()
+                .ok_or_else(|| invalid("limit must be a positive integer"))?,
+        )),
+    }
+}
+
+/// `{status?, jobType?, limit?, offset?, orderBy?}` of `listForScope`.
+pub fn scope_query(v: &Value) -> Result<ScopeQuery> {
+    let statuses = statuses_of(v)?;
+    let job_type = match v.get("jobType") {
+        None | Some(Value::Null) => None,
+        Some(Value::String(s)) => Some(s.clone()),
+        Some(_) => return Err(invalid("jobType must be a string")),
+    };
+    let offset = match v.get("offset").and_then(Value::as_f64) {
+        None if v.get("offset").is_none_or(Value::is_null) => 0,
+        Some(o) if o.fract() == 0.0 && o >= 0.0 => o as usize,
+        _ => return Err(invalid("offset must be a non-negative integer")),
+    };
+    let ascending = match v.get("orderBy").and_then(Value::as_str) {
+        None if v.get("orderBy").is_none_or(Value::is_null) => false,
+        Some("createdAt:desc") => false,
+        Some("createdAt:asc") => true,
+        _ => {
+            return Err(invalid(
+                "orderBy must be 'createdAt:desc' or 'createdAt:asc'",
+            ))
+        }
+    };
+    Ok(ScopeQuery {
+        statuses,
+        job_type,
+        limit: limit_of(v)?,
+        offset,
+        ascending,
+    })
+}
+
+/// `{poolId?, rootRunId?, status?, since?, cursor?, limit?}` of `listJobRuns`.
+pub fn job_run_query(v: &Value) -> Result<JobRunQuery> {
+    let s = |k: &str| -> Result<Option<String>> {
+        match v.get(k) {
+            None | Some(Value::Null) => Ok(None),
+            Some(Value::String(x)) => Ok(Some(x.clone())),
+            Some(_) => Err(invalid(format!("{k} must be a string"))),
+        }
+    };
+    let since = match v.get("since") {
+        None | Some(Value::Null) => None,
+        Some(x) => Some(
+            x.as_f64()
+                .filter(|f| f.is_finite() && f.fract() == 0.0)
+                .ok_or_else(|| invalid("since must be a valid Date"))? as i64,
+        ),
+    };
+    Ok(JobRunQuery {
+        pool: s("poolId")?,
+        root_run_id: s("rootRunId")?,
+        statuses: statuses_of(v)?,
+        since,
+        cursor: s("cursor")?.map(|c| decode_cursor(&c)).transpose()?,
+        limit: limit_of(v)?,
+    })
+}
+
+/// `{"rows": [...], "nextCursor": string | null}`.
+pub fn page_text(rows: &[RunRow], next: Option<PageCursor>) -> String {
+    let cursor = next.map_or("null".to_owned(), |c| format!("\"{}\"", encode_cursor(c)));
+    format!("{{\"rows\":{},\"nextCursor\":{cursor}}}", rows_text(rows))
+}
+
+/// The step service's upsert, as `recordStep` sends it.
+pub fn record_step(v: &RawValue) -> Result<RecordStep> {
+    #[derive(Deserialize)]
+    #[serde(rename_all = "camelCase")]
+    struct Wire {
+        job_run_id: String,
+        step_id: String,
+        seq: Option<u32>,
+        status: String,
+        input: Option<Box<RawValue>>,
+        output: Option<Box<RawValue>>,
+        error: Option<jobforge_core::RunError>,
+        attempts: Option<u32>,
+        started_at: Option<i64>,
+        finished_at: Option<i64>,
+    }
+    let w: Wire = request(v.get(), "recordStep")?;
+    let status = StepStatus::parse(&w.status)
+        .ok_or_else(|| invalid(format!("unknown step status '{}'", w.status)))?;
+    let not_null = |r: Option<Box<RawValue>>| r.filter(|x| x.get() != "null");
+    Ok(RecordStep {
+        job_run_id: w.job_run_id,
+        step_id: w.step_id,
+        seq: w.seq.unwrap_or(0),
+        status,
+        input: not_null(w.input),
+        output: not_null(w.output),
+        error: w.error,
+        attempts: w.attempts,
+        started_at: w.started_at,
+        finished_at: w.finished_at,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cursor_round_trips_and_refuses_anything_else() {
+        for c in [(0i64, 0u128), (1_700_000_000_000, u128::MAX), (-5, 42)] {
+            assert_eq!(cursor_parts(&encode_cursor(c)), Some(c));
+        }
+        for bad in ["", "c1", "c2000", "c1zz", &format!("c1{}", "0".repeat(47))] {
+            assert!(cursor_parts(bad).is_none(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn report_lines_read_back_what_ts_writes() {
+        let id = RunId::new_v4();
+        let (got, epoch, outcome, slot) = parse_report_line(&format!("{id}7,2,.")).unwrap();
+        assert_eq!((got, epoch, slot), (id, 7, 2));
+        assert!(matches!(outcome, Some(AttemptOutcome::Completed(None))));
+        let (_, _, outcome, slot) = parse_report_line(&format!("{id}1,-1,")).unwrap();
+        assert!(outcome.is_none());
+        assert_eq!(slot, usize::MAX);
+        let text = format!(
+            "{id}3,0,{}",
+            r#"{"status":"failed","error":{"message":"m","name":"N","code":"C"}}"#
+        );
+        let Some(AttemptOutcome::Failed(f)) = parse_report_line(&text).unwrap().2 else {
+            panic!("expected a failure");
+        };
+        assert_eq!(
+            (f.message.as_str(), f.name.as_deref(), f.code.as_deref()),
+            ("m", Some("N"), Some("C"))
+        );
+        assert!(parse_report_line("short").is_err());
+        assert!(parse_report_line(&format!("{id}x,0,")).is_err());
+    }
+
+    #[test]
+    fn start_lines_carry_any_type_name() {
+        let id = RunId::new_v4();
+        let line = format!("{id}1234,{}:{}{}", "a:b,c".len(), "a:b,c", r#"{"k":"v"}"#);
+        let s = parse_start_line(&line).unwrap();
+        assert_eq!(
+            (s.id, s.at, s.job_type, s.input.get()),
+            (id, 1234, "a:b,c", r#"{"k":"v"}"#)
+        );
+        assert!(parse_start_line(&format!("{id}12,9:ab{{}}")).is_err());
+    }
+
+    #[test]
+    fn outcomes_of_every_kind() {
+        assert!(matches!(
+            parse_outcome(COMPLETED_EMPTY),
+            AttemptOutcome::Completed(None)
+        ));
+        let AttemptOutcome::Completed(Some(o)) =
+            parse_outcome(r#"{"status":"completed","output":{"b":1,"a":2}}"#)
+        else {
+            panic!("expected an output");
+        };
+        assert_eq!(o.get(), r#"{"b":1,"a":2}"#, "key order kept");
+        assert!(matches!(
+            parse_outcome(r#"{"status":"timed_out","timeoutMs":5}"#),
+            AttemptOutcome::TimedOut { timeout_ms: 5 }
+        ));
+        assert!(matches!(
+            parse_outcome(r#"{"status":"no_handler"}"#),
+            AttemptOutcome::NoHandler
+        ));
+        assert!(matches!(
+            parse_outcome("garbage"),
+            AttemptOutcome::Failed(_)
+        ));
+    }
+}

@@ -1,0 +1,333 @@
+/**
+ * The one interface every operation of the orchestrator goes through, and
+ * its implementation over the native engine's operation list: the calls
+ * are the same for every store, only how they reach the engine differs
+ * (`memory.ts`: on the JS thread; `postgres.ts`: on a blocking thread).
+ * A third store is one more file beside those two.
+ */
+import type { EngineClock } from '../clock';
+import type { StepStore } from '../execution/context';
+import type { JobDefinitionRow, JobRun, JobSchedule, JobStep, RunTreeNode } from '../rows';
+import { OP, type NativeEngine, type OpName } from '../native';
+import {
+  decodeNativeError,
+  decodeSchedule,
+  parseDefinitions,
+  parseNotices,
+  parseOptRun,
+  parseOptStep,
+  parsePage,
+  parseRun,
+  parseRuns,
+  parseSteps,
+  parseTree,
+  startRequest,
+  type Notices,
+  type Ticket,
+  type TicketReader,
+} from '../wire';
+
+/** A tenant as a call gives it: left out (`undefined`), null, or an id. */
+export type Tenant = string | null | undefined;
+
+/** A start, checked and with its JS-side keys evaluated (see `prepareStart`). */
+export interface PreparedStart {
+  type: string;
+  inputText: string;
+  /** What `JSON.parse(inputText)` gives, when it came for free. */
+  inputCopy: Record<string, unknown> | null;
+  /** Options for the engine (`StartOpts`); null when none were given and no JS key applies. */
+  opts: Record<string, unknown> | null;
+  /** A JS key function threw: the engine's earlier checks go first, then this is rethrown. */
+  thrown: { error: unknown } | null;
+  tenant: Tenant;
+  hasParent: boolean;
+}
+
+/** Where the engine's notices go: attempts to abort, run events to emit. */
+export interface NoticeSink {
+  /** Whether anyone listens (saves a native call otherwise). */
+  wanted(): boolean;
+  deliver(notices: Notices): void;
+}
+
+/** What a backend needs from the worker running on it. */
+export interface WorkerLink {
+  readonly running: boolean;
+  /** Some attempt is executing (its report will carry buffered starts). */
+  readonly busy: boolean;
+  hasIdleSlot(pool?: string): boolean;
+  /** Tickets a call claimed, from `reply[from]` on. */
+  deliver(reply: string, from: number): void;
+}
+
+export interface Backend extends StepStore {
+  readonly kind: 'memory' | 'postgres';
+  /** Other processes may run this store's runs (a wait looks at the row now and then too). */
+  readonly shared: boolean;
+  readonly clock: EngineClock;
+  readonly tickets: TicketReader;
+
+  // ── time and notices (no I/O) ──
+  advanceTime(ms: number): number | null;
+  setEvents(on: boolean): void;
+  watchRun(runId: string, on: boolean): void;
+  /** Delivers the engine's queued notices, if anyone listens. */
+  drainNotices(): void;
+
+  // ── schema and definitions ──
+  /**
+   * What must settle before a call that needs the definitions (a networked
+   * store writes them in the background); null when nothing is pending.
+   */
+  ready(): Promise<void> | null;
+  migrate(): Promise<void>;
+  close(): Promise<void>;
+  storedJobTypes(): Promise<string[]>;
+  /** Checks and records definitions, all or none; throws at once on a bad one. */
+  register(specs: Record<string, unknown>[]): JobDefinitionRow[];
+  definition(type: string): Promise<JobDefinitionRow | null>;
+
+  // ── runs ──
+  start(p: PreparedStart): Promise<JobRun>;
+  cancel(runId: string, cascade: boolean, tenant: Tenant): Promise<void>;
+  replay(runId: string, tenant: Tenant): Promise<JobRun>;
+  claimNext(pool: string): Promise<JobRun | null>;
+  beginAttempt(runId: string): Promise<Ticket>;
+  finishAttempt(runId: string, epoch: number, outcomeText: string): Promise<boolean>;
+  releaseAttempt(runId: string, epoch: number): Promise<boolean>;
+
+  // ── queries ──
+  findById(runId: string, tenant: Tenant): Promise<JobRun | null>;
+  listSteps(runId: string, tenant: Tenant): Promise<JobStep[]>;
+  findStep(runId: string, stepId: string, tenant: Tenant): Promise<JobStep | null>;
+  recordStep(record: Record<string, unknown>, tenant: Tenant): Promise<JobStep>;
+  listForScope(entityType: string, entityId: string, query: Record<string, unknown>, tenant: Tenant): Promise<JobRun[]>;
+  cancelForScope(entityType: string, entityId: string, cascade: boolean, tenant: Tenant): Promise<number>;
+  rescheduleForScope(entityType: string, entityId: string, runAt: number, tenant: Tenant): Promise<number>;
+  countByPoolAndStatus(tenant: Tenant): Promise<{ pool: string; status: JobRun['status']; count: number }[]>;
+  listRecentFailed(limit: number | undefined, tenant: Tenant): Promise<JobRun[]>;
+  listJobRuns(query: Record<string, unknown>, tenant: Tenant): Promise<{ rows: JobRun[]; nextCursor: string | null }>;
+  getRunTree(rootRunId: string, tenant: Tenant): Promise<RunTreeNode | null>;
+
+  // ── schedules ──
+  putSchedule(request: Record<string, unknown>): Promise<JobSchedule>;
+  removeSchedule(name: string, tenant: Tenant): Promise<boolean>;
+  listSchedules(tenant: Tenant): Promise<JobSchedule[]>;
+  fireDueSchedules(): Promise<number>;
+
+  // ── worker ──
+  startWorker(pools: { name: string; concurrency: number }[], onBatch: (text: string) => void, link: WorkerLink): void;
+  /** Records ended attempts (`reportLine`s); answers `'0'|'1'` (notices pending) and the tickets it claimed. */
+  workerReport(report: string): string;
+  /** Claims into the worker's idle slots (after a start): tickets one per line. */
+  workerFill(): string;
+  workerStop(): number;
+  workerInFlight(): number;
+  /** Whether a ticket that crossed threads is still its run's current attempt (a store that cannot tell at once: true). */
+  liveNow(runId: string, epoch: number): boolean;
+}
+
+/**
+ * The engine's notice callback, for an engine built before its backend
+ * exists (`ref.backend` is set right after). A threadsafe function is
+ * invisible to the garbage collector: a callback holding the backend would
+ * keep it, its engine and every run alive forever, so it holds a WeakRef,
+ * and is made here: a closure made in a constructor shares a context that
+ * may hold `this`.
+ */
+export function noticeCallback(ref: { backend?: WeakRef<NativeBackend> }): () => void {
+  return () => ref.backend?.deref()?.drainNotices();
+}
+
+/**
+ * The operations of `Backend`, written once over the native engine's
+ * operation list. A store provides `request`: how one operation reaches
+ * the engine and comes back.
+ */
+export abstract class NativeBackend implements Partial<Backend> {
+  abstract readonly kind: 'memory' | 'postgres';
+  abstract readonly clock: EngineClock;
+  abstract readonly tickets: TicketReader;
+  protected worker: WorkerLink | null = null;
+
+  constructor(
+    protected readonly native: NativeEngine,
+    protected readonly sink: NoticeSink,
+  ) {}
+
+  /** Runs `op` with its request; `decode` turns the answer into the result. */
+  protected abstract request<T>(op: OpName, req: string, decode: (text: string) => T): Promise<T>;
+
+  /** A call that may have canceled running runs or emitted events: their notices go out with its answer. */
+  protected mutate<T>(op: OpName, req: string, decode: (text: string) => T): Promise<T> {
+    return this.request(op, req, (text) => {
+      this.drainNotices();
+      return decode(text);
+    });
+  }
+
+  drainNotices(): void {
+    if (!this.sink.wanted()) return;
+    const json = this.native.takeNotices();
+    if (json !== null) this.sink.deliver(parseNotices(json));
+  }
+
+  protected callNative(op: OpName, req: string): string {
+    try {
+      return this.native.callSync(OP[op], req);
+    } catch (e) {
+      throw decodeNativeError(e);
+    }
+  }
+
+  advanceTime(ms: number): number | null {
+    return this.native.advanceTime(ms);
+  }
+
+  setEvents(on: boolean): void {
+    this.native.setEvents(on);
+  }
+
+  watchRun(runId: string, on: boolean): void {
+    this.native.watchRun(runId, on);
+  }
+
+  migrate(): Promise<void> {
+    return this.request('migrate', '{}', () => undefined);
+  }
+
+  storedJobTypes(): Promise<string[]> {
+    return this.request('storedJobTypes', '{}', (t) => JSON.parse(t) as string[]);
+  }
+
+  definition(type: string): Promise<JobDefinitionRow | null> {
+    return this.request('definition', JSON.stringify({ type }), (t) => (t === 'null' ? null : parseDefinitions(`[${t}]`)[0]!));
+  }
+
+  /** The engine's `start`: the row of the new run or of the dedupe hit. */
+  protected startInEngine(p: PreparedStart): Promise<JobRun> {
+    const opts = p.opts === null ? null : JSON.stringify(p.opts);
+    return this.mutate('start', startRequest(p.type, p.inputText, opts), parseRun);
+  }
+
+  /** Rejects with the error of a JS key function, after the engine's earlier checks (tenant gate, job type). */
+  protected preflight(p: PreparedStart, thrown: { error: unknown }): Promise<never> {
+    const req = JSON.stringify({ type: p.type, tenant: p.tenant, hasParent: p.hasParent });
+    return this.request('startPreflight', req, () => {
+      throw thrown.error;
+    });
+  }
+
+  cancel(runId: string, cascade: boolean, tenant: Tenant): Promise<void> {
+    return this.mutate('cancel', JSON.stringify({ runId, cascade, tenant }), () => undefined);
+  }
+
+  replay(runId: string, tenant: Tenant): Promise<JobRun> {
+    return this.mutate('replay', JSON.stringify({ runId, tenant }), parseRun);
+  }
+
+  claimNext(pool: string): Promise<JobRun | null> {
+    return this.request('claimNext', JSON.stringify({ pool }), parseOptRun);
+  }
+
+  beginAttempt(runId: string): Promise<Ticket> {
+    return this.request('beginAttempt', JSON.stringify({ runId }), (t) => this.tickets.read(t));
+  }
+
+  finishAttempt(runId: string, epoch: number, outcomeText: string): Promise<boolean> {
+    const req = `{"runId":${JSON.stringify(runId)},"epoch":${epoch},"outcome":${outcomeText}}`;
+    return this.mutate('finishAttempt', req, (t) => t === 'true');
+  }
+
+  releaseAttempt(runId: string, epoch: number): Promise<boolean> {
+    return this.request('releaseAttempt', JSON.stringify({ runId, epoch }), (t) => t === 'true');
+  }
+
+  attemptLive(runId: string, epoch: number): Promise<boolean> {
+    return this.request('attemptLive', JSON.stringify({ runId, epoch }), (t) => t === 'true');
+  }
+
+  stepBegin(runId: string, epoch: number, stepId: string): Promise<{ memoized: true; output: unknown } | { memoized: false; attempt: number }> {
+    return this.request('stepBegin', JSON.stringify({ runId, epoch, stepId }), (t) => JSON.parse(t) as { memoized: false; attempt: number });
+  }
+
+  stepComplete(runId: string, epoch: number, stepId: string, outputText: string): Promise<void> {
+    const req = `{"runId":${JSON.stringify(runId)},"epoch":${epoch},"stepId":${JSON.stringify(stepId)},"output":${outputText}}`;
+    return this.request('stepComplete', req, () => undefined);
+  }
+
+  stepFail(runId: string, epoch: number, stepId: string, failure: string, policyText: string | null): Promise<number | null> {
+    const policy = policyText === null ? '' : `,"policy":${policyText}`;
+    const req = `{"runId":${JSON.stringify(runId)},"epoch":${epoch},"stepId":${JSON.stringify(stepId)},"failure":${failure}${policy}}`;
+    return this.request('stepFail', req, (t) => (t === 'null' ? null : Number(t)));
+  }
+
+  findById(runId: string, tenant: Tenant): Promise<JobRun | null> {
+    return this.request('findById', JSON.stringify({ runId, tenant }), parseOptRun);
+  }
+
+  listSteps(runId: string, tenant: Tenant): Promise<JobStep[]> {
+    return this.request('listSteps', JSON.stringify({ runId, tenant }), parseSteps);
+  }
+
+  findStep(runId: string, stepId: string, tenant: Tenant): Promise<JobStep | null> {
+    return this.request('findStep', JSON.stringify({ runId, stepId, tenant }), parseOptStep);
+  }
+
+  recordStep(record: Record<string, unknown>, tenant: Tenant): Promise<JobStep> {
+    return this.request('recordStep', JSON.stringify({ record, tenant }), (t) => parseOptStep(t)!);
+  }
+
+  listForScope(entityType: string, entityId: string, query: Record<string, unknown>, tenant: Tenant): Promise<JobRun[]> {
+    return this.request('listForScope', JSON.stringify({ entityType, entityId, query, tenant }), parseRuns);
+  }
+
+  cancelForScope(entityType: string, entityId: string, cascade: boolean, tenant: Tenant): Promise<number> {
+    return this.mutate('cancelForScope', JSON.stringify({ entityType, entityId, cascade, tenant }), Number);
+  }
+
+  rescheduleForScope(entityType: string, entityId: string, runAt: number, tenant: Tenant): Promise<number> {
+    return this.request('rescheduleForScope', JSON.stringify({ entityType, entityId, runAt, tenant }), Number);
+  }
+
+  countByPoolAndStatus(tenant: Tenant): Promise<{ pool: string; status: JobRun['status']; count: number }[]> {
+    return this.request('countByPoolAndStatus', JSON.stringify({ tenant }), (t) => JSON.parse(t) as { pool: string; status: JobRun['status']; count: number }[]);
+  }
+
+  listRecentFailed(limit: number | undefined, tenant: Tenant): Promise<JobRun[]> {
+    return this.request('listRecentFailed', JSON.stringify({ limit, tenant }), parseRuns);
+  }
+
+  listJobRuns(query: Record<string, unknown>, tenant: Tenant): Promise<{ rows: JobRun[]; nextCursor: string | null }> {
+    return this.request('listJobRuns', JSON.stringify({ query, tenant }), parsePage);
+  }
+
+  getRunTree(rootRunId: string, tenant: Tenant): Promise<RunTreeNode | null> {
+    return this.request('getRunTree', JSON.stringify({ runId: rootRunId, tenant }), parseTree);
+  }
+
+  putSchedule(request: Record<string, unknown>): Promise<JobSchedule> {
+    return this.request('putSchedule', JSON.stringify(request), (t) => decodeSchedule(JSON.parse(t) as Record<string, unknown>));
+  }
+
+  removeSchedule(name: string, tenant: Tenant): Promise<boolean> {
+    return this.request('removeSchedule', JSON.stringify({ name, tenant }), (t) => t === 'true');
+  }
+
+  listSchedules(tenant: Tenant): Promise<JobSchedule[]> {
+    return this.request('listSchedules', JSON.stringify({ tenant }), (t) => (JSON.parse(t) as Record<string, unknown>[]).map(decodeSchedule));
+  }
+
+  fireDueSchedules(): Promise<number> {
+    return this.mutate('fireDueSchedules', '{}', Number);
+  }
+
+  workerStop(): number {
+    return this.native.workerStop();
+  }
+
+  workerInFlight(): number {
+    return this.native.workerInFlight();
+  }
+}

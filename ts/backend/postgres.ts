@@ -1,0 +1,195 @@
+/**
+ * PostgreSQL: every operation that touches the database runs on a
+ * blocking thread of the addon (`call`), so the JS thread never waits on
+ * I/O; any number of processes share the store. Definitions are checked at
+ * once (so `registerHandler` throws synchronously, as in memory) and
+ * written in the background; calls that need them wait for that first.
+ */
+import { EngineClock } from '../clock';
+import { JobInputInvalidError } from '../errors';
+import type { JobDefinitionRow, JobRun } from '../rows';
+import { NativeEngine, OP, type OpName } from '../native';
+import { decodeNativeError, parseDefinitions, TicketReader } from '../wire';
+import { NativeBackend, noticeCallback, type Backend, type NoticeSink, type PreparedStart, type WorkerLink } from './backend';
+
+export interface PostgresOptions {
+  /** `postgres://user:password@host:port/database`. */
+  url: string;
+  /** Schema of jobforge's tables (created by `migrate()`). Default `public`. */
+  schema?: string | undefined;
+  /** Connection pool size of this process. Default 10. */
+  maxConnections?: number | undefined;
+  /**
+   * A claimed run whose lease is not renewed for this long goes back to
+   * `pending` (its worker died). The worker renews every leaseMs/3. Default 30000.
+   */
+  leaseMs?: number | undefined;
+  /** Polling fallback of the worker when no notification arrives. Default 1000. */
+  pollMs?: number | undefined;
+}
+
+/** Checks the `postgres` options of an orchestrator. */
+export function checkPostgresOptions(pgo: unknown): asserts pgo is PostgresOptions {
+  const o = pgo as PostgresOptions | null | undefined;
+  if (o === null || typeof o !== 'object' || typeof o.url !== 'string' || o.url.length === 0) {
+    throw new JobInputInvalidError("backend 'postgres' needs postgres.url (a connection string)");
+  }
+  if (o.schema !== undefined && (typeof o.schema !== 'string' || o.schema.length === 0)) {
+    throw new JobInputInvalidError('postgres.schema must be a non-empty string');
+  }
+  const positive = (v: unknown, name: string) => {
+    if (v !== undefined && (typeof v !== 'number' || !Number.isFinite(v) || v <= 0)) {
+      throw new JobInputInvalidError(`postgres.${name} must be a positive number, got ${String(v)}`);
+    }
+  };
+  positive(o.maxConnections, 'maxConnections');
+  positive(o.leaseMs, 'leaseMs');
+  positive(o.pollMs, 'pollMs');
+}
+
+export class PostgresBackend extends NativeBackend implements Backend {
+  readonly kind = 'postgres' as const;
+  readonly shared = true;
+  readonly clock: EngineClock;
+  readonly tickets = new TicketReader();
+  /** Background definition writes, in order; every call that needs definitions awaits them. */
+  private registering: Promise<void> = Promise.resolve();
+  private registerError: unknown = null;
+  /** A definition write failed: the database may lack some of `specs`. */
+  private defsUnsaved = false;
+  /** The latest spec of every registered type (written again after `migrate()` or a failed write). */
+  private readonly specs = new Map<string, Record<string, unknown>>();
+
+  constructor(
+    o: { multiTenant: boolean; clock: 'system' | 'manual'; retention?: { completedMs?: number | undefined; failedMs?: number | undefined } | undefined },
+    pg: PostgresOptions,
+    sink: NoticeSink,
+  ) {
+    const ref: { backend?: WeakRef<NativeBackend> } = {};
+    let native: NativeEngine;
+    try {
+      native = new NativeEngine(
+        {
+          store: 'postgres',
+          url: pg.url,
+          schema: pg.schema,
+          maxConnections: pg.maxConnections === undefined ? undefined : Math.floor(pg.maxConnections),
+          multiTenant: o.multiTenant,
+          clock: o.clock,
+          retainCompletedMs: o.retention?.completedMs,
+          retainFailedMs: o.retention?.failedMs,
+          leaseMs: pg.leaseMs,
+          pollMs: pg.pollMs,
+        },
+        noticeCallback(ref),
+      );
+    } catch (e) {
+      throw decodeNativeError(e);
+    }
+    super(native, sink);
+    ref.backend = new WeakRef(this);
+    this.clock = new EngineClock(o.clock, () => native.now());
+  }
+
+  protected request<T>(op: OpName, req: string, decode: (text: string) => T): Promise<T> {
+    return this.native.call(OP[op], req).then(decode, (e: unknown) => {
+      throw decodeNativeError(e);
+    });
+  }
+
+  /**
+   * Waits for background definition writes. After one failed (the
+   * database was down, or its tables not created yet), every definition is
+   * written again first, so handlers registered during an outage are
+   * stored once the database answers; a failure is thrown.
+   */
+  async ready(): Promise<void> {
+    await this.registering;
+    if (this.defsUnsaved && this.specs.size > 0) {
+      this.defsUnsaved = false;
+      this.registerError = null;
+      this.persist(JSON.stringify([...this.specs.values()]));
+      await this.registering;
+    }
+    if (this.registerError !== null) {
+      const e = this.registerError;
+      this.registerError = null;
+      throw e;
+    }
+  }
+
+  override async migrate(): Promise<void> {
+    await this.registering;
+    await super.migrate();
+    // Handlers registered before the tables existed could not be stored:
+    // store them now.
+    this.registerError = null;
+    this.defsUnsaved = this.specs.size > 0;
+    await this.ready();
+  }
+
+  async close(): Promise<void> {
+    await this.registering.catch(() => undefined);
+    this.native.close();
+  }
+
+  register(specs: Record<string, unknown>[]): JobDefinitionRow[] {
+    const text = JSON.stringify(specs);
+    let defs: JobDefinitionRow[];
+    try {
+      defs = parseDefinitions(this.native.validateDefinitions(text));
+    } catch (e) {
+      throw decodeNativeError(e);
+    }
+    for (const spec of specs) this.specs.set(spec.type as string, spec);
+    this.persist(text);
+    return defs;
+  }
+
+  /** Writes definitions to the database in the background (see `ready`). */
+  private persist(specsText: string): void {
+    this.registering = this.registering.then(() =>
+      this.request('register', specsText, () => undefined).then(
+        () => undefined,
+        (e: unknown) => {
+          this.registerError = e;
+          this.defsUnsaved = true;
+        },
+      ),
+    );
+  }
+
+  start(p: PreparedStart): Promise<JobRun> {
+    if (p.thrown !== null) return this.preflight(p, p.thrown);
+    return this.startInEngine(p);
+  }
+
+  // ── worker ──
+
+  startWorker(pools: { name: string; concurrency: number }[], onBatch: (text: string) => void, link: WorkerLink): void {
+    try {
+      this.native.startWorker(JSON.stringify(pools), onBatch);
+    } catch (e) {
+      throw decodeNativeError(e);
+    }
+    this.worker = link;
+  }
+
+  /** Queues the outcomes for the worker's next transaction (no I/O here). */
+  workerReport(report: string): string {
+    try {
+      return this.native.workerReport(report, null);
+    } catch (e) {
+      throw decodeNativeError(e);
+    }
+  }
+
+  workerFill(): string {
+    return '';
+  }
+
+  /** Tickets come straight from a committed claim; an outcome for a run canceled since is ignored by the engine. */
+  liveNow(): boolean {
+    return true;
+  }
+}

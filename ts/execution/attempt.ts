@@ -1,0 +1,93 @@
+/**
+ * One executing attempt, and the attempts this process is executing (by
+ * run id), which the engine's abort notices reach.
+ */
+
+/** The run status an attempt's abort reason means. */
+export const ABORTED_STATUS: Record<string, string> = { canceled: 'canceled', timed_out: 'timed_out', shutdown: 'pending' };
+
+/**
+ * One executing attempt. The AbortController behind `ctx.signal` is built
+ * only when a handler reads the signal (most never do, and constructing one
+ * costs more than the rest of an attempt's bookkeeping).
+ */
+export class Attempt {
+  private controller?: AbortController | undefined;
+  private reason?: string | undefined;
+  private waiters?: (() => void)[] | undefined;
+  /** Set while the handler races its abort: ends the race. */
+  onAbort?: (() => void) | undefined;
+  /** The worker executing this attempt (worker attempts only; see `WorkerRuntime.track`). */
+  worker?: object | undefined;
+
+  constructor(readonly epoch: number) {}
+
+  get aborted(): boolean {
+    return this.reason !== undefined;
+  }
+
+  get abortReason(): string | undefined {
+    return this.reason;
+  }
+
+  get signal(): AbortSignal {
+    if (!this.controller) {
+      this.controller = new AbortController();
+      if (this.reason !== undefined) this.controller.abort(this.reason);
+    }
+    return this.controller.signal;
+  }
+
+  abort(reason: string): void {
+    if (this.reason !== undefined) return;
+    this.reason = reason;
+    this.controller?.abort(reason);
+    this.onAbort?.();
+    for (const w of this.waiters ?? []) w();
+    this.waiters = undefined;
+  }
+
+  whenAborted(): Promise<void> {
+    if (this.reason !== undefined) return Promise.resolve();
+    return new Promise((resolve) => (this.waiters ??= []).push(resolve));
+  }
+}
+
+/** The attempts executing in this process, by run id. */
+export class Attempts {
+  private readonly byRun = new Map<string, Attempt>();
+
+  get size(): number {
+    return this.byRun.size;
+  }
+
+  /** Registered before the handler runs, so a cancel from then on reaches it. */
+  begin(runId: string, epoch: number): Attempt {
+    const a = new Attempt(epoch);
+    this.byRun.set(runId, a);
+    return a;
+  }
+
+  get(runId: string): Attempt | undefined {
+    return this.byRun.get(runId);
+  }
+
+  /** Forgets `attempt` if it is still the run's current one. */
+  end(runId: string, attempt: Attempt): void {
+    if (this.byRun.get(runId) === attempt) this.byRun.delete(runId);
+  }
+
+  entries(): IterableIterator<[string, Attempt]> {
+    return this.byRun.entries();
+  }
+
+  /**
+   * Fires an abort the engine decided. A notice is for one attempt: one
+   * queued while the run was claimed but not executing must not stop a
+   * later attempt (after a replay); no epoch = whichever is executing.
+   */
+  abort(runId: string, epoch: number | undefined, reason: string): void {
+    const a = this.byRun.get(runId);
+    if (a !== undefined && (epoch === undefined || a.epoch === epoch)) a.abort(reason);
+  }
+}

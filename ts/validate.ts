@@ -1,0 +1,291 @@
+/**
+ * Checks of what callers pass (options, handler meta, dates, tenants),
+ * each turned into what the engine reads. A check here names the option
+ * in the error instead of letting the wire parser speak of JSON; the
+ * engine checks again every value it stores.
+ */
+import type { PreparedStart } from './backend/backend';
+import { JobInputInvalidError } from './errors';
+import type { HandlerRegistration, JobHandler, JobHandlerMeta } from './handler';
+import { flatSnapshot, toJsonText } from './json';
+
+/** A real, valid Date (not a look-alike built on Date.prototype): its ms, or null. */
+export function dateMs(d: unknown): number | null {
+  if (!(d instanceof Date)) return null;
+  try {
+    const t: unknown = d.getTime(); // throws on a look-alike without a time value
+    return typeof t === 'number' && Number.isFinite(t) ? t : null;
+  } catch {
+    return null;
+  }
+}
+
+/** `dateMs`, or a `JobInputInvalidError` naming the option. */
+export function requireDate(d: unknown, what: string): number {
+  const t = dateMs(d);
+  if (t === null) throw new JobInputInvalidError(`${what} must be a valid Date`);
+  return t;
+}
+
+export function checkTenant(t: unknown): void {
+  if (t !== undefined && t !== null && typeof t !== 'string') {
+    throw new JobInputInvalidError(`tenantId must be a string or null, got ${typeof t}`);
+  }
+}
+
+/** The `tenantId` of an options object (checked): undefined, null or an id. */
+export function tenantOf(o: { tenantId?: unknown } | null | undefined): string | null | undefined {
+  const t = o === undefined || o === null ? undefined : (o.tenantId as string | null | undefined);
+  checkTenant(t);
+  return t;
+}
+
+/** JSON would turn NaN/Infinity into null (the default): reject them here. */
+export function checkCount(name: string, v: unknown): void {
+  if (v !== undefined && (typeof v !== 'number' || !Number.isFinite(v))) {
+    throw new JobInputInvalidError(`${name} must be a finite number, got ${String(v)}`);
+  }
+}
+
+/** Options of a start as the caller may pass them. */
+export interface StartOptionsInput {
+  scope?: { entityType: string; entityId: string } | undefined;
+  pool?: string | undefined;
+  runAt?: Date | undefined;
+  priority?: number | undefined;
+  tags?: Record<string, string> | undefined;
+  triggerSource?: 'manual' | 'schedule' | 'event' | 'parent' | undefined;
+  triggerRef?: string | undefined;
+  parentClosePolicy?: 'terminate' | 'cancel' | 'abandon' | undefined;
+  parentRunId?: string | undefined;
+  tenantId?: string | null | undefined;
+}
+
+/** Start options checked and converted for the engine (`StartOpts` in Rust: Dates as ms, `tenant`). */
+export function startOptions(opts: StartOptionsInput | undefined): Record<string, unknown> {
+  if (opts !== undefined && (opts === null || typeof opts !== 'object')) {
+    throw new JobInputInvalidError('start options must be an object');
+  }
+  const o = opts ?? {};
+  const out: Record<string, unknown> = {};
+  const tenant = tenantOf(o);
+  if (tenant !== undefined) out.tenant = tenant;
+  for (const k of ['pool', 'triggerRef', 'parentRunId', 'triggerSource', 'parentClosePolicy'] as const) {
+    const v = o[k];
+    if (v !== undefined && v !== null && typeof v !== 'string') {
+      throw new JobInputInvalidError(`${k} must be a string, got ${typeof v}`);
+    }
+    if (v !== undefined && v !== null) out[k] = v;
+  }
+  const scope = o.scope as { entityType?: unknown; entityId?: unknown } | null | undefined;
+  if (scope !== undefined && scope !== null) {
+    if (typeof scope !== 'object' || typeof scope.entityType !== 'string' || typeof scope.entityId !== 'string') {
+      throw new JobInputInvalidError('scope must be { entityType: string, entityId: string }');
+    }
+    out.scope = { entityType: scope.entityType, entityId: scope.entityId };
+  }
+  if (o.runAt !== undefined) out.runAt = requireDate(o.runAt, 'runAt');
+  if (o.priority !== undefined) {
+    if (!Number.isInteger(o.priority)) throw new JobInputInvalidError(`priority must be an integer, got ${String(o.priority)}`);
+    out.priority = o.priority;
+  }
+  if (o.tags !== undefined) {
+    const j = toJsonText(o.tags, 'tags');
+    if (!j.ok) throw new JobInputInvalidError(j.reason);
+    out.tags = o.tags;
+  }
+  return out;
+}
+
+/**
+ * A retry policy as the engine reads it (`RetryPolicy`), checked before
+ * anything runs: a step's policy is used only once its function failed.
+ */
+export function checkRetryPolicy(p: unknown, what: string): void {
+  const bad = (why: string) => new JobInputInvalidError(`${what}: ${why}`);
+  if (p === null || typeof p !== 'object' || Array.isArray(p)) throw bad('must be an object');
+  const r = p as Record<string, unknown>;
+  const { attempts, backoff, baseMs, nonRetryableErrors } = r;
+  if (typeof attempts !== 'number' || !Number.isInteger(attempts) || attempts < 1 || attempts > 0xffffffff) {
+    throw bad(`attempts must be an integer >= 1, got ${String(attempts)}`);
+  }
+  if (backoff !== 'fixed' && backoff !== 'exponential') throw bad(`backoff must be 'fixed' or 'exponential', got ${String(backoff)}`);
+  if (typeof baseMs !== 'number' || !Number.isSafeInteger(baseMs) || baseMs < 0) {
+    throw bad(`baseMs must be an integer >= 0, got ${String(baseMs)}`);
+  }
+  if (nonRetryableErrors !== undefined && nonRetryableErrors !== null && (!Array.isArray(nonRetryableErrors) || nonRetryableErrors.some((e) => typeof e !== 'string'))) {
+    throw bad('nonRetryableErrors must be an array of strings');
+  }
+}
+
+/** A handler: a class with `run(ctx)`, a function, or an object with `run(ctx)`. */
+export function checkHandler(type: string, handler: unknown): void {
+  const ok =
+    typeof handler === 'function' ||
+    (handler !== null && typeof handler === 'object' && typeof (handler as { run?: unknown }).run === 'function');
+  if (!ok) {
+    throw new JobInputInvalidError(`handler of '${type}' must be a class with run(ctx), a function, or an object with run(ctx)`);
+  }
+}
+
+export function isClass(h: unknown): h is new () => { run(ctx: unknown): unknown } {
+  return typeof h === 'function' && typeof (h as { prototype?: { run?: unknown } }).prototype?.run === 'function';
+}
+
+/** What the engine is told about a job type (`DefinitionSpec` in Rust), from its meta. */
+export function definitionSpec(type: unknown, meta: unknown, handler: unknown, registeredAt: number): Record<string, unknown> & { type: string } {
+  if (typeof type !== 'string' || type.length === 0) {
+    throw new JobInputInvalidError('job type must be a non-empty string');
+  }
+  const m = (meta ?? {}) as JobHandlerMeta<unknown>;
+  if (typeof m !== 'object') throw new JobInputInvalidError(`meta of '${type}' must be an object`);
+  checkHandler(type, handler as JobHandler<unknown>);
+  const key = (k: unknown, what: string): string | undefined => {
+    if (k === undefined || k === null) return undefined;
+    if (typeof k === 'function') return '<fn>';
+    if (typeof k === 'string') return k;
+    throw new JobInputInvalidError(`${what} key of '${type}' must be a template string or a function`);
+  };
+  // JSON would turn NaN/Infinity into null, silently switching a feature
+  // off; the engine stores whole milliseconds and counts.
+  const whole = (v: unknown, what: string, min: number) => {
+    if (v !== undefined && v !== null && (typeof v !== 'number' || !Number.isSafeInteger(v) || v < min)) {
+      throw new JobInputInvalidError(`${what} of '${type}' must be an integer >= ${min}, got ${String(v)}`);
+    }
+  };
+  whole(m.timeoutMs, 'timeoutMs', 1);
+  whole(m.dedupe?.windowMs, 'dedupe.windowMs', 0);
+  whole(m.retry?.attempts, 'retry.attempts', 1);
+  whole(m.retry?.baseMs, 'retry.baseMs', 0);
+  // null is "not given" throughout the meta, as in the seed (`meta.pool ?? 'batch'`).
+  if (m.retry !== undefined && m.retry !== null) checkRetryPolicy(m.retry, `retry of '${type}'`);
+  const strings: [unknown, string][] = [
+    [m.pool, 'pool'],
+    [m.replayFrom, 'replayFrom'],
+    [m.concurrency?.collisionMode, 'concurrency.collisionMode'],
+  ];
+  for (const [v, what] of strings) {
+    if (v !== undefined && v !== null && typeof v !== 'string') {
+      throw new JobInputInvalidError(`${what} of '${type}' must be a string, got ${typeof v}`);
+    }
+  }
+  if (m.scope !== undefined && (typeof m.scope?.entity !== 'string' || typeof m.scope?.from !== 'function')) {
+    throw new JobInputInvalidError(`scope of '${type}' needs entity (string) and from (function)`);
+  }
+  return {
+    type,
+    pool: m.pool,
+    scopeEntityType: m.scope?.entity,
+    retry: m.retry,
+    timeoutMs: m.timeoutMs,
+    concurrencyKey: key(m.concurrency?.key, 'concurrency'),
+    collisionMode: m.concurrency?.collisionMode,
+    dedupeKey: key(m.dedupe?.key, 'dedupe'),
+    dedupeWindowMs: m.dedupe?.windowMs,
+    replayFrom: m.replayFrom,
+    registeredAt,
+  };
+}
+
+/** A worker's pools (`[{name, concurrency}]`, as the engine reads them) and its drain time. */
+export function workerOptions(opts: unknown): { pools: { name: string; concurrency: number }[]; shutdownTimeoutMs: number } {
+  const o = (opts ?? {}) as { pools?: unknown; shutdownTimeoutMs?: unknown };
+  const poolsIn = o.pools ?? { batch: { concurrency: 5 }, interactive: { concurrency: 20 } };
+  if (poolsIn === null || typeof poolsIn !== 'object') throw new JobInputInvalidError('pools must be an object');
+  const pools = Object.entries(poolsIn as Record<string, { concurrency?: unknown } | null>).map(([name, p]) => {
+    const c = p?.concurrency;
+    if (!Number.isInteger(c) || (c as number) < 1 || (c as number) > 100_000) {
+      throw new JobInputInvalidError(`pool '${name}' needs an integer concurrency between 1 and 100000`);
+    }
+    return { name, concurrency: c as number };
+  });
+  if (pools.length === 0) throw new JobInputInvalidError('a worker needs at least one pool');
+  const shutdownTimeoutMs = o.shutdownTimeoutMs ?? 10_000;
+  if (typeof shutdownTimeoutMs !== 'number' || !(shutdownTimeoutMs >= 0)) {
+    throw new JobInputInvalidError('shutdownTimeoutMs must be a non-negative number');
+  }
+  return { pools, shutdownTimeoutMs };
+}
+
+const LONE_SURROGATE = /[\uD800-\uDBFF](?![\uDC00-\uDFFF])|(?<![\uD800-\uDBFF])[\uDC00-\uDFFF]/;
+
+/** A schedule's name and options as the engine reads them (`putSchedule`). */
+export function scheduleRequest(name: unknown, opts: unknown): Record<string, unknown> {
+  if (typeof name !== 'string') throw new JobInputInvalidError('schedule name must be a string');
+  // Crossing into Rust, a lone surrogate becomes U+FFFD: two names would be one.
+  if (LONE_SURROGATE.test(name)) throw new JobInputInvalidError('schedule name must not hold a lone surrogate');
+  if (typeof opts !== 'object' || opts === null) throw new JobInputInvalidError('schedule options must be an object');
+  const o = opts as { jobType?: unknown; cron?: unknown; everyMs?: unknown; timezone?: unknown; input?: unknown; tenantId?: unknown };
+  const { jobType, cron, everyMs, timezone } = o;
+  if (typeof jobType !== 'string') throw new JobInputInvalidError('schedule jobType must be a string');
+  if (cron !== undefined && typeof cron !== 'string') throw new JobInputInvalidError('cron must be a string');
+  if (timezone !== undefined && typeof timezone !== 'string') throw new JobInputInvalidError('timezone must be a string');
+  if (everyMs !== undefined && typeof everyMs !== 'number') throw new JobInputInvalidError('everyMs must be a number');
+  const payload = o.input === undefined || o.input === null ? {} : o.input;
+  const j = toJsonText(payload, 'input');
+  if (!j.ok) throw new JobInputInvalidError(j.reason);
+  return { name, jobType, input: JSON.parse(j.text) as unknown, cron, timezone, everyMs, tenant: tenantOf(o) };
+}
+
+/** A `recordStep` input as the engine reads it (Dates as ms). */
+export function recordStepRequest(input: unknown): Record<string, unknown> {
+  if (input === null || typeof input !== 'object') throw new JobInputInvalidError('recordStep needs an object');
+  const src = input as Record<string, unknown>;
+  const wire: Record<string, unknown> = { ...src };
+  for (const k of ['startedAt', 'finishedAt'] as const) {
+    const d = src[k];
+    if (d !== undefined && d !== null) wire[k] = requireDate(d, k);
+  }
+  for (const k of ['input', 'output'] as const) {
+    if (src[k] !== undefined) {
+      const j = toJsonText(src[k], k);
+      if (!j.ok) throw new JobInputInvalidError(j.reason);
+    }
+  }
+  return wire;
+}
+
+/**
+ * The JS side of `start`, written once for every store: the input as
+ * JSON, the options checked, and the keys only JS can evaluate (function
+ * keys, `meta.scope.from`). A key function that throws is kept in
+ * `thrown`: the engine's earlier checks (tenant gate, job type) still come
+ * first.
+ */
+export function prepareStart(type: unknown, input: unknown, opts: StartOptionsInput | undefined, reg: HandlerRegistration | undefined): PreparedStart {
+  if (typeof type !== 'string') throw new JobInputInvalidError('job type must be a string');
+  const payload = input === undefined || input === null ? {} : input;
+  let inputText: string;
+  let inputCopy: Record<string, unknown> | null = null;
+  try {
+    const flat = flatSnapshot(payload);
+    if (flat !== null) {
+      inputText = flat.text;
+      inputCopy = flat.copy;
+    } else {
+      const j = toJsonText(payload, 'input');
+      if (!j.ok) throw new JobInputInvalidError(j.reason);
+      inputText = j.text;
+    }
+  } catch (e) {
+    throw e instanceof JobInputInvalidError ? e : new JobInputInvalidError(`input: ${(e as Error)?.message ?? e}`);
+  }
+  const m = reg?.meta;
+  const fromScope = m?.scope !== undefined && opts?.scope === undefined;
+  const needsJs = m !== undefined && (typeof m.concurrency?.key === 'function' || typeof m.dedupe?.key === 'function' || fromScope);
+  if (opts === undefined && !needsJs) {
+    return { type, inputText, inputCopy, opts: null, thrown: null, tenant: undefined, hasParent: false };
+  }
+  const o = startOptions(opts);
+  let thrown: { error: unknown } | null = null;
+  if (needsJs && m !== undefined) {
+    try {
+      if (typeof m.concurrency?.key === 'function') o.concurrencyKey = String(m.concurrency.key(payload));
+      if (typeof m.dedupe?.key === 'function') o.dedupeKey = String(m.dedupe.key(payload));
+      if (fromScope && m.scope !== undefined) o.scopeEntityIdFromMeta = String(m.scope.from(payload));
+    } catch (e) {
+      thrown = { error: e };
+    }
+  }
+  return { type, inputText, inputCopy, opts: o, thrown, tenant: tenantOf(opts), hasParent: typeof opts?.parentRunId === 'string' };
+}

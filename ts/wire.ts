@@ -1,0 +1,447 @@
+/**
+ * Every format that crosses the napi boundary, TS side. Its Rust twin is
+ * `src/wire.rs`; `__test__/wire.spec.ts` round-trips each one through the
+ * addon. Internal: nothing here is exported from the package.
+ *
+ * - run rows arrive as tuples in `RUN_FIELDS` order (the addon's
+ *   `runFields()` must say the same: checked at load, see `checkRunFields`);
+ * - operation requests are JSON objects (a tenant is one field, `tenant`:
+ *   left out for `undefined`, as `JSON.stringify` does);
+ * - engine errors arrive as `JOBFORGE_ERROR:{code,message,fields}`;
+ * - tickets, worker report lines and start lines are hand-written text on
+ *   every run's path.
+ */
+import {
+  JobCollisionError,
+  JobInputInvalidError,
+  JobKeyFunctionUnavailableError,
+  JobNotReplayableError,
+  JobRunNotFoundError,
+  JobRunStateError,
+  JobStepConflictError,
+  JobStoreError,
+  JobTemplateFieldMissingError,
+  JobTypeNotFoundError,
+  JobforgeError,
+  MissingTenantIdError,
+  ParentRunNotFoundError,
+} from './errors';
+import { toJsonText } from './json';
+import type { JobDefinitionRow, JobRun, JobRunError, JobRunRow, JobRunStatus, JobSchedule, JobStep, RunTreeNode } from './rows';
+
+// ── run rows ───────────────────────────────────────────────────────────
+
+/** Field order of a run tuple (`RUN_FIELDS` in the core's model.rs). */
+export const RUN_FIELDS = [
+  'id', 'jobType', 'jobVersion', 'parentRunId', 'rootRunId', 'parentClosePolicy', 'scopeEntityType',
+  'scopeEntityId', 'tenantId', 'tags', 'pool', 'priority', 'concurrencyKey', 'dedupeKey', 'status', 'input',
+  'output', 'error', 'triggerSource', 'triggerRef', 'runAt', 'startedAt', 'finishedAt', 'claimedAt', 'attempts',
+  'createdAt', 'updatedAt',
+] as const;
+
+/** Throws when the addon's tuple order is not `RUN_FIELDS` (a build of another version). */
+export function checkRunFields(native: readonly string[]): void {
+  if (native.length !== RUN_FIELDS.length || native.some((f, i) => f !== RUN_FIELDS[i])) {
+    throw new Error(`jobforge: the native addon's run fields (${native.join(',')}) are not this build's; rebuild it`);
+  }
+}
+
+/**
+ * The engine's wire form of a run: a JSON array in `RUN_FIELDS` order.
+ * Decoding an array into an object literal of fixed shape is about twice
+ * as fast as parsing keyed JSON.
+ */
+export type RunTuple = [
+  string, string, number, string | null, string, JobRunRow['parentClosePolicy'],
+  string | null, string | null, string | null, Record<string, string>, string, number,
+  string | null, string | null, JobRunStatus, Record<string, unknown>, Record<string, unknown> | null,
+  JobRunError | null, JobRunRow['triggerSource'], string | null, number, number | null,
+  number | null, number | null, number, number, number,
+];
+
+export function fromTuple(a: RunTuple): JobRun {
+  return {
+    id: a[0],
+    jobType: a[1],
+    jobVersion: a[2],
+    parentRunId: a[3],
+    rootRunId: a[4],
+    parentClosePolicy: a[5],
+    scopeEntityType: a[6],
+    scopeEntityId: a[7],
+    tenantId: a[8],
+    tags: a[9],
+    pool: a[10],
+    priority: a[11],
+    concurrencyKey: a[12],
+    dedupeKey: a[13],
+    status: a[14],
+    input: a[15],
+    output: a[16],
+    error: a[17],
+    triggerSource: a[18],
+    triggerRef: a[19],
+    runAt: new Date(a[20]),
+    startedAt: a[21] === null ? null : new Date(a[21]),
+    finishedAt: a[22] === null ? null : new Date(a[22]),
+    claimedAt: a[23] === null ? null : new Date(a[23]),
+    attempts: a[24],
+    waitKind: null,
+    resumeToken: null,
+    waitDeadline: null,
+    createdAt: new Date(a[25]),
+    updatedAt: new Date(a[26]),
+  };
+}
+
+export function parseRun(json: string): JobRun {
+  return fromTuple(JSON.parse(json) as RunTuple);
+}
+
+export function parseOptRun(json: string): JobRun | null {
+  return json === 'null' ? null : parseRun(json);
+}
+
+export function parseRuns(json: string): JobRun[] {
+  return (JSON.parse(json) as RunTuple[]).map(fromTuple);
+}
+
+/** What the JS side keeps of a definition to build a new run's row. */
+export interface RunDefaults {
+  version: number;
+  pool: string;
+  priority: number;
+}
+
+/**
+ * The row of a run `start` just created with no options and no keys: the
+ * engine answered only its id and creation time, everything else follows
+ * from the definition (the same values the engine stored).
+ */
+export function newRun(jobType: string, d: RunDefaults, id: string, at: number, input: Record<string, unknown>): JobRun {
+  return {
+    id,
+    jobType,
+    jobVersion: d.version,
+    parentRunId: null,
+    rootRunId: id,
+    parentClosePolicy: 'terminate',
+    scopeEntityType: null,
+    scopeEntityId: null,
+    tenantId: null,
+    tags: {},
+    pool: d.pool,
+    priority: d.priority,
+    concurrencyKey: null,
+    dedupeKey: null,
+    status: 'pending',
+    input,
+    output: null,
+    error: null,
+    triggerSource: 'manual',
+    triggerRef: null,
+    runAt: new Date(at),
+    startedAt: null,
+    finishedAt: null,
+    claimedAt: null,
+    attempts: 0,
+    waitKind: null,
+    resumeToken: null,
+    waitDeadline: null,
+    createdAt: new Date(at),
+    updatedAt: new Date(at),
+  };
+}
+
+/** `{run, children}` nested (root first), decoded without recursion: a chain of runs can be thousands deep. */
+export function parseTree(json: string): RunTreeNode | null {
+  if (json === 'null') return null;
+  type RawNode = { run: RunTuple; children: RawNode[] };
+  const raw = JSON.parse(json) as RawNode;
+  const root: RunTreeNode = { run: fromTuple(raw.run), children: [] };
+  const todo: [RawNode, RunTreeNode][] = [[raw, root]];
+  for (let next = todo.pop(); next; next = todo.pop()) {
+    const [from, to] = next;
+    for (const c of from.children) {
+      const node: RunTreeNode = { run: fromTuple(c.run), children: [] };
+      to.children.push(node);
+      todo.push([c, node]);
+    }
+  }
+  return root;
+}
+
+export function parsePage(json: string): { rows: JobRun[]; nextCursor: string | null } {
+  const page = JSON.parse(json) as { rows: RunTuple[]; nextCursor: string | null };
+  return { rows: page.rows.map(fromTuple), nextCursor: page.nextCursor };
+}
+
+// ── other rows ─────────────────────────────────────────────────────────
+
+type Raw = Record<string, unknown>;
+const date = (v: unknown): Date | null => (v === null || v === undefined ? null : new Date(v as number));
+
+export function decodeStep(r: Raw): JobStep {
+  r.startedAt = date(r.startedAt);
+  r.finishedAt = date(r.finishedAt);
+  return r as unknown as JobStep;
+}
+
+export function parseSteps(json: string): JobStep[] {
+  return (JSON.parse(json) as Raw[]).map(decodeStep);
+}
+
+export function parseOptStep(json: string): JobStep | null {
+  return json === 'null' ? null : decodeStep(JSON.parse(json) as Raw);
+}
+
+export function decodeDefinition(r: Raw): JobDefinitionRow {
+  r.createdAt = new Date(r.createdAt as number);
+  r.updatedAt = new Date(r.updatedAt as number);
+  return r as unknown as JobDefinitionRow;
+}
+
+export function parseDefinitions(json: string): JobDefinitionRow[] {
+  return (JSON.parse(json) as Raw[]).map(decodeDefinition);
+}
+
+export function decodeSchedule(r: Raw): JobSchedule {
+  r.nextRunAt = date(r.nextRunAt);
+  r.lastRunAt = date(r.lastRunAt);
+  r.createdAt = new Date(r.createdAt as number);
+  r.updatedAt = new Date(r.updatedAt as number);
+  return r as unknown as JobSchedule;
+}
+
+// ── requests ───────────────────────────────────────────────────────────
+
+/** A `start` request around input JSON already written (not written again). */
+export function startRequest(type: string, inputText: string, optsText: string | null): string {
+  const opts = optsText === null ? '' : `,"opts":${optsText}`;
+  return `{"type":${JSON.stringify(type)},"input":${inputText}${opts}}`;
+}
+
+// ── errors ─────────────────────────────────────────────────────────────
+
+const ERROR_PREFIX = 'JOBFORGE_ERROR:';
+
+type Fields = Record<string, unknown>;
+
+const builders: Record<string, (f: Fields, message: string) => JobforgeError> = {
+  JOB_TYPE_NOT_FOUND: (f) => new JobTypeNotFoundError(String(f.jobType)),
+  JOB_COLLISION: (f) => new JobCollisionError(String(f.jobType), String(f.concurrencyKey), fromTuple(f.incumbent as RunTuple)),
+  JOB_NOT_REPLAYABLE: (f) => new JobNotReplayableError(String(f.runId), String(f.currentStatus)),
+  JOB_TEMPLATE_FIELD_MISSING: (f) => new JobTemplateFieldMissingError(String(f.template), String(f.field)),
+  MISSING_TENANT_ID: (f) => new MissingTenantIdError(String(f.method)),
+  JOB_KEY_FUNCTION_UNAVAILABLE: (f) => new JobKeyFunctionUnavailableError(String(f.jobType), String(f.kind)),
+  JOB_RUN_NOT_FOUND: (f) => new JobRunNotFoundError(String(f.runId)),
+  PARENT_RUN_NOT_FOUND: (f) => new ParentRunNotFoundError(String(f.parentRunId)),
+  JOB_INPUT_INVALID: (f) => new JobInputInvalidError(String(f.reason)),
+  JOB_RUN_STATE: (f, m) => {
+    const e = new JobRunStateError(String(f.runId), String(f.status));
+    e.message = m;
+    return e;
+  },
+  JOB_STEP_CONFLICT: (f) => new JobStepConflictError(String(f.runId), String(f.stepId)),
+  JOB_STORE_ERROR: (f, m) => new JobStoreError(m, f.retryable === true),
+};
+
+/** Rebuilds the typed error of a native failure; other errors pass through. */
+export function decodeNativeError(err: unknown): unknown {
+  if (!(err instanceof Error) || !err.message.startsWith(ERROR_PREFIX)) return err;
+  try {
+    const payload = JSON.parse(err.message.slice(ERROR_PREFIX.length)) as { code: string; message: string; fields: Fields };
+    const build = builders[payload.code];
+    if (build) return build(payload.fields, payload.message);
+    return new Error(payload.message);
+  } catch {
+    return err;
+  }
+}
+
+// ── notices ────────────────────────────────────────────────────────────
+
+export interface Notices {
+  aborts: { runId: string; epoch?: number; reason: string }[];
+  events: RunTuple[];
+}
+
+export function parseNotices(json: string): Notices {
+  return JSON.parse(json) as Notices;
+}
+
+// ── attempts ───────────────────────────────────────────────────────────
+
+/** An attempt's outcome as the engine reads it (JSON text), and its kind. */
+export interface Outcome {
+  status: 'completed' | 'failed' | 'timed_out' | 'no_handler';
+  text: string;
+}
+
+/** Lone surrogates (a JS string may hold them; the engine's text cannot) become U+FFFD. */
+const wellFormed = (s: string): string => s.replace(/[\ud800-\udbff](?![\udc00-\udfff])|(?<![\ud800-\udbff])[\udc00-\udfff]/g, '\ufffd');
+
+export interface Failure {
+  message: string;
+  stack?: string;
+  name?: string;
+  code?: string;
+}
+
+/** A thrown value as the engine stores it (`FailureWire` in Rust). */
+export function describeFailure(err: unknown): Failure {
+  let message: string;
+  try {
+    message = wellFormed(err instanceof Error ? err.message : String(err));
+  } catch {
+    message = 'handler threw a value that cannot be turned into a string';
+  }
+  const out: Failure = { message };
+  if (err !== null && typeof err === 'object') {
+    const e = err as { stack?: unknown; name?: unknown; code?: unknown };
+    try {
+      if (typeof e.stack === 'string') out.stack = wellFormed(e.stack);
+      if (typeof e.name === 'string') out.name = wellFormed(e.name);
+      if (typeof e.code === 'string') out.code = wellFormed(e.code);
+    } catch {
+      /* hostile getters: keep what we have */
+    }
+  }
+  return out;
+}
+
+export const failedOutcome = (err: unknown): Outcome => ({
+  status: 'failed',
+  text: JSON.stringify({ status: 'failed', error: describeFailure(err) }),
+});
+export const NO_HANDLER: Outcome = { status: 'no_handler', text: '{"status":"no_handler"}' };
+/** `COMPLETED_EMPTY` in Rust: what most handlers end with. */
+export const COMPLETED_EMPTY: Outcome = { status: 'completed', text: '{"status":"completed","output":{}}' };
+
+export const timedOutOutcome = (timeoutMs: number): Outcome => ({
+  status: 'timed_out',
+  text: `{"status":"timed_out","timeoutMs":${timeoutMs}}`,
+});
+
+/** The outcome of a handler that returned (or resolved with) `value`. */
+export function outcomeOf(value: unknown): Outcome {
+  if (value === undefined || value === null) return COMPLETED_EMPTY;
+  const j = toJsonText(value, 'handler output');
+  if (!j.ok) {
+    return {
+      status: 'failed',
+      text: JSON.stringify({ status: 'failed', error: { message: j.reason, name: 'JobOutputInvalidError' } }),
+    };
+  }
+  return { status: 'completed', text: `{"status":"completed","output":${j.text}}` };
+}
+
+/**
+ * One attempt of a worker report (`parse_report_line`): `<id><epoch>,<pool
+ * index>,<outcome>`; an empty outcome = ended without one, `.` = completed
+ * with no output (by far the most common).
+ */
+export function reportLine(id: string, epoch: number, slot: number, outcome: Outcome | null): string {
+  const text = outcome === null ? '' : outcome === COMPLETED_EMPTY ? '.' : outcome.text;
+  return `${id}${epoch},${slot},${text}\n`;
+}
+
+/** One start JS answered itself (`parse_start_line`): `<id><at>,<type byte length>:<type><input>`. */
+export function startLine(id: string, at: number, typeWire: string, inputText: string): string {
+  return `${id}${at},${typeWire}${inputText}\n`;
+}
+
+/** The `<type byte length>:<type>` part of `startLine` for a job type. */
+export const startLineType = (type: string): string => `${Buffer.byteLength(type)}:${type}`;
+
+/** The decimal number in `s[from, to)`, read without a substring. */
+function digits(s: string, from: number, to: number): number {
+  let n = 0;
+  for (let i = from; i < to; i++) {
+    const d = s.charCodeAt(i) - 48;
+    if (d < 0 || d > 9) throw new Error(`unreadable ticket: ${s.slice(0, 80)}`);
+    n = n * 10 + d;
+  }
+  return n;
+}
+
+/**
+ * One attempt handed to JS by the engine: `header \0 input \0 row` (see
+ * `ticket_text` in Rust). The header and input are parsed at once; the run
+ * row only when a handler reads `ctx.run` (most never do, and it is the
+ * largest part).
+ */
+export class Ticket {
+  constructor(
+    readonly id: string,
+    readonly epoch: number,
+    readonly timeoutMs: number | null,
+    readonly jobType: string,
+    readonly pool: string,
+    readonly input: unknown,
+    private readonly rowText: string,
+    /** Where the row comes from when the ticket carries none. */
+    private readonly readRow: ((runId: string) => string | null) | undefined,
+  ) {}
+
+  private row?: JobRun;
+
+  get run(): JobRun {
+    if (this.row) return this.row;
+    if (this.rowText.length > 0 || !this.readRow) return (this.row = parseRun(this.rowText));
+    const text = this.readRow(this.id);
+    // Only a finished run purged by retention is gone while its handler runs.
+    if (text === null) throw new JobRunNotFoundError(this.id);
+    return (this.row = parseRun(text));
+  }
+}
+
+/**
+ * Reads tickets. One per engine: it remembers the type-and-pool part of
+ * the last ticket, which repeats from ticket to ticket, and reuses its
+ * strings (no new strings to allocate and hash for the Map lookups keyed
+ * by them).
+ */
+export class TicketReader {
+  private lastHead = '';
+  private lastType = '';
+  private lastPool = '';
+
+  /** `readRow`: how `ctx.run` reads a row the ticket left out (the in-memory worker's). */
+  constructor(private readonly readRow?: (runId: string) => string | null) {}
+
+  read(line: string): Ticket {
+    // `<id><epoch>,<timeoutMs?>,<n>:<jobType><m>:<pool>\0<input>\0<row>`
+    // (lengths in UTF-16 units); parsed by hand, it is on every run's path.
+    const id = line.slice(0, 36);
+    const a = line.indexOf(',', 36);
+    const b = line.indexOf(',', a + 1);
+    if (a < 0 || b < 0) throw new Error(`unreadable ticket: ${line.slice(0, 80)}`);
+    const epoch = digits(line, 36, a);
+    const timeoutMs = b === a + 1 ? null : digits(line, a + 1, b);
+    let jobType: string;
+    let pool: string;
+    let poolEnd: number;
+    const head = this.lastHead;
+    if (head.length > 0 && line.startsWith(head, b + 1) && line.charCodeAt(b + 1 + head.length) === 0) {
+      jobType = this.lastType;
+      pool = this.lastPool;
+      poolEnd = b + 1 + head.length;
+    } else {
+      const c = line.indexOf(':', b + 1);
+      const typeEnd = c + 1 + +line.slice(b + 1, c);
+      jobType = line.slice(c + 1, typeEnd);
+      const d = line.indexOf(':', typeEnd);
+      poolEnd = d + 1 + +line.slice(typeEnd, d);
+      pool = line.slice(d + 1, poolEnd);
+      if (c < 0 || d < 0 || line.charCodeAt(poolEnd) !== 0) throw new Error(`unreadable ticket: ${line.slice(0, 80)}`);
+      this.lastHead = line.slice(b + 1, poolEnd);
+      this.lastType = jobType;
+      this.lastPool = pool;
+    }
+    const e = line.indexOf('\0', poolEnd + 1);
+    if (e < 0) throw new Error(`unreadable ticket: ${line.slice(0, 80)}`);
+    const input: unknown = JSON.parse(line.slice(poolEnd + 1, e));
+    return new Ticket(id, epoch, timeoutMs, jobType, pool, input, line.slice(e + 1), this.readRow);
+  }
+}

@@ -457,11 +457,27 @@ function runWorkerBench(quick) {
         wallS: sec(now() - t0),
         medians,
         ratioLine: lines.find((l) => l.startsWith('ratio')) ?? null,
+        drain: drainOf(lines, medians),
         stdout: lines.slice(-60).join('\n'),
         stderrTail: err.split('\n').slice(-20).join('\n'),
       });
     });
   });
+}
+
+/**
+ * The drain of bench/worker.js (a started backlog run by
+ * `startWorker({ pools: { batch: { concurrency: 64 } } })`, against the
+ * bare loop at the same n), picked out of its `# drain: …`, `median
+ * drain…` and `ratio drain/bare: …` lines; null when it printed none.
+ */
+function drainOf(lines, medians) {
+  const head = lines.map((l) => /^# drain: ([\d,]+) runs/.exec(l)).find(Boolean);
+  const ratio = lines.map((l) => /^ratio drain\/bare: throughput ([\d.]+)/.exec(l.trim())).find(Boolean);
+  const j = medians.drain;
+  const b = medians['drain-bare'];
+  if (!head || !ratio || !j || !b) return null;
+  return { n: Number(head[1].replace(/,/g, '')), ms: j.ms, jobsPerS: j.jobsPerS, bareMs: b.ms, bareJobsPerS: b.jobsPerS, ratio: Number(ratio[1]) };
 }
 
 // ── PostgreSQL vs graphile-worker (bench/pg.js, written separately) ──

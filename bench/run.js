@@ -1197,7 +1197,7 @@ async function main(args) {
   console.log(`\nresults: ${path.relative(ROOT, file)} (${report.fmtS(results.durationS)})`);
   const docs = args.docs ?? !args.quick;
   if (docs) writeDocs(results, file);
-  else console.log('BENCHMARKS.md and bench/chart.svg left as they are (quick run; pass --docs to update them)');
+  else console.log(`BENCHMARKS.md and bench/chart.svg left as they are (${args.docs === false ? '--no-docs' : 'quick run'}; pass --docs to update them)`);
 }
 
 async function entry() {

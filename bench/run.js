@@ -134,9 +134,9 @@ const SHAPE_META = {
 };
 
 /**
- * The call shapes of scenario 7 (titled in report.js): `call(o, i)` is the timed `start`, the
- * same on both sides; `check(run, i)` is what the i-th returned row must
- * hold. `scans`: the baseline's `start` scans every live run for this
+ * The call shapes of scenario 7 (report.js titles them): `call(o, i)` is
+ * the timed `start`, the same on both sides; `check(run, i)` is what the
+ * i-th returned row must hold. `scans`: the baseline's `start` scans every live run for this
  * shape (a new concurrency key finds no incumbent, a new dedupe key no
  * candidate), so its loop of n starts is O(n²); `copy(i)` then gives the
  * fields of the i-th run for building its live set by copying rows (see
@@ -429,8 +429,8 @@ async function pointShape(impl, shape, n, mode) {
  * extrapolated from the previous sizes (exponent from the last two, at
  * least `minExp`: 1, or 2 for a loop known to be quadratic, since points
  * of a few ms are too short to show it); when it predicts more, that size
- * and larger are skipped. A
- * repetition that takes longer stops the remaining repetitions and sizes.
+ * and larger are skipped. A repetition that takes longer stops the
+ * remaining repetitions and sizes.
  */
 class TimeBox {
   constructor(limitS) {

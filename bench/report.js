@@ -18,6 +18,23 @@ const SCENARIOS = [
   { key: 'claim', title: '3. `claimNext` + `tick` of a no-op handler, backlog of n pending runs', op: 'claimed run' },
 ];
 
+/**
+ * Scenario 7's call shapes (results.scenarios[`shape.${key}`]), in the
+ * order bench/run.js measures them (it checks that its list matches).
+ * `min1k`: the target ratio at n = 1k (at 100k every shape needs 2×).
+ */
+const SHAPES = [
+  { key: 'plain', label: "plain: `start('plain', {n: i})`", short: 'plain', min1k: 1.2 },
+  { key: 'priority', label: '`{ priority: i % 5 }`', short: '`{ priority }`', min1k: 1 },
+  { key: 'scope', label: "`{ scope: { entityType: 'order', entityId: 'o' + (i % 100) } }`", short: '`{ scope }`', min1k: 1 },
+  { key: 'runAt', label: '`{ runAt: new Date(Date.now() + 60_000) }`', short: '`{ runAt }`', min1k: 1 },
+  { key: 'tenant', label: "multi-tenant orchestrator, `{ tenantId: 't' + (i % 10) }`", short: 'multi-tenant `{ tenantId }`', min1k: 1 },
+  { key: 'laneDistinct', label: "concurrency key (queue mode), distinct keys: `start('laned', {k: i, n: i})`", short: 'concurrency key, distinct keys', min1k: 1 },
+  { key: 'laneShared', label: "concurrency key (queue mode), 50 shared lanes: `start('laned', {k: i % 50, n: i})`", short: 'concurrency key, 50 shared lanes', min1k: 1 },
+  { key: 'dedupe', label: "dedupe key (60 s window), distinct keys: `start('deduped', {k: i})`", short: 'dedupe key, distinct keys', min1k: 1 },
+];
+const SHAPE_MIN_100K = 2;
+
 const CHART_SERIES = [
   { key: 'start', label: 'start (unkeyed)', color: '#1f77b4' },
   { key: 'conc', label: 'start, concurrency key', color: '#2ca02c' },
@@ -92,6 +109,32 @@ function speedup(results, scen, n, metric = 'nsPerOp') {
   return j && b ? b / j : null;
 }
 
+/** The sizes a scenario was measured at: the run's sizes and any other n it has points for (keyed at 20k). */
+function sizesIn(results, scen) {
+  const ns = new Set(results.config.sizes);
+  for (const impl of IMPLS) for (const n of Object.keys(results.scenarios?.[scen]?.[impl]?.points ?? {})) ns.add(Number(n));
+  return [...ns].sort((a, b) => a - b);
+}
+
+/**
+ * Scenario 7's ratio for one shape at n: over the whole loop (n ÷ time)
+ * when both implementations ran it; over the last min(1000, n/10) starts
+ * when the baseline's live set was built by copying rows (its loop is
+ * O(n²) and over the time box), the one figure both then have.
+ */
+function shapeRatio(results, key, n) {
+  const scen = `shape.${key}`;
+  const j = point(results, scen, 'jobforge', n);
+  const b = point(results, scen, 'baseline', n);
+  if (!j || !b) return { r: null, basis: null };
+  if (j.mode !== 'copy' && b.mode !== 'copy' && j.median.nsPerOp && b.median.nsPerOp) return { r: b.median.nsPerOp / j.median.nsPerOp, basis: 'loop' };
+  const jl = j.median.marginalNsPerOp;
+  const bl = b.median.marginalNsPerOp;
+  return { r: jl && bl ? bl / jl : null, basis: 'last' };
+}
+
+const COPY_NOTE = 'over the last min(1000, n/10) starts: the baseline built its first runs by copying rows, its O(n²) loop being over the time box';
+
 // ── targets ────────────────────────────────────────────────────────────
 
 function computeTargets(results) {
@@ -103,10 +146,34 @@ function computeTargets(results) {
     t.push({ id, label, measured: r, display: fmtRatio(r), threshold: `≥ ${min}×`, pass: r === null ? null : r >= min, note: why });
   };
   vs('start-1k', 'unkeyed `start` ops/s, jobforge/baseline, n = 1k', 'start', 1000, 2);
+  vs('conc-20k', 'keyed `start` (concurrency key) ops/s, jobforge/baseline, n = 20k', 'conc', 20000, 50);
+  vs('dedupe-20k', 'keyed `start` (dedupe key) ops/s, jobforge/baseline, n = 20k', 'dedupe', 20000, 50);
   vs('conc-100k', 'keyed `start` (concurrency key) ops/s, jobforge/baseline, n = 100k', 'conc', 100000, 100);
   vs('dedupe-100k', 'keyed `start` (dedupe key) ops/s, jobforge/baseline, n = 100k', 'dedupe', 100000, 100);
   vs('claim-1k', '`claimNext` + `tick` claims/s, jobforge/baseline, n = 1k', 'claim', 1000, 1);
   vs('claim-100k', '`claimNext` + `tick` claims/s, jobforge/baseline, n = 100k', 'claim', 100000, 100);
+  for (const [n, minOf] of [
+    [1000, (sh) => sh.min1k],
+    [100000, () => SHAPE_MIN_100K],
+  ]) {
+    for (const sh of SHAPES) {
+      const min = minOf(sh);
+      const { r, basis } = hasBl ? shapeRatio(results, sh.key, n) : { r: null };
+      let note = null;
+      if (!hasBl) note = 'baseline absent';
+      else if (r === null) note = `no measured pair at n = ${fmtN(n)}`;
+      else if (basis === 'last') note = COPY_NOTE;
+      t.push({
+        id: `shape-${sh.key}-${fmtN(n)}`,
+        label: `\`start\` ${sh.short} ops/s, jobforge/baseline, n = ${fmtN(n)}`,
+        measured: r,
+        display: fmtRatio(r),
+        threshold: `≥ ${min}×`,
+        pass: r === null ? null : r >= min,
+        note,
+      });
+    }
+  }
   {
     const a = median(results, 'claim', 'jobforge', 1000);
     const b = median(results, 'claim', 'jobforge', 1000000);
@@ -121,6 +188,22 @@ function computeTargets(results) {
       threshold: '≤ 2×',
       pass: r === null ? null : r <= 2,
       note: r === null ? 'n = 1M not measured (quick run?)' : sa && sb ? `without the first claim of the sample: ${fmtRatio(sb / sa)}` : null,
+    });
+  }
+  {
+    // The drain of a started backlog (bench/worker.js) against the bare loop: no baseline involved.
+    const d = results.worker?.drain ?? null;
+    let note = null;
+    if (!results.worker) note = 'bench/worker.js not run';
+    else if (!d) note = 'bench/worker.js printed no drain figures';
+    t.push({
+      id: 'worker-drain',
+      label: `worker drain of ${d ? fmtN(d.n) : '50k'} started runs (concurrency 64), jobs/s, jobforge/bare JS loop`,
+      measured: d?.ratio ?? null,
+      display: d ? d.ratio.toFixed(2) : '–',
+      threshold: '≥ 0.30',
+      pass: d ? d.ratio >= 0.3 : null,
+      note,
     });
   }
   for (const n of [100000, 1000000]) {
@@ -388,7 +471,7 @@ function repsOf(p) {
 }
 
 function scenarioTable(results, scen) {
-  const sizes = results.config.sizes;
+  const sizes = sizesIn(results, scen);
   const rows = [];
   for (const n of sizes) {
     const j = point(results, scen, 'jobforge', n);
@@ -477,6 +560,80 @@ function scenarioTable(results, scen) {
   return { table: rows.length ? mdTable(header, rows) : '_not measured_', notes };
 }
 
+/** The sizes scenario 7 has points at (any shape, either implementation). */
+function shapeSizesIn(results) {
+  const ns = new Set();
+  for (const sh of SHAPES) for (const impl of IMPLS) for (const n of Object.keys(results.scenarios?.[`shape.${sh.key}`]?.[impl]?.points ?? {})) ns.add(Number(n));
+  return [...ns].sort((a, b) => a - b);
+}
+
+/** Scenario 7: one row per shape and n; null when the run did not measure it. */
+function shapesSection(results) {
+  if (!SHAPES.some((sh) => results.scenarios?.[`shape.${sh.key}`])) return null;
+  const rows = [];
+  let copied = false;
+  for (const n of shapeSizesIn(results)) {
+    for (const sh of SHAPES) {
+      const scen = `shape.${sh.key}`;
+      const j = point(results, scen, 'jobforge', n);
+      const b = point(results, scen, 'baseline', n);
+      if (!j && !b) continue;
+      const { r, basis } = shapeRatio(results, sh.key, n);
+      const bCopy = b?.mode === 'copy';
+      copied ||= bCopy;
+      const lastRatio = j && b && j.median.marginalNsPerOp && b.median.marginalNsPerOp ? b.median.marginalNsPerOp / j.median.marginalNsPerOp : null;
+      rows.push([
+        fmtN(n),
+        sh.label,
+        fmtOps(j?.median.nsPerOp),
+        bCopy ? 'not run (†)' : fmtOps(b?.median.nsPerOp),
+        basis === 'loop' ? fmtRatio(r) : '–',
+        fmtNs(j?.median.marginalNsPerOp),
+        `${fmtNs(b?.median.marginalNsPerOp)}${bCopy ? ' †' : ''}`,
+        fmtRatio(lastRatio),
+        `${repsOf(j)} / ${repsOf(b)}`,
+      ]);
+    }
+  }
+  const lines = [
+    "Each shape timed as in scenario 1: a fresh orchestrator, n awaited starts of that shape one after another (live runs grow 0 → n), ops/s = n ÷ their time; " +
+      "beside it the cost per start of the last min(1000, n/10), with about n runs live. jobforge's timed section ends with a `findById` of the last run.",
+    '',
+    rows.length
+      ? mdTable(
+          [
+            'n',
+            'shape',
+            'jobforge ops/s',
+            'baseline ops/s',
+            'jobforge/baseline',
+            'jobforge per start, last min(1000, n/10)',
+            'baseline per start, last min(1000, n/10)',
+            'jobforge/baseline, last min(1000, n/10)',
+            'reps (jf / bl)',
+          ],
+          rows,
+        )
+      : '_not measured_',
+  ];
+  if (copied) {
+    lines.push(
+      '',
+      "_† The baseline's `start` of this shape scans every live run, so its loop of n starts is O(n²) and over the time box here: " +
+        'its first run went through `start`, the next ones up to the last min(1000, n/10) were copies of that row (own id, key, input, timestamps), ' +
+        'and only those last starts went through `start` and were timed. The target ratio at this n is then the one over the last starts._',
+    );
+  }
+  for (const sh of SHAPES) {
+    for (const impl of IMPLS) {
+      const e = results.scenarios?.[`shape.${sh.key}`]?.[impl];
+      if (e?.stopped) lines.push('', `_${sh.short}, ${impl}: the 0 → n loop stopped before n = ${fmtN(e.stopped.atN)}: ${e.stopped.reason}._`);
+      if (e?.copyStopped) lines.push('', `_${sh.short}, ${impl}: copying rows stopped before n = ${fmtN(e.copyStopped.atN)}: ${e.copyStopped.reason}._`);
+    }
+  }
+  return lines.join('\n');
+}
+
 function memoryTable(results) {
   const rows = [];
   for (const n of results.config.memorySizes ?? []) {
@@ -538,6 +695,25 @@ function coverageLines(results) {
     const e = results.scenarios?.[s.key]?.jobforge;
     if (e?.stopped) out.push(`- ${s.title}: jobforge stopped before n = ${fmtN(e.stopped.atN)} because ${e.stopped.reason}.`);
   }
+  // Scenario 7: a line per shape where the baseline's loop stopped; one for the others.
+  const whole = [];
+  for (const sh of SHAPES) {
+    const e = results.scenarios?.[`shape.${sh.key}`]?.baseline;
+    if (!e) continue;
+    if (!e.stopped && !e.copyStopped) {
+      whole.push(sh.short);
+      continue;
+    }
+    const pts = Object.entries(e.points);
+    const loops = pts.filter(([, p]) => p.mode !== 'copy').map(([n]) => Number(n));
+    const copies = pts.filter(([, p]) => p.mode === 'copy').map(([n]) => Number(n));
+    const bits = [`baseline's 0 → n loop measured at n = ${loops.length ? loops.map(fmtN).join(', ') : '–'}`];
+    if (e.stopped) bits.push(`stopped before n = ${fmtN(e.stopped.atN)} because ${e.stopped.reason}`);
+    if (copies.length) bits.push(`at n = ${copies.map(fmtN).join(', ')} its live set was built by copying rows and only the last min(1000, n/10) starts timed`);
+    if (e.copyStopped) bits.push(`copying stopped before n = ${fmtN(e.copyStopped.atN)} because ${e.copyStopped.reason}`);
+    out.push(`- 7. \`start\`, ${sh.short}: ${bits.join('; ')}.`);
+  }
+  if (whole.length) out.push(`- 7. \`start\`, ${whole.join(', ')}: baseline's 0 → n loop measured at every n of the scenario.`);
   return out;
 }
 
@@ -625,7 +801,8 @@ function workerSection(results) {
     `Command: \`${w.command}\` (exit ${w.status}${w.timedOut ? ', timed out' : ''}, ${fmtS(w.wallS)}).`,
     '',
   ];
-  const med = w.medians ?? {};
+  // The drain's medians are shown in a table of their own, below.
+  const med = Object.fromEntries(Object.entries(w.medians ?? {}).filter(([k]) => !k.startsWith('drain')));
   if (Object.keys(med).length) {
     lines.push(
       mdTable(
@@ -635,6 +812,24 @@ function workerSection(results) {
     );
     if (w.ratioLine) lines.push('', w.ratioLine);
     lines.push('');
+  }
+  const d = w.drain;
+  if (d) {
+    lines.push(
+      `**Drain of a started backlog**: ${fmtN(d.n)} runs started first (every \`await start()\` done before the worker exists), then ` +
+        '`startWorker({ pools: { batch: { concurrency: 64 } } })`; only the drain is timed, from `startWorker` until all are completed, ' +
+        `against the bare loop at the same n. Target: jobforge/bare ≥ 0.30.`,
+      '',
+      mdTable(
+        ['', 'median time', 'jobs/s'],
+        [
+          ['jobforge worker, drain', `${d.ms.toLocaleString('en-US')} ms`, d.jobsPerS.toLocaleString('en-US')],
+          ['bare JS loop', `${d.bareMs.toLocaleString('en-US')} ms`, d.bareJobsPerS.toLocaleString('en-US')],
+          ['**jobforge/bare**', '', `**${d.ratio.toFixed(2)}**`],
+        ],
+      ),
+      '',
+    );
   }
   lines.push('Its output:', '', '```', (w.stdout || '(no output)').trimEnd(), '```');
   return lines.join('\n');
@@ -662,8 +857,12 @@ function renderMarkdown(results, { resultsFile, chartFile }) {
     const la = (l) => l.map((x) => x.toFixed(2)).join(' / ');
     out.push(`- load average (1 / 5 / 15 min) at start ${la(results.load.start)}, at end ${la(results.load.end)}`);
   }
+  const other = [
+    results.config.keyedSizes && results.scenarios?.conc ? `keyed \`start\`: ${results.config.keyedSizes.map(fmtN).join(', ')}` : null,
+    results.config.shapeSizes && shapeSizesIn(results).length ? `call shapes: ${results.config.shapeSizes.map(fmtN).join(', ')}` : null,
+  ].filter(Boolean);
   out.push(
-    `- sizes n = ${results.config.sizes.map(fmtN).join(', ')}; ${results.config.reps} repetitions per point (n ≤ 10k: ${results.config.smallReps}), ` +
+    `- sizes n = ${results.config.sizes.map(fmtN).join(', ')}${other.length ? ` (${other.join('; ')})` : ''}; ${results.config.reps} repetitions per point (n ≤ 10k: ${results.config.smallReps}), ` +
       'implementations alternating within each repetition; every figure is the median over repetitions.',
   );
   if (results.buildChanged) {
@@ -685,7 +884,7 @@ function renderMarkdown(results, { resultsFile, chartFile }) {
   out.push('');
   out.push('### Targets');
   out.push('');
-  out.push('Ratios are jobforge/baseline throughput (baseline cost ÷ jobforge cost; above 1 = jobforge faster), except memory (jobforge bytes ÷ baseline bytes) and the scaling row.');
+  out.push('Ratios are jobforge/baseline throughput (baseline cost ÷ jobforge cost; above 1 = jobforge faster), except memory (jobforge bytes ÷ baseline bytes), the scaling row and the worker drain (jobforge ÷ a bare JS loop).');
   out.push('');
   out.push(targetsTable(results));
   out.push('');
@@ -720,6 +919,13 @@ function renderMarkdown(results, { resultsFile, chartFile }) {
   out.push('');
   out.push(pgSection(results));
   out.push('');
+  const shapes = shapesSection(results);
+  if (shapes) {
+    out.push('### 7. `start` for every call shape');
+    out.push('');
+    out.push(shapes);
+    out.push('');
+  }
   out.push('### Where the baseline stopped');
   out.push('');
   out.push(...coverageLines(results));
@@ -929,7 +1135,7 @@ function consoleSummary(results) {
     if (!results.scenarios?.[s.key]) continue;
     out.push('', s.title.replace(/`/g, ''));
     out.push(`  ${pad('n', 6)}${pad('jobforge/op', 14)}${pad('baseline/op', 14)}ratio jf/bl`);
-    for (const n of results.config.sizes) {
+    for (const n of sizesIn(results, s.key)) {
       const j = median(results, s.key, 'jobforge', n);
       const b = median(results, s.key, 'baseline', n);
       if (j === null && b === null) continue;
@@ -938,6 +1144,24 @@ function consoleSummary(results) {
     for (const impl of IMPLS) {
       const nt = stopNote(results, s.key, impl);
       if (nt) out.push(`  (${nt})`);
+    }
+  }
+  if (shapeSizesIn(results).length) {
+    out.push('', '7. start for every call shape (ops/s over the 0 → n loop; last = per start, last min(1000, n/10); † baseline rows copied)');
+    out.push(`  ${pad('n', 6)}${pad('shape', 34)}${pad('jf ops/s', 11)}${pad('bl ops/s', 11)}${pad('ratio', 9)}${pad('jf last', 10)}${pad('bl last', 12)}ratio last`);
+    for (const n of shapeSizesIn(results)) {
+      for (const sh of SHAPES) {
+        const scen = `shape.${sh.key}`;
+        const j = point(results, scen, 'jobforge', n);
+        const b = point(results, scen, 'baseline', n);
+        if (!j && !b) continue;
+        const jl = j?.median.marginalNsPerOp;
+        const bl = b?.median.marginalNsPerOp;
+        out.push(
+          `  ${pad(fmtN(n), 6)}${pad(sh.short.replace(/`/g, ''), 34)}${pad(fmtOps(j?.median.nsPerOp), 11)}${pad(b?.mode === 'copy' ? '†' : fmtOps(b?.median.nsPerOp), 11)}` +
+            `${pad(fmtRatio(speedup(results, scen, n)), 9)}${pad(fmtNs(jl), 10)}${pad(`${fmtNs(bl)}${b?.mode === 'copy' ? ' †' : ''}`, 12)}${fmtRatio(jl && bl ? bl / jl : null)}`,
+        );
+      }
     }
   }
   if (results.memory && Object.keys(results.memory).length) {
@@ -960,6 +1184,7 @@ function consoleSummary(results) {
 
 module.exports = {
   SCENARIOS,
+  SHAPES,
   computePgTargets,
   computeTargets,
   consoleSummary,

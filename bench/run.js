@@ -10,11 +10,15 @@
  *   npm run bench -- --quick            n up to 100k, fewer repetitions
  *   node bench/run.js --render <file>   regenerate BENCHMARKS.md + chart from a results file
  *
- * Options: --reps <k>, --sizes 1000,10000, --only start,keyed,claim,memory,worker,pg,breakdown,
+ * Options: --reps <k>, --sizes 1000,10000, --only start,keyed,claim,shapes,memory,worker,pg,breakdown,
  * --limit <seconds per point> (default 60), --no-baseline, --docs / --no-docs
  * (a full run updates BENCHMARKS.md and bench/chart.svg, a quick run does not
  * unless --docs is given), --pg-reps <k> (repetitions of bench/pg.js; default
  * 3, quick 1).
+ *
+ * Sizes: start and claim at the sizes above; keyed at those and 20k;
+ * shapes (`start` for every call shape) at 1k and 100k, quick runs too.
+ * `--sizes` sets the sizes of every scenario.
  *
  * `pg` runs bench/pg.js (jobforge's PostgreSQL backend against
  * graphile-worker, database JOBFORGE_PG_URL) in a child process; when no
@@ -70,7 +74,7 @@ function parseArgs(argv) {
   }
   if (a.reps !== null && !(Number.isInteger(a.reps) && a.reps >= 1)) throw new Error('--reps needs a positive integer');
   if (a.pgReps !== null && !(Number.isInteger(a.pgReps) && a.pgReps >= 1)) throw new Error('--pg-reps needs a positive integer');
-  const known = ['start', 'keyed', 'claim', 'memory', 'worker', 'pg', 'breakdown'];
+  const known = ['start', 'keyed', 'claim', 'shapes', 'memory', 'worker', 'pg', 'breakdown'];
   for (const s of a.only ?? []) if (!known.includes(s)) throw new Error(`--only takes ${known.join(',')}; got ${s}`);
   if (a.sizes && a.sizes.some((n) => !(Number.isInteger(n) && n >= 10))) throw new Error('--sizes needs integers ≥ 10');
   return a;
@@ -117,15 +121,83 @@ const META = {
 
 const quietLogger = { log() {}, warn() {}, error() {}, debug() {} };
 
+// Scenario 7 (`shapes`): the types of the call shapes users asked about,
+// registered apart from META so that scenarios 1–3 time the orchestrators
+// they always did.
+const PLAIN = 'plain';
+const LANED = 'laned';
+const DEDUPED = 'deduped';
+const SHAPE_META = {
+  [PLAIN]: { pool: POOL },
+  [LANED]: { pool: POOL, concurrency: { key: 'c:{{k}}', collisionMode: 'queue' } },
+  [DEDUPED]: { pool: POOL, dedupe: { key: 'd:{{k}}', windowMs: 60_000 } },
+};
+
+/**
+ * The call shapes of scenario 7 (report.js titles them): `call(o, i)` is
+ * the timed `start`, the same on both sides; `check(run, i)` is what the
+ * i-th returned row must hold. `scans`: the baseline's `start` scans every live run for this
+ * shape (a new concurrency key finds no incumbent, a new dedupe key no
+ * candidate), so its loop of n starts is O(n²); `copy(i)` then gives the
+ * fields of the i-th run for building its live set by copying rows (see
+ * `pointShape`).
+ */
+const SHAPES = [
+  { key: 'plain', call: (o, i) => o.start(PLAIN, { n: i }), check: () => true },
+  {
+    key: 'priority',
+    call: (o, i) => o.start(PLAIN, { n: i }, { priority: i % 5 }),
+    check: (r, i) => r.priority === i % 5,
+  },
+  {
+    key: 'scope',
+    call: (o, i) => o.start(PLAIN, { n: i }, { scope: { entityType: 'order', entityId: 'o' + (i % 100) } }),
+    check: (r, i) => r.scopeEntityType === 'order' && r.scopeEntityId === `o${i % 100}`,
+  },
+  {
+    key: 'runAt',
+    call: (o, i) => o.start(PLAIN, { n: i }, { runAt: new Date(Date.now() + 60_000) }),
+    check: (r) => r.runAt.getTime() > Date.now() + 30_000,
+  },
+  {
+    key: 'tenant',
+    multiTenant: true,
+    call: (o, i) => o.start(PLAIN, { n: i }, { tenantId: 't' + (i % 10) }),
+    check: (r, i) => r.tenantId === `t${i % 10}`,
+  },
+  {
+    key: 'laneDistinct',
+    call: (o, i) => o.start(LANED, { k: i, n: i }),
+    check: (r, i) => r.concurrencyKey === `c:${i}`,
+    scans: true,
+    copy: (i) => ({ concurrencyKey: `c:${i}`, input: { k: i, n: i } }),
+  },
+  {
+    key: 'laneShared',
+    call: (o, i) => o.start(LANED, { k: i % 50, n: i }),
+    check: (r, i) => r.concurrencyKey === `c:${i % 50}`,
+  },
+  {
+    key: 'dedupe',
+    call: (o, i) => o.start(DEDUPED, { k: i }),
+    check: (r, i) => r.dedupeKey === `d:${i}`,
+    scans: true,
+    copy: (i) => ({ dedupeKey: `d:${i}`, input: { k: i } }),
+  },
+];
+// report.js titles the shapes by key, in this order.
+if (SHAPES.map((sh) => sh.key).join() !== report.SHAPES.map((sh) => sh.key).join()) throw new Error('bench/run.js SHAPES and bench/report.js SHAPES differ');
+const TENANTS = Array.from({ length: 10 }, (_, i) => `t${i}`);
+
 function loadImpls(wantBaseline) {
   const jf = require(path.join(ROOT, 'dist'));
   const impls = {
     jobforge: {
       name: 'jobforge',
-      create() {
-        const o = new jf.JobOrchestrator({ loggerFactory: () => quietLogger });
-        for (const [type, meta] of Object.entries(META)) o.registerHandler(type, meta, NoopHandler);
-        return { o };
+      create({ meta = META, multiTenant = false } = {}) {
+        const o = new jf.JobOrchestrator({ loggerFactory: () => quietLogger, ...(multiTenant ? { multiTenant: true } : {}) });
+        for (const [type, m] of Object.entries(meta)) o.registerHandler(type, m, NoopHandler);
+        return { o, multiTenant };
       },
       /** n live runs of the keyed type, distinct keys, through the public API. */
       async seedKeyed(inst, type, n) {
@@ -133,6 +205,14 @@ function loadImpls(wantBaseline) {
       },
       async status(inst, id) {
         return (await inst.o.findById(id))?.status;
+      },
+      /** Runs it holds, any status (a multi-tenant engine counts per tenant). */
+      async count(inst) {
+        const sum = (rows) => rows.reduce((a, c) => a + c.count, 0);
+        if (!inst.multiTenant) return sum(await inst.o.countByPoolAndStatus());
+        let total = 0;
+        for (const t of TENANTS) total += sum(await inst.o.countByPoolAndStatus(t));
+        return total;
       },
     },
   };
@@ -144,10 +224,11 @@ function loadImpls(wantBaseline) {
       const b = require(BASELINE_PATH);
       impls.baseline = {
         name: 'baseline',
-        create() {
+        create({ meta = META, multiTenant = false } = {}) {
           const store = new b.MemoryJobStore();
-          const o = new b.MemoryJobOrchestrator(store, new b.MemoryJobStepService(store), false);
-          for (const [type, meta] of Object.entries(META)) o.registerHandler(type, meta, NoopHandler);
+          // Its third argument is the multi-tenant switch (JOBS_MULTI_TENANT).
+          const o = new b.MemoryJobOrchestrator(store, new b.MemoryJobStepService(store), multiTenant);
+          for (const [type, m] of Object.entries(meta)) o.registerHandler(type, m, NoopHandler);
           return { o, store };
         },
         /**
@@ -161,24 +242,26 @@ function loadImpls(wantBaseline) {
           const tpl = await inst.o.start(type, { k: 's0' });
           const field = type === CONC ? 'concurrencyKey' : 'dedupeKey';
           const prefix = type === CONC ? 'c:' : 'd:';
-          for (let i = 1; i < n; i++) {
+          this.copyRuns(inst, tpl, 1, n, (i) => ({ [field]: `${prefix}s${i}`, input: { k: `s${i}` } }));
+        },
+        /**
+         * Runs i = from … to − 1 as copies of the row `tpl` that `start`
+         * wrote, each with its own id, timestamps and the fields `fieldsOf(i)`
+         * (key, input), written to the store as `start` writes a row
+         * (every key already in `tpl`, so the rows keep its shape).
+         */
+        copyRuns(inst, tpl, from, to, fieldsOf) {
+          for (let i = from; i < to; i++) {
             const id = randomUUID();
             const at = new Date();
-            inst.store.runs.set(id, {
-              ...tpl,
-              id,
-              rootRunId: id,
-              tags: {},
-              [field]: `${prefix}s${i}`,
-              input: { k: `s${i}` },
-              runAt: at,
-              createdAt: at,
-              updatedAt: at,
-            });
+            inst.store.runs.set(id, { ...tpl, id, rootRunId: id, tags: {}, runAt: at, createdAt: at, updatedAt: at, ...fieldsOf(i) });
           }
         },
         async status(inst, id) {
           return inst.store.runs.get(id)?.status;
+        },
+        async count(inst) {
+          return inst.store.runs.size;
         },
       };
       baseline.present = true;
@@ -289,14 +372,65 @@ async function pointKeyed(impl, type, n, rep) {
   };
 }
 
+/**
+ * Scenario 7: one call shape, timed the way scenario 1 times unkeyed
+ * starts. `loop`: a fresh orchestrator, n awaited `shape.call`s one after
+ * another (live runs grow 0 → n); ops/s = n ÷ their time, and the cost of
+ * the last min(1000, n/10) of them, with about n runs live. `copy` (only
+ * for the baseline's `scans` shapes, whose loop is O(n²)): its first run
+ * through `start`, the next ones up to the last window copies of that row
+ * (`copyRuns`, as scenario 2 builds its live set), then only the last
+ * window goes through `start` and is timed. jobforge's timed section ends
+ * with a `findById` of the last run, so every run is in the engine when
+ * the clock stops (it may answer starts in JS and hand them over in
+ * batches).
+ */
+async function pointShape(impl, shape, n, mode) {
+  const w0 = now();
+  const inst = impl.create({ meta: SHAPE_META, multiTenant: shape.multiTenant === true });
+  const o = inst.o;
+  const lastWindow = Math.max(1, Math.min(1000, Math.floor(n / 10)));
+  const lastFrom = n - lastWindow;
+  let from = 0;
+  if (mode === 'copy') {
+    const tpl = await shape.call(o, 0);
+    impl.copyRuns(inst, tpl, 1, lastFrom, shape.copy);
+    from = lastFrom;
+  }
+  await fullGc();
+  const t0 = now();
+  let tLast = t0;
+  let last = null;
+  for (let i = from; i < n; i++) {
+    if (i === lastFrom) tLast = now();
+    last = await shape.call(o, i);
+  }
+  if (impl.name === 'jobforge') await o.findById(last.id, shape.multiTenant ? { tenantId: last.tenantId } : undefined);
+  const t1 = now();
+  // Sanity, off the clock: n runs held, the last one as the shape asked.
+  const held = await impl.count(inst);
+  if (held !== n || last.status !== 'pending' || !shape.check(last, n - 1)) {
+    throw new Error(`${impl.name}: shape ${shape.key} at n = ${n}: ${held} runs held, last ${last.status}, check ${shape.check(last, n - 1)}`);
+  }
+  return {
+    mode,
+    nsPerOp: mode === 'loop' ? (t1 - t0) / n : null,
+    marginalNsPerOp: (t1 - tLast) / lastWindow,
+    lastWindow,
+    wallS: sec(now() - w0),
+  };
+}
+
 // ── time box ───────────────────────────────────────────────────────────
 
 /**
  * Per scenario and implementation: a point (one repetition, setup
  * included) may take at most `limitS`. Before a new n, the wall time is
  * extrapolated from the previous sizes (exponent from the last two, at
- * least 1); when it predicts more, that size and larger are skipped. A
- * repetition that takes longer stops the remaining repetitions and sizes.
+ * least `minExp`: 1, or 2 for a loop known to be quadratic, since points
+ * of a few ms are too short to show it); when it predicts more, that size
+ * and larger are skipped. A repetition that takes longer stops the
+ * remaining repetitions and sizes.
  */
 class TimeBox {
   constructor(limitS) {
@@ -309,7 +443,7 @@ class TimeBox {
     return this.state.get(key);
   }
 
-  allowed(key, n) {
+  allowed(key, n, minExp = 1) {
     const e = this.entry(key);
     if (e.stopped) return false;
     if (e.repStop.has(n)) return false;
@@ -318,17 +452,17 @@ class TimeBox {
     if (prev.length) {
       const [n1, w1s] = prev[prev.length - 1];
       const w1 = medianOf(w1s);
-      let exp = 1;
+      let exp = minExp;
       if (prev.length >= 2) {
         const [n0, w0s] = prev[prev.length - 2];
         const w0 = medianOf(w0s);
-        if (w0 > 0.05) exp = Math.min(2.5, Math.max(1, Math.log(w1 / w0) / Math.log(n1 / n0)));
+        if (w0 > 0.05) exp = Math.min(2.5, Math.max(minExp, Math.log(w1 / w0) / Math.log(n1 / n0)));
       }
       const predicted = w1 * (n / n1) ** exp;
       if (predicted > this.limitS) {
         e.stopped = {
           atN: n,
-          reason: `one point would take about ${predicted.toFixed(0)} s (> ${this.limitS} s), extrapolated from ${w1.toFixed(1)} s at n = ${report.fmtN(n1)} with exponent ${exp.toFixed(2)}`,
+          reason: `one point would take about ${predicted.toFixed(0)} s (> ${this.limitS} s), extrapolated from ${report.fmtS(w1)} at n = ${report.fmtN(n1)} with exponent ${exp.toFixed(2)}`,
         };
         return false;
       }
@@ -352,6 +486,28 @@ class TimeBox {
   stopped(key) {
     return this.entry(key).stopped;
   }
+}
+
+/**
+ * Scenario 7: how one implementation measures one shape at n, decided at
+ * its first repetition and kept for the others: 'loop' while the time box
+ * allows the whole loop (exponent at least `minExp`), else 'copy' where
+ * the implementation can build the live set by copying rows and the time
+ * box allows that; null: skipped (time box).
+ */
+function shapePointMode(box, modes, k, n, rep, minExp, canCopy) {
+  const id = `${k}@${n}`;
+  if (rep === 0 || !modes.has(id)) {
+    let mode = null;
+    if (box.allowed(k, n, minExp)) mode = 'loop';
+    else if (canCopy && box.allowed(`${k}:copy`, n)) mode = 'copy';
+    modes.set(id, mode);
+    return mode;
+  }
+  const mode = modes.get(id);
+  if (mode === 'loop') return box.allowed(k, n, minExp) ? 'loop' : null;
+  if (mode === 'copy') return box.allowed(`${k}:copy`, n) ? 'copy' : null;
+  return null;
 }
 
 // ── memory (child processes) ───────────────────────────────────────────
@@ -457,11 +613,27 @@ function runWorkerBench(quick) {
         wallS: sec(now() - t0),
         medians,
         ratioLine: lines.find((l) => l.startsWith('ratio')) ?? null,
+        drain: drainOf(lines, medians),
         stdout: lines.slice(-60).join('\n'),
         stderrTail: err.split('\n').slice(-20).join('\n'),
       });
     });
   });
+}
+
+/**
+ * The drain of bench/worker.js (a started backlog run by
+ * `startWorker({ pools: { batch: { concurrency: 64 } } })`, against the
+ * bare loop at the same n), picked out of its `# drain: …`, `median
+ * drain…` and `ratio drain/bare: …` lines; null when it printed none.
+ */
+function drainOf(lines, medians) {
+  const head = lines.map((l) => /^# drain: ([\d,]+) runs/.exec(l)).find(Boolean);
+  const ratio = lines.map((l) => /^ratio drain\/bare: throughput ([\d.]+)/.exec(l.trim())).find(Boolean);
+  const j = medians.drain;
+  const b = medians['drain-bare'];
+  if (!head || !ratio || !j || !b) return null;
+  return { n: Number(head[1].replace(/,/g, '')), ms: j.ms, jobsPerS: j.jobsPerS, bareMs: b.ms, bareJobsPerS: b.jobsPerS, ratio: Number(ratio[1]) };
 }
 
 // ── PostgreSQL vs graphile-worker (bench/pg.js, written separately) ──
@@ -837,6 +1009,9 @@ async function main(args) {
   const wall0 = now();
   const startedAt = new Date().toISOString();
   const sizes = args.sizes ?? (args.quick ? [1000, 10000, 100000] : [1000, 10000, 100000, 1000000]);
+  // Keyed start also at 20k (its own target there); the call shapes at 1k and 100k only (eight shapes a point).
+  const keyedSizes = args.sizes ?? [...new Set([...sizes, 20000])].sort((a, b) => a - b);
+  const shapeSizes = args.sizes ?? [1000, 100000];
   const reps = args.reps ?? (args.quick ? 3 : 5);
   const smallReps = reps * 3; // n ≤ 10k points take milliseconds: three times the repetitions
   const memorySizes = (args.quick ? [100000] : [100000, 1000000]).filter((n) => !args.sizes || n <= Math.max(...sizes));
@@ -846,7 +1021,10 @@ async function main(args) {
   const command = `npm run bench${process.argv.length > 2 ? ` -- ${process.argv.slice(2).join(' ')}` : ''}`;
 
   console.log(`jobforge benchmarks: ${command}`);
-  console.log(`sizes ${sizes.map(report.fmtN).join(', ')}; ${reps} repetitions (n ≤ 10k: ${smallReps}); time box ${args.limitS} s per point`);
+  console.log(
+    `sizes ${sizes.map(report.fmtN).join(', ')} (keyed: ${keyedSizes.map(report.fmtN).join(', ')}; shapes: ${shapeSizes.map(report.fmtN).join(', ')}); ` +
+      `${reps} repetitions (n ≤ 10k: ${smallReps}); time box ${args.limitS} s per point`,
+  );
   if (!baseline.present) console.log(`baseline absent (${baseline.error}): reporting jobforge only`);
 
   const results = {
@@ -856,16 +1034,26 @@ async function main(args) {
     machine: machineInfo(),
     load: { start: os.loadavg(), end: null },
     baseline,
-    config: { sizes, reps, smallReps, memorySizes, limitS: args.limitS, quick: args.quick, pgReps: args.pgReps ?? (args.quick ? 1 : 3), samples: {} },
+    config: { sizes, keyedSizes, shapeSizes, reps, smallReps, memorySizes, limitS: args.limitS, quick: args.quick, pgReps: args.pgReps ?? (args.quick ? 1 : 3), samples: {} },
     scenarios: {},
     memory: null,
     worker: null,
     pg: null,
     breakdown: null,
   };
-  for (const n of sizes) results.config.samples[n] = { jobforge: sampleSize('jobforge', n), baseline: sampleSize('baseline', n) };
-
-  const scenKeys = [...(on('start') ? ['start'] : []), ...(on('keyed') ? ['conc', 'dedupe'] : []), ...(on('claim') ? ['claim'] : [])];
+  const scenKeys = [
+    ...(on('start') ? ['start'] : []),
+    ...(on('keyed') ? ['conc', 'dedupe'] : []),
+    ...(on('claim') ? ['claim'] : []),
+    ...(on('shapes') ? SHAPES.map((sh) => `shape.${sh.key}`) : []),
+  ];
+  // The sizes of each scenario; the loop below goes through their union.
+  const sizesOf = { start: sizes, claim: sizes, conc: keyedSizes, dedupe: keyedSizes };
+  for (const sh of SHAPES) sizesOf[`shape.${sh.key}`] = shapeSizes;
+  const allSizes = [...new Set(scenKeys.flatMap((s) => sizesOf[s]))].sort((a, b) => a - b);
+  const at = (s, n) => scenKeys.includes(s) && sizesOf[s].includes(n);
+  const nextOf = (s, n) => sizesOf[s].find((m) => m > n);
+  for (const n of allSizes) results.config.samples[n] = { jobforge: sampleSize('jobforge', n), baseline: sampleSize('baseline', n) };
   const raw = {};
   for (const s of scenKeys) {
     results.scenarios[s] = {};
@@ -874,6 +1062,8 @@ async function main(args) {
   }
   const box = new TimeBox(args.limitS);
   const key = (s, i) => `${s}/${i}`;
+  // Scenario 7: how each implementation measures each shape at each n ('loop' or 'copy'), decided at its first repetition.
+  const shapeMode = new Map();
 
   if (scenKeys.length) {
     // Warm-up (not recorded): every code path of every implementation.
@@ -882,13 +1072,18 @@ async function main(args) {
       await pointStartClaim(impls[i], 2000, { start: true, claim: true });
       await pointKeyed(impls[i], CONC, 2000, -1);
       await pointKeyed(impls[i], DEDUPE, 2000, -1);
+      if (on('shapes')) {
+        for (const sh of SHAPES) {
+          await pointShape(impls[i], sh, 2000, 'loop');
+          if (sh.copy && impls[i].copyRuns) await pointShape(impls[i], sh, 2000, 'copy');
+        }
+      }
     }
     console.log('done');
   }
 
-  for (let si = 0; si < sizes.length && scenKeys.length; si++) {
-    const n = sizes[si];
-    const nextN = sizes[si + 1];
+  for (let si = 0; si < allSizes.length; si++) {
+    const n = allSizes[si];
     const k = n <= 10000 ? smallReps : reps;
     for (let rep = 0; rep < k; rep++) {
       const order = rep % 2 === 0 ? names : [...names].reverse();
@@ -897,15 +1092,15 @@ async function main(args) {
         const line = [];
         const rw0 = now();
         const want = {
-          start: scenKeys.includes('start') && box.allowed(key('start', i), n),
-          claim: scenKeys.includes('claim') && box.allowed(key('claim', i), n),
+          start: at('start', n) && box.allowed(key('start', i), n),
+          claim: at('claim', n) && box.allowed(key('claim', i), n),
         };
         if (want.start || want.claim) {
           const r = await pointStartClaim(impl, n, want);
           for (const s of ['start', 'claim']) {
             if (!r[s]) continue;
             (raw[s][i][n] ??= []).push(r[s]);
-            box.record(key(s, i), n, r[s].wallS, nextN);
+            box.record(key(s, i), n, r[s].wallS, nextOf(s, n));
             line.push(`${s} ${report.fmtNs(r[s].nsPerOp)}`);
           }
         }
@@ -913,11 +1108,21 @@ async function main(args) {
           ['conc', CONC],
           ['dedupe', DEDUPE],
         ]) {
-          if (!scenKeys.includes(s) || !box.allowed(key(s, i), n)) continue;
+          if (!at(s, n) || !box.allowed(key(s, i), n)) continue;
           const r = await pointKeyed(impl, type, n, rep);
           (raw[s][i][n] ??= []).push(r);
-          box.record(key(s, i), n, r.wallS, nextN);
+          box.record(key(s, i), n, r.wallS, nextOf(s, n));
           line.push(`${s} ${report.fmtNs(r.nsPerOp)}`);
+        }
+        for (const sh of SHAPES) {
+          const s = `shape.${sh.key}`;
+          if (!at(s, n)) continue;
+          const mode = shapePointMode(box, shapeMode, key(s, i), n, rep, sh.scans && impl.name === 'baseline' ? 2 : 1, !!(sh.copy && impl.copyRuns));
+          if (!mode) continue;
+          const r = await pointShape(impl, sh, n, mode);
+          (raw[s][i][n] ??= []).push(r);
+          box.record(mode === 'loop' ? key(s, i) : `${key(s, i)}:copy`, n, r.wallS, nextOf(s, n));
+          line.push(`${sh.key}${mode === 'copy' ? ' (copy)' : ''} ${report.fmtNs(r.nsPerOp ?? r.marginalNsPerOp)}`);
         }
         if (line.length) {
           console.log(`n=${report.fmtN(n).padEnd(4)} rep ${rep + 1}/${k} ${i.padEnd(8)} ${line.join(' | ')}  (${report.fmtS(sec(now() - rw0))})`);
@@ -933,9 +1138,10 @@ async function main(args) {
         const metrics = Object.keys(reps_[0]).filter((m) => typeof reps_[0][m] === 'number' && m !== 'sample' && m !== 'lastWindow');
         const median = {};
         for (const m of metrics) median[m] = medianOf(reps_.map((r) => r[m]));
-        points[n] = { reps: reps_, median, sample: reps_[0].sample ?? null };
+        points[n] = { reps: reps_, median, sample: reps_[0].sample ?? null, ...(reps_[0].mode ? { mode: reps_[0].mode } : {}) };
       }
       results.scenarios[s][i] = { points, stopped: box.stopped(key(s, i)) };
+      if (s.startsWith('shape.')) results.scenarios[s][i].copyStopped = box.stopped(`${key(s, i)}:copy`);
     }
   }
 
@@ -991,7 +1197,7 @@ async function main(args) {
   console.log(`\nresults: ${path.relative(ROOT, file)} (${report.fmtS(results.durationS)})`);
   const docs = args.docs ?? !args.quick;
   if (docs) writeDocs(results, file);
-  else console.log('BENCHMARKS.md and bench/chart.svg left as they are (quick run; pass --docs to update them)');
+  else console.log(`BENCHMARKS.md and bench/chart.svg left as they are (${args.docs === false ? '--no-docs' : 'quick run'}; pass --docs to update them)`);
 }
 
 async function entry() {

@@ -719,7 +719,8 @@ async function breakdown(impls) {
   };
   {
     // jobforge: the layers of one start and one claim + tick. Reads the
-    // orchestrator's private `native` engine and the dist helpers directly;
+    // orchestrator's private native engine (`store.native`) and the dist
+    // helpers directly;
     // an item whose internals changed shape is reported as skipped.
     const inst = impls.jobforge.create();
     const o = inst.o;
@@ -735,13 +736,15 @@ async function breakdown(impls) {
     await tryItem('`await start(type, {n})` (public API)', () => timeAsync((i) => o.start(NOOP, { n: i })));
     let toJsonText;
     let parseRun;
+    let OP = {};
     try {
       ({ toJsonText } = require(path.join(ROOT, 'dist/json')));
-      ({ parseRun } = require(path.join(ROOT, 'dist/rows')));
+      ({ parseRun } = require(path.join(ROOT, 'dist/wire')));
+      ({ OP } = require(path.join(ROOT, 'dist/native')));
     } catch {
       /* reported below as skipped */
     }
-    const nat = o.native;
+    const nat = o.store?.native;
     await tryItem('  input check + JSON text (`toJsonText`)', async () => timeSync((i) => toJsonText({ n: i }, 'input')));
     await tryItem('  a bare napi call (native `now()`, returns a number)', async () => timeSync(() => nat.now()));
     await tryItem('  native hand-over of buffered starts (`startBatch` of 256 lines into a new engine, per run)', async () => {
@@ -751,7 +754,7 @@ async function breakdown(impls) {
       let runs = 0;
       for (let r = 0; r < 40; r++) {
         const fresh = impls.jobforge.create().o;
-        const eng = fresh.engine;
+        const eng = fresh.store.native;
         for (let b = 0; b < 4; b++) {
           const ids = eng.newRunIds(256);
           const at = eng.now();
@@ -766,7 +769,8 @@ async function breakdown(impls) {
       return ns / runs;
     });
     let row = '';
-    await tryItem('  native `start` (napi call, engine, row JSON out)', async () => timeSync(() => (row = nat.start(NOOP, '{"n":1}', null))));
+    const startReq = `{"type":${JSON.stringify(NOOP)},"input":{"n":1}}`;
+    await tryItem('  native `start` (napi call, engine, row JSON out)', async () => timeSync(() => (row = nat.callSync(OP.start, startReq))));
     await tryItem(`  parse of the returned row (\`parseRun\`, ${row.length} chars of JSON)`, async () => timeSync(() => parseRun(row)));
     // Claim path, steady state: the first claim moves the due backlog into the ready index.
     const first = await o.claimNext(POOL);
@@ -795,7 +799,8 @@ async function breakdown(impls) {
     await tryItem('  native `claimNext` alone', async () => {
       const rows = [];
       const t0 = now();
-      for (let i = 0; i < M; i++) rows.push(nat.claimNext(POOL));
+      const claimReq = JSON.stringify({ pool: POOL });
+      for (let i = 0; i < M; i++) rows.push(nat.callSync(OP.claimNext, claimReq));
       const ns = (now() - t0) / M;
       const t1 = now();
       for (const r of rows) parseRun(r);
@@ -839,7 +844,7 @@ async function startAccounting(impls, n = 1000, reps = 21) {
     const o = inst.o;
     let inNative = 0;
     if (kind === 'jobforge' || kind === 'jsOnly') {
-      const eng = o.engine; // private: the in-memory NativeEngine
+      const eng = o.store?.native; // private: the in-memory NativeEngine
       if (typeof eng?.startBatch !== 'function') throw new Error('internals changed: no engine.startBatch');
       const real = eng.startBatch.bind(eng);
       eng.startBatch =

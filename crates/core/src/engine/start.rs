@@ -7,6 +7,7 @@ use crate::error::{JobError, Result};
 use crate::model::*;
 use crate::store::{Store, StoreTx};
 use crate::template::InputFields;
+use serde_json::value::RawValue;
 use std::sync::Arc;
 use uuid::Uuid;
 
@@ -21,6 +22,58 @@ pub enum Started {
         at: Millis,
         pool: Arc<str>,
     },
+}
+
+/// What a start's options set on a new run. `None`: the definition's
+/// pool and priority, due at once, a manual trigger, `terminate`.
+#[derive(Default)]
+struct RunOptions {
+    tenant: Option<Arc<str>>,
+    extras: Option<Box<RunExtras>>,
+    pool: Option<Arc<str>>,
+    priority: Option<i32>,
+    run_at: Option<Millis>,
+    trigger_source: Option<TriggerSource>,
+    parent_close_policy: Option<ParentClosePolicy>,
+}
+
+/// A new pending run of `def` created at `now`: the one place a run row
+/// is built, so every start path stores the same row.
+fn new_run(
+    def: &JobDefinition,
+    id: RunId,
+    seq: u64,
+    now: Millis,
+    input: Box<RawValue>,
+    o: RunOptions,
+) -> RunRow {
+    RunRow {
+        id,
+        job_type: def.job_type.clone(),
+        job_version: def.version,
+        parent_close_policy: o
+            .parent_close_policy
+            .unwrap_or(ParentClosePolicy::Terminate),
+        tenant_id: o.tenant,
+        pool: o.pool.unwrap_or_else(|| def.pool.clone()),
+        priority: o.priority.unwrap_or(def.priority_default),
+        status: RunStatus::Pending,
+        input,
+        result: None,
+        trigger_source: o.trigger_source.unwrap_or(TriggerSource::Manual),
+        run_at: clamp_time(o.run_at.unwrap_or(now)),
+        started_at: OptMillis::NONE,
+        finished_at: OptMillis::NONE,
+        claimed_at: OptMillis::NONE,
+        attempts: 0,
+        extras: o.extras,
+        created_at: now,
+        updated_at: now,
+        seq,
+        claim_epoch: 0,
+        executing: false,
+        index_group: 0,
+    }
 }
 
 impl<S: Store> Engine<S> {
@@ -131,31 +184,14 @@ impl<S: Store> Engine<S> {
                     pools.push(def.pool.clone());
                 }
                 let seq = tx.next_seq();
-                tx.insert_run(RunRow {
-                    id: run.id,
-                    job_type: def.job_type.clone(),
-                    job_version: def.version,
-                    parent_close_policy: ParentClosePolicy::Terminate,
-                    tenant_id: None,
-                    pool: def.pool.clone(),
-                    priority: def.priority_default,
-                    status: RunStatus::Pending,
-                    input: run.input,
-                    result: None,
-                    trigger_source: TriggerSource::Manual,
-                    run_at: at,
-                    started_at: OptMillis::NONE,
-                    finished_at: OptMillis::NONE,
-                    claimed_at: OptMillis::NONE,
-                    attempts: 0,
-                    extras: None,
-                    created_at: at,
-                    updated_at: at,
+                tx.insert_run(new_run(
+                    def,
+                    run.id,
                     seq,
-                    claim_epoch: 0,
-                    executing: false,
-                    index_group: 0,
-                });
+                    at,
+                    run.input,
+                    RunOptions::default(),
+                ));
                 last = Some(def.clone());
             }
             if latest != Millis::MIN {
@@ -343,36 +379,22 @@ impl<S: Store> Engine<S> {
             trigger_ref: req.trigger_ref.map(String::into_boxed_str),
             lane_seq: None,
         };
-        let row = RunRow {
+        let row = new_run(
+            &def,
             id,
-            job_type: def.job_type.clone(),
-            job_version: def.version,
-            parent_close_policy: req
-                .parent_close_policy
-                .unwrap_or(ParentClosePolicy::Terminate),
-            tenant_id: tenant,
-            pool: match req.pool {
-                Some(p) => Arc::from(p.as_str()),
-                None => def.pool.clone(),
-            },
-            priority: req.priority.unwrap_or(def.priority_default),
-            status: RunStatus::Pending,
-            input: req.input,
-            result: None,
-            trigger_source: req.trigger_source.unwrap_or(TriggerSource::Manual),
-            run_at: clamp_time(req.run_at.unwrap_or(now)),
-            started_at: OptMillis::NONE,
-            finished_at: OptMillis::NONE,
-            claimed_at: OptMillis::NONE,
-            attempts: 0,
-            extras: extras.boxed(),
-            created_at: now,
-            updated_at: now,
             seq,
-            claim_epoch: 0,
-            executing: false,
-            index_group: 0,
-        };
+            now,
+            req.input,
+            RunOptions {
+                tenant,
+                extras: extras.boxed(),
+                pool: req.pool.map(|p| Arc::from(p.as_str())),
+                priority: req.priority,
+                run_at: req.run_at,
+                trigger_source: req.trigger_source,
+                parent_close_policy: req.parent_close_policy,
+            },
+        );
         let out = if want_row {
             Started::Row(Box::new(row.clone()))
         } else {

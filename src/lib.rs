@@ -5,7 +5,7 @@
 
 use jobforge_core::engine::Retention;
 use jobforge_core::engine::{
-    json_value, AttemptTicket, EngineObserver, HandlerExecutor, StepBegin,
+    json_value, AttemptEnd, AttemptTicket, EngineObserver, HandlerExecutor, StepBegin,
 };
 use jobforge_core::worker::{BatchDispatcher, Worker, WorkerPool};
 use jobforge_core::{
@@ -869,9 +869,17 @@ impl NativeEngine {
                 // No worker (stopped and gone): apply the outcomes only.
                 let items = finished
                     .into_iter()
-                    .map(|(id, e, o, _)| (id, e, o))
+                    .map(|(id, epoch, outcome, _)| AttemptEnd {
+                        id,
+                        epoch,
+                        outcome,
+                        ended_at: None,
+                    })
                     .collect();
-                self.engine.finish_batch(items, &[])
+                match self.engine.settle(items, &[]) {
+                    Ok(settled) => (settled.tickets, None),
+                    Err(e) => (Vec::new(), Some(e)),
+                }
             }
         };
         let pending = self

@@ -40,7 +40,8 @@ pub mod worker;
 
 pub use clock::{Clock, ClockKind};
 pub use engine::{
-    AttemptTicket, Engine, EngineObserver, EngineOptions, HandlerExecutor, StepBegin,
+    AttemptEnd, AttemptTicket, Engine, EngineObserver, EngineOptions, HandlerExecutor, Settled,
+    StepBegin,
 };
 pub use error::{JobError, Result};
 pub use model::*;

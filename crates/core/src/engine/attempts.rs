@@ -1,6 +1,7 @@
-//! Claims and attempts: claiming runs, opening an attempt, applying its
-//! outcome (`finish_in`, the one place that decides what an outcome
-//! does), releasing it, and `tick`, which runs one through an executor.
+//! Claims and attempts: claiming runs, opening an attempt, applying
+//! outcomes (`settle` for a worker's batch, `finish_attempt` for one; both
+//! through `finish_in`, the one place that decides what an outcome does),
+//! releasing an attempt, and `tick`, which runs one through an executor.
 
 use super::{parse_run_id, Effects, Engine, InFlight};
 use crate::clock::clamp_time;
@@ -24,6 +25,28 @@ pub struct AttemptTicket {
     /// Claim epoch: step calls of this attempt must present it.
     pub epoch: u32,
     pub timeout_ms: Option<i64>,
+}
+
+/// One finished attempt, as a worker reports it to [`Engine::settle`].
+#[derive(Debug, Clone)]
+pub struct AttemptEnd {
+    pub id: RunId,
+    /// The attempt's claim epoch: an outcome of an earlier attempt is ignored.
+    pub epoch: u32,
+    /// `None`: the attempt ended without an outcome (canceled or released).
+    pub outcome: Option<AttemptOutcome>,
+    /// When its handler ended (a networked worker stores outcomes later);
+    /// `None`: now.
+    pub ended_at: Option<Millis>,
+}
+
+/// What [`Engine::settle`] did.
+#[derive(Debug, Default)]
+pub struct Settled {
+    /// Outcomes applied (the others' attempts were over already).
+    pub applied: usize,
+    /// Attempts the claims opened.
+    pub tickets: Vec<AttemptTicket>,
 }
 
 /// An attempt outcome `finish_in` applied.
@@ -191,76 +214,97 @@ impl<S: Store> Engine<S> {
         epoch: u32,
         outcome: AttemptOutcome,
     ) -> Result<Option<RunRow>> {
-        let now = self.now();
-        let mut fx = Effects::default();
-        let result = self.write(|tx| {
-            let out = self.finish_in(tx, (run_id, epoch), outcome, now, true, &mut fx);
-            self.purge(tx, now);
-            out
-        });
-        // A failed transaction changed nothing: the attempt is still live.
-        if let Ok(done) = &result {
-            self.end_in_flight(run_id, epoch);
-            let wake = fx.wake || done.as_ref().is_some_and(Finished::frees_lane_or_retries);
-            self.deliver(fx);
-            if wake {
-                self.wake_worker();
-            }
-        }
-        result.map(|done| done.and_then(|d| d.row))
+        let mut end = AttemptEnd {
+            id: *run_id,
+            epoch,
+            outcome: Some(outcome),
+            ended_at: None,
+        };
+        self.settle_in(std::slice::from_mut(&mut end), &[], true)
+            .map(|(_, row)| row)
     }
 
-    /// A worker's report of several attempts, in one store transaction:
-    /// applies each outcome (`None` = the attempt ended without one:
-    /// canceled or released), then claims up to `want` due runs per pool
-    /// (the slots the reported attempts free). One lock, one clock read and
-    /// one purge for the batch instead of one per run. O(k log n) +
-    /// O(cascades). An outcome that cannot be applied is skipped (its error
-    /// is returned after the others are applied).
-    pub fn finish_batch(
+    /// A worker's report of finished attempts, in one store transaction:
+    /// applies each outcome in order (`None` = the attempt ended without
+    /// one: canceled or released), then claims up to `want` due runs per
+    /// pool (the slots the reported attempts free). One lock or commit, one
+    /// clock read and one purge for the batch instead of one per run.
+    /// O(k log n) + O(cascades). On error nothing changed (the outcomes'
+    /// attempts are still live) and the caller may settle the same batch
+    /// again.
+    pub fn settle(
         &self,
-        finished: Vec<(RunId, u32, Option<AttemptOutcome>)>,
+        mut finished: Vec<AttemptEnd>,
         claims: &[(Arc<str>, usize)],
-    ) -> (Vec<AttemptTicket>, Option<JobError>) {
+    ) -> Result<Settled> {
+        self.settle_in(&mut finished, claims, false)
+            .map(|(settled, _)| settled)
+    }
+
+    /// `settle`, taking each outcome out of `finished` (the transaction runs
+    /// once); with `want_row`, also answers the row of the last outcome
+    /// applied.
+    fn settle_in(
+        &self,
+        finished: &mut [AttemptEnd],
+        claims: &[(Arc<str>, usize)],
+        want_row: bool,
+    ) -> Result<(Settled, Option<RunRow>)> {
         let now = self.now();
         let mut fx = Effects::default();
         let mut wake = false;
-        let mut first_error = None;
-        let mut ended = Vec::with_capacity(finished.len());
-        let tickets = self.write(|tx| {
-            for (id, epoch, outcome) in finished {
-                let Some(o) = outcome else { continue };
-                match self.finish_in(tx, (&id, epoch), o, now, false, &mut fx) {
-                    Ok(done) => {
-                        wake |= done.is_some_and(|d| d.frees_lane_or_retries());
-                        ended.push((id, epoch));
+        let mut row = None;
+        let settled = self.write(|tx| {
+            // One run is read by its own lookup: nothing to load at once.
+            if finished.len() > 1 {
+                let ids: Vec<RunId> = finished.iter().map(|f| f.id).collect();
+                tx.prefetch(&ids);
+            }
+            let mut applied = 0;
+            for end in finished.iter_mut() {
+                let Some(outcome) = end.outcome.take() else {
+                    continue;
+                };
+                let ended = match end.ended_at {
+                    // The run ended when its handler did, not when the
+                    // outcome was stored (later under load or an outage);
+                    // but not before its row last changed (a lease renewal
+                    // after the handler ended), so its times stay ordered.
+                    Some(at) => {
+                        let since = tx.run(&end.id).map_or(at, |r| r.updated_at);
+                        at.max(since).min(now)
                     }
-                    Err(e) => {
-                        first_error.get_or_insert(e);
+                    None => now,
+                };
+                let done =
+                    self.finish_in(tx, (&end.id, end.epoch), outcome, ended, want_row, &mut fx)?;
+                if let Some(done) = done {
+                    applied += 1;
+                    wake |= done.frees_lane_or_retries();
+                    if want_row {
+                        row = done.row;
                     }
+                }
+            }
+            let mut tickets = Vec::new();
+            for (pool, want) in claims {
+                if *want > 0 {
+                    Self::claim_into(tx, pool, *want, now, &mut tickets);
                 }
             }
             self.purge(tx, now);
-            let mut out = Vec::new();
-            for (pool, want) in claims {
-                if *want > 0 {
-                    Self::claim_into(tx, pool, *want, now, &mut out);
-                }
-            }
-            Ok(out)
-        });
-        for (id, epoch) in &ended {
-            self.end_in_flight(id, *epoch);
+            Ok(Settled { applied, tickets })
+        })?;
+        // A failed transaction changed nothing: the attempts are still live.
+        for end in finished.iter() {
+            self.end_in_flight(&end.id, end.epoch);
         }
         let wake = fx.wake || wake;
         self.deliver(fx);
         if wake {
             self.wake_worker();
         }
-        match tickets {
-            Ok(t) => (t, first_error),
-            Err(e) => (Vec::new(), first_error.or(Some(e))),
-        }
+        Ok((settled, row))
     }
 
     fn finish_in(
@@ -384,56 +428,6 @@ impl<S: Store> Engine<S> {
             }
             Ok(out.map(Finished::of))
         }
-    }
-
-    /// One step of a worker on a networked store: applies the outcomes of
-    /// finished attempts (`None` = ended without one) and claims up to
-    /// `want` runs per pool, all in one transaction (one commit for the
-    /// batch). Returns how many outcomes were applied and the new tickets.
-    /// On error nothing changed and the caller may retry the same batch.
-    pub fn settle(
-        &self,
-        finished: &[(RunId, u32, Option<AttemptOutcome>, Millis)],
-        claims: &[(Arc<str>, usize)],
-    ) -> Result<(usize, Vec<AttemptTicket>)> {
-        let now = self.now();
-        let mut fx = Effects::default();
-        let result = self.write(|tx| {
-            let ids: Vec<RunId> = finished.iter().map(|f| f.0).collect();
-            tx.prefetch(&ids);
-            let mut applied = 0;
-            for (id, epoch, outcome, at) in finished {
-                if let Some(o) = outcome {
-                    // The run ended when its handler did, not when the
-                    // outcome was stored (later under load or an outage);
-                    // but not before its row last changed (a lease renewal
-                    // after the handler ended), so its times stay ordered.
-                    let since = tx.run(id).map_or(*at, |r| r.updated_at);
-                    let ended = (*at).max(since).min(now);
-                    if self
-                        .finish_in(tx, (id, *epoch), o.clone(), ended, false, &mut fx)?
-                        .is_some()
-                    {
-                        applied += 1;
-                    }
-                }
-            }
-            let mut tickets = Vec::new();
-            for (pool, want) in claims {
-                if *want > 0 {
-                    Self::claim_into(tx, pool, *want, now, &mut tickets);
-                }
-            }
-            self.purge(tx, now);
-            Ok((applied, tickets))
-        });
-        if result.is_ok() {
-            for (id, epoch, _, _) in finished {
-                self.end_in_flight(id, *epoch);
-            }
-            self.deliver(fx);
-        }
-        result
     }
 
     /// Puts a run whose attempt was interrupted by a shutdown back to

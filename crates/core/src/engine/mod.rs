@@ -29,7 +29,7 @@ mod start;
 mod steps;
 mod wakeups;
 
-pub use attempts::{AttemptTicket, HandlerExecutor};
+pub use attempts::{AttemptEnd, AttemptTicket, HandlerExecutor, Settled};
 pub use queries::{JobRunQuery, PageCursor, ScopeQuery};
 pub use start::Started;
 pub use steps::{RecordStep, StepBegin};

@@ -72,7 +72,6 @@ fn new_run(
         seq,
         claim_epoch: 0,
         executing: false,
-        index_group: 0,
     }
 }
 

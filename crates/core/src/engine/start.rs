@@ -269,7 +269,7 @@ impl<S: Store> Engine<S> {
             match spec {
                 None => Ok(None),
                 Some(KeySpec::Template(t)) => match &input_fields {
-                    Some(fields) => t.evaluate(fields).map(Some),
+                    Some(fields) => t.evaluate(fields).map(Some).map_err(JobError::from),
                     None => Ok(None),
                 },
                 Some(KeySpec::Function) => {

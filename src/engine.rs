@@ -7,7 +7,7 @@
 use crate::bridge::{self, JsBatch, JsFn, JsObserver, NoticeQueue};
 use crate::ops;
 use crate::wire::{self, invalid, to_napi, Result};
-use jobforge_core::engine::Retention;
+use jobforge_core::engine::{AttemptEnd, Retention};
 use jobforge_core::pg_worker::PgWorker;
 use jobforge_core::store::postgres::{PgConfig, PgStore};
 use jobforge_core::worker::Worker;
@@ -422,11 +422,19 @@ impl NativeEngine {
                     Some(w) => w.report(finished),
                     None => {
                         // No worker (stopped and gone): apply the outcomes only.
-                        let items = finished
+                        let ends = finished
                             .into_iter()
-                            .map(|(id, e, o, _)| (id, e, o))
+                            .map(|(id, epoch, outcome, _)| AttemptEnd {
+                                id,
+                                epoch,
+                                outcome,
+                                ended_at: None,
+                            })
                             .collect();
-                        m.engine.finish_batch(items, &[])
+                        match m.engine.settle(ends, &[]) {
+                            Ok(s) => (s.tickets, None),
+                            Err(e) => (Vec::new(), Some(e)),
+                        }
                     }
                 };
                 out.push(if bridge::has_notices(&self.notices) {

@@ -2,6 +2,7 @@
 //! forwards to JS, where the TS layer turns it into the matching error class.
 
 use crate::model::RunRow;
+use crate::template::TemplateError;
 use thiserror::Error;
 
 /// Result alias used across the engine.
@@ -123,5 +124,70 @@ impl JobError {
         JobError::JobInputInvalid {
             reason: reason.into(),
         }
+    }
+}
+
+impl From<TemplateError> for JobError {
+    fn from(e: TemplateError) -> Self {
+        match e {
+            TemplateError::MissingField { template, field } => {
+                JobError::JobTemplateFieldMissing { template, field }
+            }
+            // Bad input, in the template's own words.
+            e @ (TemplateError::Malformed { .. } | TemplateError::BadFieldJson { .. }) => {
+                JobError::invalid(e.to_string())
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::template::{InputFields, KeyTemplate};
+    use serde_json::value::RawValue;
+
+    /// Template errors reach JS with the codes and messages they had when
+    /// the template module returned `JobError` itself.
+    #[test]
+    fn template_errors_keep_their_codes_and_messages() {
+        let said = |e: TemplateError| {
+            let e = JobError::from(e);
+            (e.code(), e.to_string())
+        };
+        let parse = |s: &str| said(KeyTemplate::parse(s).unwrap_err());
+        assert_eq!(
+            parse("x{{a"),
+            (
+                "JOB_INPUT_INVALID",
+                "invalid input: key template 'x{{a' has an unclosed '{{'".to_owned()
+            )
+        );
+        assert_eq!(
+            parse("k:{{a.b}}"),
+            (
+                "JOB_INPUT_INVALID",
+                "invalid input: key template 'k:{{a.b}}' has placeholder '{{a.b}}': a placeholder names one input field (letters, digits, _)".to_owned()
+            )
+        );
+        let eval = |t: &str, input: &str| {
+            let input = RawValue::from_string(input.to_owned()).unwrap();
+            let t = KeyTemplate::parse(t).unwrap();
+            said(t.evaluate(&InputFields::parse(&input)).unwrap_err())
+        };
+        assert_eq!(
+            eval("k:{{a}}", "{}"),
+            (
+                "JOB_TEMPLATE_FIELD_MISSING",
+                "template 'k:{{a}}' needs input field 'a'".to_owned()
+            )
+        );
+        assert_eq!(
+            eval("{{n}}", r#"{"n": 1e400}"#),
+            (
+                "JOB_INPUT_INVALID",
+                "invalid input: input field 'n': number out of range at line 1 column 5".to_owned()
+            )
+        );
     }
 }

@@ -28,6 +28,10 @@
 //! retention at the start of every call: O(1) when none is due (a look at
 //! the oldest finished run), O(log n) per run deleted, each run once.
 
+// Modules depend one way, from the leaves up: `clock`, `cron` and
+// `template` use no other; `model` uses those; `error` uses `model` and
+// converts `template`'s errors; `store` uses `model` and `error`;
+// `engine` the store; `worker` and `pg_worker` the engine.
 pub mod clock;
 pub mod cron;
 pub mod engine;
@@ -40,7 +44,8 @@ pub mod worker;
 
 pub use clock::{Clock, ClockKind};
 pub use engine::{
-    AttemptTicket, Engine, EngineObserver, EngineOptions, HandlerExecutor, StepBegin,
+    AttemptEnd, AttemptTicket, Engine, EngineObserver, EngineOptions, HandlerExecutor, Settled,
+    StepBegin,
 };
 pub use error::{JobError, Result};
 pub use model::*;

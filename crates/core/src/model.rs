@@ -310,11 +310,6 @@ pub struct RunRow {
     pub claim_epoch: u32,
     /// True while a `tick` is executing the current claim.
     pub executing: bool,
-    /// Store-private: the memory store's index group of this run's
-    /// (tenant, pool), so a transition finds its sets without hashing
-    /// strings. Fits in padding (the row stays 176 bytes); other stores
-    /// leave it 0. Not part of the JS row.
-    pub index_group: u32,
 }
 
 impl RunRow {

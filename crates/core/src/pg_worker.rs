@@ -13,7 +13,7 @@
 //! lease of held runs; a sweeper returns runs whose lease expired (their
 //! worker died) to `pending`. Delivery is at-least-once.
 
-use crate::engine::Engine;
+use crate::engine::{AttemptEnd, Engine};
 use crate::model::{AbortReason, AttemptOutcome, Millis, RunId};
 use crate::store::postgres::PgStore;
 use crate::worker::{BatchDispatcher, WorkerPool};
@@ -332,19 +332,25 @@ impl PgWorker {
         claims: Vec<(Arc<str>, usize)>,
     ) {
         let engine = self.engine.clone();
-        let settle_batch: Vec<(RunId, u32, Option<AttemptOutcome>, Millis)> = batch
+        // A copy: after a failed transaction the batch is tried again.
+        let settle_batch: Vec<AttemptEnd> = batch
             .iter()
-            .map(|d| (d.id, d.epoch, d.outcome.clone(), d.at))
+            .map(|d| AttemptEnd {
+                id: d.id,
+                epoch: d.epoch,
+                outcome: d.outcome.clone(),
+                ended_at: Some(d.at),
+            })
             .collect();
         let claims_for_tx = claims.clone();
         let result =
-            tokio::task::spawn_blocking(move || engine.settle(&settle_batch, &claims_for_tx)).await;
+            tokio::task::spawn_blocking(move || engine.settle(settle_batch, &claims_for_tx)).await;
         let tickets = match result {
-            Ok(Ok((_, tickets))) => {
+            Ok(Ok(settled)) => {
                 self.unsaved.fetch_sub(batch.len(), Ordering::SeqCst);
                 self.settle_failures.store(0, Ordering::SeqCst);
                 self.record_success();
-                Some(tickets)
+                Some(settled.tickets)
             }
             Ok(Err(e)) => {
                 self.record_error(&e);

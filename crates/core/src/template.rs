@@ -3,10 +3,26 @@
 //! literal text. Values are rendered the way JS `String(value)` renders
 //! them, so keys match the ones the TypeScript system produced.
 
-use crate::error::{JobError, Result};
 use serde_json::value::RawValue;
 use serde_json::Value;
 use std::collections::HashMap;
+use thiserror::Error;
+
+/// Why a template was refused or rendered no key. Its own type, so this
+/// module depends on no other: `JobError` converts it (same codes and
+/// messages JS sees).
+#[derive(Debug, Clone, Error)]
+pub enum TemplateError {
+    /// A field the template names is missing or `null` in the input.
+    #[error("template '{template}' needs input field '{field}'")]
+    MissingField { template: String, field: String },
+    /// A `{{` that does not open a valid placeholder.
+    #[error("key template '{template}' has {problem}")]
+    Malformed { template: String, problem: String },
+    /// An input field's JSON could not be read.
+    #[error("input field '{field}': {reason}")]
+    BadFieldJson { field: String, reason: String },
+}
 
 /// The input's own top-level fields, each left as raw JSON text so that a
 /// deeply nested input costs nothing beyond the fields a template reads.
@@ -38,7 +54,7 @@ pub struct KeyTemplate {
 impl KeyTemplate {
     /// Parses a template. A `{{` that does not open a valid placeholder is
     /// rejected so a typo cannot silently become a constant key.
-    pub fn parse(source: &str) -> Result<Self> {
+    pub fn parse(source: &str) -> Result<Self, TemplateError> {
         let mut parts = Vec::new();
         let mut rest = source;
         while let Some(open) = rest.find("{{") {
@@ -46,8 +62,9 @@ impl KeyTemplate {
                 parts.push(Part::Literal(rest[..open].to_owned()));
             }
             let after = &rest[open + 2..];
-            let close = after.find("}}").ok_or_else(|| {
-                JobError::invalid(format!("key template '{source}' has an unclosed '{{{{'"))
+            let close = after.find("}}").ok_or_else(|| TemplateError::Malformed {
+                template: source.to_owned(),
+                problem: "an unclosed '{{'".to_owned(),
             })?;
             let field = after[..close].trim();
             if field.is_empty()
@@ -55,10 +72,13 @@ impl KeyTemplate {
                     .bytes()
                     .all(|b| b.is_ascii_alphanumeric() || b == b'_')
             {
-                return Err(JobError::invalid(format!(
-                    "key template '{source}' has placeholder '{{{{{}}}}}': a placeholder names one input field (letters, digits, _)",
-                    &after[..close]
-                )));
+                return Err(TemplateError::Malformed {
+                    template: source.to_owned(),
+                    problem: format!(
+                        "placeholder '{{{{{}}}}}': a placeholder names one input field (letters, digits, _)",
+                        &after[..close]
+                    ),
+                });
             }
             parts.push(Part::Field(field.to_owned()));
             rest = &after[close + 2..];
@@ -78,14 +98,14 @@ impl KeyTemplate {
 
     /// Renders the key. A field that is missing or `null` in the input (only
     /// the input's own fields count, never inherited ones such as
-    /// `constructor`) is a `JobTemplateFieldMissing` error.
-    pub fn evaluate(&self, input: &InputFields<'_>) -> Result<String> {
+    /// `constructor`) is a `MissingField` error.
+    pub fn evaluate(&self, input: &InputFields<'_>) -> Result<String, TemplateError> {
         let mut out = String::new();
         for part in &self.parts {
             match part {
                 Part::Literal(s) => out.push_str(s),
                 Part::Field(f) => {
-                    let missing = || JobError::JobTemplateFieldMissing {
+                    let missing = || TemplateError::MissingField {
                         template: self.source.clone(),
                         field: f.clone(),
                     };
@@ -96,8 +116,11 @@ impl KeyTemplate {
                         out.push_str("[object Object]");
                         continue;
                     }
-                    let v: Value = serde_json::from_str(text)
-                        .map_err(|e| JobError::invalid(format!("input field '{f}': {e}")))?;
+                    let v: Value =
+                        serde_json::from_str(text).map_err(|e| TemplateError::BadFieldJson {
+                            field: f.clone(),
+                            reason: e.to_string(),
+                        })?;
                     if v.is_null() {
                         return Err(missing());
                     }
@@ -160,14 +183,20 @@ fn js_number(f: f64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    // The codes JS sees are the engine error's, converted from ours.
+    use crate::error::JobError;
 
     fn fields(v: serde_json::Value) -> Box<RawValue> {
         serde_json::value::to_raw_value(&v).unwrap()
     }
 
-    fn eval(t: &KeyTemplate, v: serde_json::Value) -> Result<String> {
+    fn eval(t: &KeyTemplate, v: serde_json::Value) -> Result<String, JobError> {
         let raw = fields(v);
-        t.evaluate(&InputFields::parse(&raw))
+        Ok(t.evaluate(&InputFields::parse(&raw))?)
+    }
+
+    fn parse(source: &str) -> Result<KeyTemplate, JobError> {
+        Ok(KeyTemplate::parse(source)?)
     }
     use serde_json::json;
 
@@ -199,11 +228,7 @@ mod tests {
     #[test]
     fn malformed_placeholders_are_rejected() {
         for bad in ["{{a.b}}", "{{}}", "x{{a", "{{ a-b }}"] {
-            assert_eq!(
-                KeyTemplate::parse(bad).unwrap_err().code(),
-                "JOB_INPUT_INVALID",
-                "{bad}"
-            );
+            assert_eq!(parse(bad).unwrap_err().code(), "JOB_INPUT_INVALID", "{bad}");
         }
         assert!(KeyTemplate::parse("plain").is_ok());
     }

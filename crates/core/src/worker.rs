@@ -14,7 +14,7 @@
 //! Slots are reserved with a compare-and-swap before claiming, so the two
 //! paths never exceed a pool's concurrency together.
 
-use crate::engine::{AttemptTicket, Engine};
+use crate::engine::{AttemptEnd, AttemptTicket, Engine};
 use crate::error::Result;
 use crate::model::{AttemptOutcome, Millis, RunId};
 use crate::store::Store;
@@ -230,10 +230,10 @@ impl<S: Store> Worker<S> {
 
     /// Records the outcomes of several attempts (`None` = the attempt ended
     /// without one) and, unless stopping, claims into the slots they free,
-    /// all in one transaction ([`Engine::finish_batch`]). `slot` is the
+    /// all in one transaction ([`Engine::settle`]). `slot` is the
     /// index of the attempt's pool in [`Worker::pools`]; an index out of
-    /// range frees no slot. Returns the new tickets, and the first outcome
-    /// that could not be applied (the others were).
+    /// range frees no slot. Returns the new tickets, and the store's error
+    /// if the transaction failed (then nothing was applied or claimed).
     pub fn report(
         &self,
         finished: Vec<(RunId, u32, Option<AttemptOutcome>, usize)>,
@@ -245,7 +245,12 @@ impl<S: Store> Worker<S> {
             if let Some(n) = freed.get_mut(slot) {
                 *n += 1;
             }
-            items.push((id, epoch, outcome));
+            items.push(AttemptEnd {
+                id,
+                epoch,
+                outcome,
+                ended_at: None,
+            });
         }
         // Freed slots go straight to the next due runs of their pools.
         let claims: Vec<(Arc<str>, usize)> = if stopping {
@@ -258,7 +263,11 @@ impl<S: Store> Worker<S> {
                 .map(|(p, n)| (p.name.clone(), *n))
                 .collect()
         };
-        let (tickets, error) = self.engine.finish_batch(items, &claims);
+        let (tickets, error) = match self.engine.settle(items, &claims) {
+            Ok(settled) => (settled.tickets, None),
+            // Nothing was claimed: every freed slot is idle.
+            Err(e) => (Vec::new(), Some(e)),
+        };
         let mut refilled = vec![0usize; self.pools.len()];
         for t in &tickets {
             if let Some(i) = self.pools.iter().position(|p| p.name == t.run.pool) {

@@ -194,23 +194,24 @@ fn batch_settle_claims_and_finishes_in_one_transaction() {
         e.start(req("s", &format!(r#"{{"i":{i}}}"#))).unwrap();
     }
     let pool: Arc<str> = Arc::from("batch");
-    let (_, first) = e.settle(&[], &[(pool.clone(), 20)]).unwrap();
+    let Settled { tickets: first, .. } = e.settle(Vec::new(), &[(pool.clone(), 20)]).unwrap();
     assert_eq!(first.len(), 20);
     let ended = e.now();
     let finished: Vec<_> = first
         .iter()
-        .map(|t| {
-            (
-                t.run.id,
-                t.epoch,
-                Some(AttemptOutcome::Completed(None)),
-                ended,
-            )
+        .map(|t| AttemptEnd {
+            id: t.run.id,
+            epoch: t.epoch,
+            outcome: Some(AttemptOutcome::Completed(None)),
+            ended_at: Some(ended),
         })
         .collect();
     // The outcomes reach the database later than the handlers ended.
     std::thread::sleep(std::time::Duration::from_millis(30));
-    let (applied, next) = e.settle(&finished, &[(pool.clone(), 40)]).unwrap();
+    let Settled {
+        applied,
+        tickets: next,
+    } = e.settle(finished, &[(pool.clone(), 40)]).unwrap();
     assert_eq!(applied, 20);
     assert_eq!(next.len(), 30);
     let row = e

@@ -3,6 +3,7 @@
 //! | structure | serves | cost |
 //! |---|---|---|
 //! | `runs: Vec<RunRow>` + `ids: IdIndex` (slot per id hash) | lookup by id | O(1) |
+//! | `run_groups: Vec<u32>` (by slot, beside `runs`) | a run's (tenant, pool) group | O(1) |
 //! | per (tenant, pool) group: a `BTreeSet<(createdAt, id)>` and a count per status | queries, counts | O(log n) per transition |
 //! | per pool `ready: BTreeSet<(−priority, runAt, seq)>` | claim | O(log n) |
 //! | per pool `future: BTreeSet<(runAt, seq)>` | not-yet-due claimables | O(log n) per move, each run moves once |
@@ -52,6 +53,10 @@ struct RunSteps {
 pub struct MemoryState {
     definitions: HashMap<Arc<str>, Arc<JobDefinition>>,
     runs: Vec<RunRow>,
+    /// Each run's group in `q.groups`, by slot beside `runs` (4 bytes a
+    /// run): a transition finds its sets without hashing strings, and the
+    /// row holds only what every store stores.
+    run_groups: Vec<u32>,
     ids: IdIndex,
     /// Claim index per pool name, found through `claim_ids` (by name) or
     /// through a run's group (no string hashing on a transition).
@@ -101,8 +106,8 @@ fn si(s: RunStatus) -> usize {
 }
 
 /// The runs of one (tenant, pool): what the queries and counts read. A run
-/// names its group in `RunRow::index_group`, so a status change moves it
-/// between two sets of one group without hashing a string.
+/// names its group in `MemoryState::run_groups`, so a status change moves
+/// it between two sets of one group without hashing a string.
 struct Group {
     tenant: Tenant,
     pool: Arc<str>,
@@ -220,12 +225,12 @@ struct IndexView {
 }
 
 impl IndexView {
-    /// `r.index_group` must be current (see `MemoryState::group_of_run`).
-    fn of(r: &RunRow) -> Self {
+    /// `group`: the run's current group (`MemoryState::group_of_run`).
+    fn of(r: &RunRow, group: u32) -> Self {
         IndexView {
             status: r.status,
             finished_at: r.finished_at.get(),
-            group: r.index_group,
+            group,
             priority: r.priority,
             run_at: r.run_at,
             lane_seq: r.lane_seq(),
@@ -341,13 +346,13 @@ impl MemoryState {
     /// have changed them): O(1), a string hash only after such a change.
     fn group_of_run(&mut self, h: Handle) -> u32 {
         let r = &self.runs[h as usize];
-        let g = r.index_group;
+        let g = self.run_groups[h as usize];
         if self.q.groups.get(g as usize).is_some_and(|x| x.holds(r)) {
             return g;
         }
         let (t, p) = (r.tenant_id.clone(), r.pool.clone());
         let g = self.group_for(&t, &p);
-        self.runs[h as usize].index_group = g;
+        self.run_groups[h as usize] = g;
         g
     }
 
@@ -365,7 +370,7 @@ impl MemoryState {
 
     fn claim_index_insert(&mut self, h: Handle) {
         let r = &self.runs[h as usize];
-        let c = self.q.groups[r.index_group as usize].claim;
+        let c = self.q.groups[self.run_groups[h as usize] as usize].claim;
         let pool = &mut self.claim[c as usize];
         // Due already (every transition stamps updated_at with the
         // transaction's time): straight to ready, so a backlog started
@@ -434,8 +439,8 @@ impl MemoryState {
     }
 
     fn reindex(&mut self, h: Handle, before: IndexView) {
-        self.group_of_run(h);
-        let after = IndexView::of(&self.runs[h as usize]);
+        let g = self.group_of_run(h);
+        let after = IndexView::of(&self.runs[h as usize], g);
         if before == after {
             return;
         }
@@ -482,8 +487,8 @@ impl MemoryState {
                 }
                 if let Some(oh) = old_head {
                     if oh != h && Some(oh) != new_head {
-                        self.group_of_run(oh);
-                        let v = IndexView::of(&self.runs[oh as usize]);
+                        let g = self.group_of_run(oh);
+                        let v = IndexView::of(&self.runs[oh as usize], g);
                         if v.status == RunStatus::Pending {
                             self.claim_index_remove(oh, &v);
                         }
@@ -608,10 +613,10 @@ impl MemoryState {
             let t = r.tenant_id.clone();
             let k = created_key(r, h as Handle);
             let g = self.q.find_group(t.as_deref(), &r.pool);
-            if g != Some(r.index_group) {
+            if g != Some(self.run_groups[h]) {
                 return Err(format!(
                     "run {} names group {} of {:?}",
-                    r.id, r.index_group, g
+                    r.id, self.run_groups[h], g
                 ));
             }
             sets.entry((t.clone(), r.pool.clone())).or_default()[si(r.status)].insert(k);
@@ -745,7 +750,6 @@ impl StoreTx for MemoryTx<'_> {
                 .or_default()
                 .push(h);
         }
-        let mut row = row;
         let lane = lane_key(&row);
         let lane_seq = row.lane_seq();
         let pending = row.status == RunStatus::Pending;
@@ -753,7 +757,6 @@ impl StoreTx for MemoryTx<'_> {
         let key = created_key(&row, h);
         let t = row.tenant_id.clone();
         let g = s.group_for(&t, &row.pool);
-        row.index_group = g;
         let grp = &mut s.q.groups[g as usize];
         grp.by_status[si(row.status)].insert(key);
         grp.counts[si(row.status)] += 1;
@@ -769,8 +772,14 @@ impl StoreTx for MemoryTx<'_> {
             }
         }
         match reused {
-            Some(slot) => s.runs[slot as usize] = row,
-            None => s.runs.push(row),
+            Some(slot) => {
+                s.runs[slot as usize] = row;
+                s.run_groups[slot as usize] = g;
+            }
+            None => {
+                s.runs.push(row);
+                s.run_groups.push(g);
+            }
         }
         // Only now: the index compares ids through `runs[slot]`.
         s.ids.insert(&s.runs, id, h);
@@ -785,8 +794,8 @@ impl StoreTx for MemoryTx<'_> {
     fn update_run(&mut self, id: &RunId, f: &mut dyn FnMut(&mut RunRow)) {
         let s = &mut *self.0;
         let Some(h) = s.handle(id) else { return };
-        s.group_of_run(h);
-        let before = IndexView::of(&s.runs[h as usize]);
+        let g = s.group_of_run(h);
+        let before = IndexView::of(&s.runs[h as usize], g);
         f(&mut s.runs[h as usize]);
         s.reindex(h, before);
     }

@@ -539,7 +539,6 @@ fn run_from_row(r: &Row) -> std::result::Result<RunRow, postgres::Error> {
         seq: r.try_get::<_, i64>(27)?.max(0) as u64,
         claim_epoch: r.try_get::<_, i32>(29)? as u32,
         executing: r.try_get(30)?,
-        index_group: 0,
     };
     row.set_lane_seq(r.try_get::<_, i64>(28)?.max(0) as u64);
     Ok(row)

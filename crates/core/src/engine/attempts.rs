@@ -1,0 +1,533 @@
+//! Claims and attempts: claiming runs, opening an attempt, applying
+//! outcomes (`settle` for a worker's batch, `finish_attempt` for one; both
+//! through `finish_in`, the one place that decides what an outcome does),
+//! releasing an attempt, and `tick`, which runs one through an executor.
+
+use super::{parse_run_id, Effects, Engine, InFlight};
+use crate::clock::clamp_time;
+use crate::error::{JobError, Result};
+use crate::model::*;
+use crate::store::{Store, StoreTx};
+use std::future::Future;
+use std::sync::Arc;
+use tokio::sync::Notify;
+
+/// Runs a handler for one attempt. Implemented by the binding (a
+/// threadsafe-function call into JS) and by tests.
+pub trait HandlerExecutor: Send + Sync {
+    fn execute(&self, ticket: &AttemptTicket) -> impl Future<Output = AttemptOutcome> + Send;
+}
+
+/// What `tick` hands the executor.
+#[derive(Debug, Clone)]
+pub struct AttemptTicket {
+    pub run: RunRow,
+    /// Claim epoch: step calls of this attempt must present it.
+    pub epoch: u32,
+    pub timeout_ms: Option<i64>,
+}
+
+/// One finished attempt, as a worker reports it to [`Engine::settle`].
+#[derive(Debug, Clone)]
+pub struct AttemptEnd {
+    pub id: RunId,
+    /// The attempt's claim epoch: an outcome of an earlier attempt is ignored.
+    pub epoch: u32,
+    /// `None`: the attempt ended without an outcome (canceled or released).
+    pub outcome: Option<AttemptOutcome>,
+    /// When its handler ended (a networked worker stores outcomes later);
+    /// `None`: now.
+    pub ended_at: Option<Millis>,
+}
+
+/// What [`Engine::settle`] did.
+#[derive(Debug, Default)]
+pub struct Settled {
+    /// Outcomes applied (the others' attempts were over already).
+    pub applied: usize,
+    /// Attempts the claims opened.
+    pub tickets: Vec<AttemptTicket>,
+}
+
+/// An attempt outcome `finish_in` applied.
+struct Finished {
+    /// The updated row, when the caller asked for it (or it was copied anyway).
+    row: Option<RunRow>,
+    /// The run is in a concurrency lane (its end may free the next member).
+    lane: bool,
+    /// The run went back to pending for a retry.
+    pending: bool,
+}
+
+impl Finished {
+    fn of(row: RunRow) -> Self {
+        Finished {
+            lane: row.concurrency_key().is_some(),
+            pending: row.status == RunStatus::Pending,
+            row: Some(row),
+        }
+    }
+
+    /// Whether the scheduler may have something new to claim.
+    fn frees_lane_or_retries(&self) -> bool {
+        self.lane || self.pending
+    }
+}
+
+/// A claim: running from `now`, with a new epoch so outcomes of earlier
+/// attempts can no longer apply; `executing` when the attempt opens at once.
+fn mark_claimed(r: &mut RunRow, now: Millis, executing: bool) {
+    r.status = RunStatus::Running;
+    r.claimed_at = now.into();
+    r.started_at = now.into();
+    r.updated_at = now;
+    r.claim_epoch = r.claim_epoch.wrapping_add(1);
+    r.executing = executing;
+}
+
+impl<S: Store> Engine<S> {
+    /// Claims the next due, claimable run of `pool`. O(log n).
+    pub fn claim_next(&self, pool: &str) -> Result<Option<RunRow>> {
+        if self.store.fires_schedules_in_claims() {
+            // Without a worker, claims are what turns due schedules into runs.
+            self.fire_due_schedules()?;
+        }
+        let now = self.now();
+        self.write(|tx| {
+            let Some(id) = tx.next_claimable(pool, now) else {
+                return Ok(None);
+            };
+            let mut out = None;
+            tx.update_run(&id, &mut |r| {
+                mark_claimed(r, now, false);
+                out = Some(r.clone());
+            });
+            Ok(out)
+        })
+    }
+
+    /// Claims up to `max` due runs of `pool` and opens their attempts in
+    /// one transaction (the worker's batch claim). O(k log n).
+    pub fn claim_attempts(&self, pool: &str, max: usize) -> Result<Vec<AttemptTicket>> {
+        if max == 0 {
+            return Ok(Vec::new());
+        }
+        let now = self.now();
+        self.write(|tx| {
+            let mut out = Vec::new();
+            Self::claim_into(tx, pool, max, now, &mut out);
+            Ok(out)
+        })
+    }
+
+    /// Claims up to `max` due runs of `pool` with their attempts opened,
+    /// appending the tickets to `out`. O(k log n).
+    fn claim_into(
+        tx: &mut S::Tx<'_>,
+        pool: &str,
+        max: usize,
+        now: Millis,
+        out: &mut Vec<AttemptTicket>,
+    ) {
+        tx.expect_claims(max);
+        for _ in 0..max {
+            let Some(id) = tx.next_claimable(pool, now) else {
+                break;
+            };
+            let mut ticket = None;
+            tx.update_run(&id, &mut |r| {
+                mark_claimed(r, now, true);
+                ticket = Some(AttemptTicket {
+                    run: r.clone(),
+                    epoch: r.claim_epoch,
+                    timeout_ms: None,
+                });
+            });
+            if let Some(mut t) = ticket {
+                t.timeout_ms = tx.definition(&t.run.job_type).and_then(|d| d.timeout_ms);
+                out.push(t);
+            }
+        }
+    }
+
+    /// Marks a claimed run as executing and hands out its attempt ticket.
+    pub fn begin_attempt(&self, run_id: &str) -> Result<AttemptTicket> {
+        let not_found = || JobError::JobRunNotFound {
+            run_id: run_id.to_owned(),
+        };
+        let id = parse_run_id(run_id).ok_or_else(not_found)?;
+        let ticket = self.write(|tx| {
+            let run = tx.run(&id).ok_or_else(not_found)?;
+            if run.status != RunStatus::Running {
+                return Err(JobError::JobRunState {
+                    run_id: run_id.to_owned(),
+                    status: run.status.to_string(),
+                    detail: "tick needs a 'running' run (claim it first)".to_owned(),
+                });
+            }
+            if run.executing {
+                return Err(JobError::JobRunState {
+                    run_id: run_id.to_owned(),
+                    status: run.status.to_string(),
+                    detail: "its current attempt is already executing".to_owned(),
+                });
+            }
+            let timeout_ms = tx.definition(&run.job_type).and_then(|d| d.timeout_ms);
+            let mut ticket = None;
+            tx.update_run(&id, &mut |r| {
+                r.executing = true;
+                ticket = Some(AttemptTicket {
+                    run: r.clone(),
+                    epoch: r.claim_epoch,
+                    timeout_ms,
+                });
+            });
+            ticket.ok_or_else(not_found)
+        })?;
+        if let Ok(mut m) = self.in_flight.lock() {
+            m.insert(
+                id,
+                InFlight {
+                    epoch: ticket.epoch,
+                    abort: Arc::new(Notify::new()),
+                },
+            );
+        }
+        Ok(ticket)
+    }
+
+    fn end_in_flight(&self, id: &RunId, epoch: u32) {
+        if let Ok(mut m) = self.in_flight.lock() {
+            if m.get(id).is_some_and(|f| f.epoch == epoch) {
+                m.remove(id);
+            }
+        }
+    }
+
+    /// Applies an attempt's outcome: completion, retry or final failure
+    /// (with its cascade). Ignored when the run is no longer running this
+    /// attempt (canceled, timed out, replayed). Returns the updated row, if
+    /// applied. O(log n) + O(cascade).
+    pub fn finish_attempt(
+        &self,
+        run_id: &RunId,
+        epoch: u32,
+        outcome: AttemptOutcome,
+    ) -> Result<Option<RunRow>> {
+        let mut end = AttemptEnd {
+            id: *run_id,
+            epoch,
+            outcome: Some(outcome),
+            ended_at: None,
+        };
+        self.settle_in(std::slice::from_mut(&mut end), &[], true)
+            .map(|(_, row)| row)
+    }
+
+    /// A worker's report of finished attempts, in one store transaction:
+    /// applies each outcome in order (`None` = the attempt ended without
+    /// one: canceled or released), then claims up to `want` due runs per
+    /// pool (the slots the reported attempts free). One lock or commit, one
+    /// clock read and one purge for the batch instead of one per run.
+    /// O(k log n) + O(cascades). On error nothing changed (the outcomes'
+    /// attempts are still live) and the caller may settle the same batch
+    /// again.
+    pub fn settle(
+        &self,
+        mut finished: Vec<AttemptEnd>,
+        claims: &[(Arc<str>, usize)],
+    ) -> Result<Settled> {
+        self.settle_in(&mut finished, claims, false)
+            .map(|(settled, _)| settled)
+    }
+
+    /// `settle`, taking each outcome out of `finished` (the transaction runs
+    /// once); with `want_row`, also answers the row of the last outcome
+    /// applied.
+    fn settle_in(
+        &self,
+        finished: &mut [AttemptEnd],
+        claims: &[(Arc<str>, usize)],
+        want_row: bool,
+    ) -> Result<(Settled, Option<RunRow>)> {
+        let now = self.now();
+        let mut fx = Effects::default();
+        let mut wake = false;
+        let mut row = None;
+        let settled = self.write(|tx| {
+            // One run is read by its own lookup: nothing to load at once.
+            if finished.len() > 1 {
+                let ids: Vec<RunId> = finished.iter().map(|f| f.id).collect();
+                tx.prefetch(&ids);
+            }
+            let mut applied = 0;
+            for end in finished.iter_mut() {
+                let Some(outcome) = end.outcome.take() else {
+                    continue;
+                };
+                let ended = match end.ended_at {
+                    // The run ended when its handler did, not when the
+                    // outcome was stored (later under load or an outage);
+                    // but not before its row last changed (a lease renewal
+                    // after the handler ended), so its times stay ordered.
+                    Some(at) => {
+                        let since = tx.run(&end.id).map_or(at, |r| r.updated_at);
+                        at.max(since).min(now)
+                    }
+                    None => now,
+                };
+                let done =
+                    self.finish_in(tx, (&end.id, end.epoch), outcome, ended, want_row, &mut fx)?;
+                if let Some(done) = done {
+                    applied += 1;
+                    wake |= done.frees_lane_or_retries();
+                    if want_row {
+                        row = done.row;
+                    }
+                }
+            }
+            let mut tickets = Vec::new();
+            for (pool, want) in claims {
+                if *want > 0 {
+                    Self::claim_into(tx, pool, *want, now, &mut tickets);
+                }
+            }
+            self.purge(tx, now);
+            Ok(Settled { applied, tickets })
+        })?;
+        // A failed transaction changed nothing: the attempts are still live.
+        for end in finished.iter() {
+            self.end_in_flight(&end.id, end.epoch);
+        }
+        let wake = fx.wake || wake;
+        self.deliver(fx);
+        if wake {
+            self.wake_worker();
+        }
+        Ok((settled, row))
+    }
+
+    fn finish_in(
+        &self,
+        tx: &mut S::Tx<'_>,
+        (run_id, epoch): (&RunId, u32),
+        outcome: AttemptOutcome,
+        now: Millis,
+        want_row: bool,
+        fx: &mut Effects,
+    ) -> Result<Option<Finished>> {
+        let outcome = self.storable_outcome(outcome);
+        {
+            let Some(run) = tx.run(run_id) else {
+                return Ok(None);
+            };
+            if run.status != RunStatus::Running || run.claim_epoch != epoch {
+                return Ok(None);
+            }
+            let attempts = run.attempts + 1;
+            let (info, final_status) = match outcome {
+                AttemptOutcome::Completed(output) => {
+                    // The row is copied out only for a caller or an event
+                    // that wants it (not on a worker's path).
+                    let copy = want_row || self.wants_event(run_id);
+                    let mut out = None;
+                    let mut lane = false;
+                    let mut output = Some(output.unwrap_or_else(empty_object));
+                    tx.update_run(run_id, &mut |r| {
+                        r.status = RunStatus::Completed;
+                        // The error of an earlier attempt stays on the row.
+                        let earlier = r.error().cloned();
+                        r.set_result(output.take(), earlier);
+                        r.finished_at = now.into();
+                        r.updated_at = now;
+                        r.attempts = attempts;
+                        r.executing = false;
+                        lane = r.concurrency_key().is_some();
+                        if copy {
+                            out = Some(r.clone());
+                        }
+                    });
+                    if self.wants_event(run_id) {
+                        fx.transitions.extend(out.clone());
+                    }
+                    return Ok(Some(Finished {
+                        row: out,
+                        lane,
+                        pending: false,
+                    }));
+                }
+                AttemptOutcome::Failed(info) => (info, RunStatus::Failed),
+                AttemptOutcome::TimedOut { timeout_ms } => (
+                    FailureInfo {
+                        message: format!("run timed out after {timeout_ms}ms"),
+                        stack: None,
+                        name: Some("JobTimeoutError".to_owned()),
+                        code: Some("JOB_TIMEOUT".to_owned()),
+                    },
+                    RunStatus::TimedOut,
+                ),
+                AttemptOutcome::NoHandler => (
+                    FailureInfo {
+                        message: format!("No handler registered for jobType='{}'", run.job_type),
+                        ..FailureInfo::default()
+                    },
+                    RunStatus::Failed,
+                ),
+            };
+            // Only a failure needs the retry policy (a completion is the hot path).
+            let policy = tx
+                .definition(&run.job_type)
+                .map(|d| d.retry_policy.clone())
+                .unwrap_or_default();
+            let no_handler = info.name.is_none()
+                && info.code.is_none()
+                && info.message.starts_with("No handler registered");
+            let retry = !no_handler
+                && policy.allows(info.name.as_deref(), info.code.as_deref())
+                && attempts < policy.attempts;
+            let error = Box::new(RunError {
+                message: info.message,
+                stack: info.stack,
+                retryable: retry,
+                attempt: attempts,
+            });
+            let mut error = Some(error);
+            let mut out = None;
+            if retry {
+                let run_at = clamp_time(now.saturating_add(policy.backoff_ms(attempts)));
+                tx.update_run(run_id, &mut |r| {
+                    r.status = RunStatus::Pending;
+                    r.attempts = attempts;
+                    r.run_at = run_at;
+                    r.started_at = OptMillis::NONE;
+                    r.claimed_at = OptMillis::NONE;
+                    r.updated_at = now;
+                    r.set_error(error.take().map(|e| *e));
+                    r.executing = false;
+                    out = Some(r.clone());
+                });
+            } else {
+                tx.update_run(run_id, &mut |r| {
+                    r.status = final_status;
+                    r.attempts = attempts;
+                    r.finished_at = now.into();
+                    r.updated_at = now;
+                    r.set_error(error.take().map(|e| *e));
+                    r.executing = false;
+                    out = Some(r.clone());
+                });
+                if self.wants_event(run_id) {
+                    fx.transitions.extend(out.clone());
+                }
+                // A failed run takes its descendants down (not itself again).
+                self.cancel_tree(tx, *run_id, true, false, now, fx);
+                return Ok(out.map(Finished::of));
+            }
+            if self.wants_event(run_id) {
+                fx.transitions.extend(out.clone());
+            }
+            Ok(out.map(Finished::of))
+        }
+    }
+
+    /// Puts a run whose attempt was interrupted by a shutdown back to
+    /// `pending` (attempts unchanged, due now, still its lane's head).
+    /// Returns whether it was released. O(log n).
+    pub fn release_attempt(&self, run_id: &RunId, epoch: u32) -> Result<bool> {
+        let now = self.now();
+        let released = self.write(|tx| {
+            let Some(run) = tx.run(run_id) else {
+                return Ok(false);
+            };
+            if run.status != RunStatus::Running || run.claim_epoch != epoch {
+                return Ok(false);
+            }
+            tx.update_run(run_id, &mut |r| {
+                r.status = RunStatus::Pending;
+                r.claimed_at = OptMillis::NONE;
+                r.started_at = OptMillis::NONE;
+                r.run_at = now;
+                r.updated_at = now;
+                r.executing = false;
+            });
+            Ok(true)
+        })?;
+        self.end_in_flight(run_id, epoch);
+        Ok(released)
+    }
+
+    /// Whether `epoch` is still the running attempt of the run. O(1).
+    pub fn attempt_current(&self, run_id: &RunId, epoch: u32) -> bool {
+        self.read(|tx| {
+            Ok(tx
+                .run(run_id)
+                .is_some_and(|r| r.status == RunStatus::Running && r.claim_epoch == epoch))
+        })
+        .unwrap_or(false)
+    }
+
+    /// When the next claimable run of `pool` falls due: `Some(now)` if one
+    /// is due already, `None` if none is waiting. O(log n).
+    pub fn next_due(&self, pool: &str) -> Option<Millis> {
+        let now = self.now();
+        self.read(|tx| Ok(tx.next_due(pool, now))).ok().flatten()
+    }
+
+    /// Executes one claimed run: begin the attempt, run the handler through
+    /// `executor` racing the run's timeout and a cancel, then apply the
+    /// outcome. Returns when the outcome is applied or the run was canceled.
+    pub async fn tick<X: HandlerExecutor>(&self, run_id: &str, executor: &X) -> Result<()> {
+        let ticket = self.begin_attempt(run_id)?;
+        let id = ticket.run.id;
+        let epoch = ticket.epoch;
+        let abort = self
+            .in_flight
+            .lock()
+            .ok()
+            .and_then(|m| m.get(&id).map(|f| f.abort.clone()))
+            .unwrap_or_else(|| Arc::new(Notify::new()));
+        let deadline = ticket.timeout_ms.map(|t| self.now().saturating_add(t));
+        let timeout = async {
+            match deadline {
+                Some(d) => self.clock.sleep_until(d).await,
+                None => std::future::pending::<()>().await,
+            }
+        };
+        let outcome = tokio::select! {
+            o = executor.execute(&ticket) => Some(o),
+            _ = timeout => Some(AttemptOutcome::TimedOut { timeout_ms: ticket.timeout_ms.unwrap_or(0) }),
+            _ = abort.notified() => None,
+        };
+        match outcome {
+            Some(o) => {
+                let timed_out = matches!(o, AttemptOutcome::TimedOut { .. });
+                let applied = self.finish_attempt(&id, epoch, o)?;
+                if timed_out && applied.is_some() {
+                    self.deliver(Effects {
+                        aborted: vec![(id, Some(epoch), AbortReason::TimedOut)],
+                        ..Effects::default()
+                    });
+                }
+            }
+            None => self.end_in_flight(&id, epoch),
+        }
+        Ok(())
+    }
+
+    /// An output the store cannot hold fails the attempt instead (the run
+    /// must not stay `running` because its result cannot be written).
+    fn storable_outcome(&self, outcome: AttemptOutcome) -> AttemptOutcome {
+        let AttemptOutcome::Completed(Some(output)) = &outcome else {
+            return outcome;
+        };
+        match self.store.json_problem(output.get()) {
+            None => outcome,
+            Some(p) => AttemptOutcome::Failed(FailureInfo {
+                message: format!("handler output cannot be stored: it holds {p}"),
+                stack: None,
+                name: Some("JobOutputInvalidError".to_owned()),
+                code: None,
+            }),
+        }
+    }
+}

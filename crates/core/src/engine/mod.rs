@@ -1,0 +1,289 @@
+//! The orchestration rules of CONTRACT.md, written once over [`StoreTx`].
+//!
+//! Every public operation runs in one store transaction. Rules check
+//! everything that can fail before they change anything, so an error
+//! leaves the store as it was.
+//!
+//! One `impl<S: Store> Engine<S>` per part of a run's life:
+//!
+//! | file | what |
+//! |---|---|
+//! | `mod.rs` | the `Engine` and its options, side effects (`Effects`, `deliver`), transactions with retention (`write`, `read`, `purge`), the tenant gate |
+//! | `definitions.rs` | registering job types |
+//! | `start.rs` | starting runs: one, or a batch of plain ones |
+//! | `attempts.rs` | claims, attempts and their outcomes, the worker's tick |
+//! | `steps.rs` | `ctx.step` and the step service's rows |
+//! | `cancel.rs` | cancel, its cascade, scope-wide cancel and reschedule |
+//! | `replay.rs` | replaying a terminal run |
+//! | `queries.rs` | reads: rows, steps, scopes, counts, pages, trees |
+//! | `schedules.rs` | recurring starts |
+//! | `wakeups.rs` | waking a worker, events, watchers, the observer, time |
+
+mod attempts;
+mod cancel;
+mod definitions;
+mod queries;
+mod replay;
+mod schedules;
+mod start;
+mod steps;
+mod wakeups;
+
+pub use attempts::{AttemptEnd, AttemptTicket, HandlerExecutor, Settled};
+pub use queries::{JobRunQuery, PageCursor, ScopeQuery};
+pub use start::Started;
+pub use steps::{RecordStep, StepBegin};
+
+use crate::clock::{Clock, ClockKind};
+use crate::error::{JobError, Result};
+use crate::model::*;
+use crate::store::{Store, StoreTx};
+use serde_json::value::RawValue;
+use std::collections::HashMap;
+use std::sync::atomic::AtomicBool;
+use std::sync::{Arc, Mutex, RwLock};
+use tokio::sync::Notify;
+use uuid::Uuid;
+
+#[derive(Debug, Clone, Copy)]
+pub struct EngineOptions {
+    pub multi_tenant: bool,
+    pub clock: ClockKind,
+    /// How long terminal runs are kept. Default: forever.
+    pub retention: Retention,
+}
+
+/// How long terminal runs (and their steps) are kept before they are
+/// deleted. `None` keeps them forever. Purging happens as part of later
+/// transitions, amortised O(log n) per purged run.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Retention {
+    /// Completed runs, counted from `finishedAt`.
+    pub completed_ms: Option<i64>,
+    /// Failed, timed-out and canceled runs, counted from `finishedAt`.
+    pub failed_ms: Option<i64>,
+}
+
+/// Told about transitions that the JS side must act on.
+pub trait EngineObserver: Send + Sync {
+    /// A run whose handler is executing was canceled or timed out: its
+    /// `ctx.signal` must fire, if the attempt executing is `epoch` (`None`:
+    /// whichever is; a cancel notified by an older process). A run claimed
+    /// but not executing yet gets a notice too, which no later attempt of it
+    /// may take for its own.
+    fn run_aborted(&self, run_id: RunId, epoch: Option<u32>, reason: AbortReason);
+
+    /// Runs that ended (completed, failed, timed out, canceled) or were put
+    /// back for a retry, in transition order. Only sent while events are
+    /// enabled (`Engine::set_events`).
+    fn run_events(&self, _rows: Vec<RunRow>) {}
+}
+
+struct InFlight {
+    epoch: u32,
+    abort: Arc<Notify>,
+}
+
+pub struct Engine<S: Store> {
+    store: S,
+    clock: Arc<Clock>,
+    multi_tenant: bool,
+    retention: Retention,
+    observer: RwLock<Option<Arc<dyn EngineObserver>>>,
+    in_flight: Mutex<HashMap<RunId, InFlight>>,
+    /// Wakes an idle worker scheduler when something may have become
+    /// claimable or its next due time may have moved.
+    activity: Arc<Notify>,
+    /// Set by a worker while it waits with free slots: only then do
+    /// transitions pay for a wake-up.
+    worker_hungry: AtomicBool,
+    /// The pools with a free slot while the worker waits (`None` = any):
+    /// a start into a full pool does not wake it.
+    hungry_pools: RwLock<Option<Vec<Arc<str>>>>,
+    events_enabled: AtomicBool,
+    /// Runs someone waits for (`waitForRun`): their transitions are sent
+    /// even when events are off. Reference-counted per run.
+    watched: Mutex<HashMap<RunId, usize>>,
+    watched_any: AtomicBool,
+    /// A schedule was created, changed or removed: whoever fires schedules
+    /// re-reads the earliest next fire.
+    schedules_changed: Arc<Notify>,
+}
+
+/// Side effects collected inside a transaction and delivered after it.
+#[derive(Default)]
+struct Effects {
+    /// Attempts stopped: run, claim epoch, why.
+    aborted: Vec<(RunId, Option<u32>, AbortReason)>,
+    /// Rows after a terminal or retry transition (only with events on).
+    transitions: Vec<RunRow>,
+    /// Something may have become claimable for a waiting worker (a lane
+    /// moved, a run was canceled or scheduled for a retry). A plain
+    /// completion frees nothing a worker waits for: its own slot is
+    /// refilled by whoever reports the outcome.
+    wake: bool,
+}
+
+fn parse_run_id(id: &str) -> Option<RunId> {
+    Uuid::parse_str(id).ok()
+}
+
+fn raw(s: String) -> Result<Box<RawValue>> {
+    RawValue::from_string(s).map_err(|e| JobError::invalid(format!("not JSON: {e}")))
+}
+
+impl<S: Store> Engine<S> {
+    pub fn new(store: S, opts: EngineOptions) -> Self {
+        if opts.retention != Retention::default() {
+            let _ = store.transaction(|tx| {
+                tx.set_retention_tracking(true);
+                Ok(())
+            });
+        }
+        Engine {
+            store,
+            clock: Arc::new(Clock::new(opts.clock)),
+            multi_tenant: opts.multi_tenant,
+            retention: opts.retention,
+            observer: RwLock::new(None),
+            in_flight: Mutex::new(HashMap::new()),
+            activity: Arc::new(Notify::new()),
+            worker_hungry: AtomicBool::new(false),
+            hungry_pools: RwLock::new(None),
+            events_enabled: AtomicBool::new(false),
+            watched: Mutex::new(HashMap::new()),
+            watched_any: AtomicBool::new(false),
+            schedules_changed: Arc::new(Notify::new()),
+        }
+    }
+
+    /// The store, for inspection (e.g. `MemoryStore::verify_indexes`).
+    pub fn store(&self) -> &S {
+        &self.store
+    }
+
+    pub fn clock(&self) -> &Arc<Clock> {
+        &self.clock
+    }
+
+    pub fn multi_tenant(&self) -> bool {
+        self.multi_tenant
+    }
+
+    /// Whether retention deletes finished runs (so a run may be gone while
+    /// a late handler of it still runs).
+    pub fn purges(&self) -> bool {
+        self.retention.completed_ms.is_some() || self.retention.failed_ms.is_some()
+    }
+
+    pub fn now(&self) -> Millis {
+        self.clock.now()
+    }
+
+    fn deliver(&self, fx: Effects) {
+        if fx.aborted.is_empty() && fx.transitions.is_empty() {
+            return;
+        }
+        let observer = self.observer.read().ok().and_then(|o| o.clone());
+        if !fx.transitions.is_empty() {
+            if let Some(o) = &observer {
+                o.run_events(fx.transitions);
+            }
+        }
+        let mut in_flight = self.in_flight.lock().unwrap_or_else(|p| p.into_inner());
+        for (id, epoch, reason) in fx.aborted {
+            // The attempt is over: wake a waiting `tick` and forget it.
+            if in_flight
+                .get(&id)
+                .is_some_and(|f| epoch.is_none_or(|e| f.epoch == e))
+            {
+                if let Some(f) = in_flight.remove(&id) {
+                    f.abort.notify_one();
+                }
+            }
+            if let Some(o) = &observer {
+                o.run_aborted(id, epoch, reason);
+            }
+        }
+    }
+
+    /// A store transaction that first purges the runs past their retention
+    /// where that costs nothing (see `Store::purges_in_every_call`): no
+    /// call then sees, returns or changes a run that is due to be deleted.
+    fn write<R>(&self, f: impl FnOnce(&mut S::Tx<'_>) -> Result<R>) -> Result<R> {
+        if self.purges() && self.store.purges_in_every_call() {
+            let now = self.now();
+            self.store.transaction(|tx| {
+                self.purge(tx, now);
+                f(tx)
+            })
+        } else {
+            self.store.transaction(f)
+        }
+    }
+
+    /// A read-only store call, after the same purge as `write`.
+    fn read<R>(&self, f: impl Fn(&mut S::Tx<'_>) -> Result<R>) -> Result<R> {
+        if self.purges() && self.store.purges_in_every_call() {
+            let now = self.now();
+            self.store.read(|tx| {
+                self.purge(tx, now);
+                f(tx)
+            })
+        } else {
+            self.store.read(f)
+        }
+    }
+
+    /// Deletes terminal runs past their retention (no-op when unset).
+    fn purge(&self, tx: &mut S::Tx<'_>, now: Millis) {
+        let r = self.retention;
+        if r.completed_ms.is_some() || r.failed_ms.is_some() {
+            tx.purge_finished(
+                r.completed_ms.map(|ms| now.saturating_sub(ms)),
+                r.failed_ms.map(|ms| now.saturating_sub(ms)),
+            );
+        }
+    }
+
+    /// Whether `purge` at `now` deletes `r` (the same test as
+    /// `StoreTx::purge_finished`'s).
+    fn past_retention(&self, r: &RunRow, now: Millis) -> bool {
+        let Some(finished) = r.finished_at.get() else {
+            return false;
+        };
+        let keep = if r.status == RunStatus::Completed {
+            self.retention.completed_ms
+        } else {
+            self.retention.failed_ms
+        };
+        keep.is_some_and(|ms| finished <= now.saturating_sub(ms))
+    }
+
+    /// Tenant gate of queries and cancel: `None` = no filtering (single
+    /// tenant), `Some(t)` = only rows whose tenant is `t`.
+    fn gate(&self, method: &str, tenant: &TenantArg) -> Result<Option<Option<String>>> {
+        if !self.multi_tenant {
+            return Ok(None);
+        }
+        match tenant {
+            TenantArg::Missing => Err(JobError::MissingTenantId {
+                method: method.to_owned(),
+            }),
+            TenantArg::Null => Ok(Some(None)),
+            TenantArg::Id(t) => Ok(Some(Some(t.clone()))),
+        }
+    }
+
+    fn visible(filter: &Option<Option<String>>, row: &RunRow) -> bool {
+        match filter {
+            None => true,
+            Some(t) => t.as_deref() == row.tenant_id.as_deref(),
+        }
+    }
+}
+
+/// Parses a JSON text into a stored value.
+pub fn json_value(text: String) -> Result<Box<RawValue>> {
+    raw(text)
+}

@@ -1,0 +1,199 @@
+//! Reads: a run, its steps, a scope's runs, counts, recent failures,
+//! pages and trees, each behind the tenant gate.
+
+use super::{parse_run_id, Engine};
+use crate::error::Result;
+use crate::model::*;
+use crate::store::{PageQuery, Store, StoreTx};
+use std::sync::Arc;
+
+/// Filters of `list_for_scope`.
+#[derive(Debug, Clone)]
+pub struct ScopeQuery {
+    pub statuses: Option<Vec<RunStatus>>,
+    pub job_type: Option<String>,
+    pub limit: usize,
+    pub offset: usize,
+    /// Oldest first when true; newest first (default) otherwise.
+    pub ascending: bool,
+}
+
+/// Keyset position `(createdAt, id)` of the last row of a page.
+pub type PageCursor = (Millis, u128);
+
+/// Filters of `list_job_runs`.
+#[derive(Debug, Clone, Default)]
+pub struct JobRunQuery {
+    pub pool: Option<String>,
+    pub root_run_id: Option<String>,
+    /// Any of these statuses (`None`: every status; empty: no row).
+    pub statuses: Option<Vec<RunStatus>>,
+    pub since: Option<Millis>,
+    /// Exclusive upper `(createdAt, id)` bound from the previous page.
+    pub cursor: Option<(Millis, u128)>,
+    pub limit: usize,
+}
+
+impl<S: Store> Engine<S> {
+    /// O(1).
+    /// A run's row with no tenant gate, for the process that holds the run
+    /// (a handler reading `ctx.run`).
+    pub fn run_row(&self, id: &RunId) -> Option<RunRow> {
+        self.read(|tx| Ok(tx.run(id).cloned())).ok().flatten()
+    }
+
+    pub fn find_by_id(&self, run_id: &str, tenant: &TenantArg) -> Result<Option<RunRow>> {
+        let filter = self.gate("findById", tenant)?;
+        let Some(id) = parse_run_id(run_id) else {
+            return Ok(None);
+        };
+        self.read(|tx| Ok(tx.run(&id).filter(|r| Self::visible(&filter, r)).cloned()))
+    }
+
+    /// Steps of a run in seq order. O(k log k) for its k steps.
+    pub fn list_steps(&self, run_id: &str, tenant: &TenantArg) -> Result<Vec<StepRow>> {
+        let filter = self.gate("listSteps", tenant)?;
+        let Some(id) = parse_run_id(run_id) else {
+            return Ok(Vec::new());
+        };
+        self.read(|tx| match tx.run(&id) {
+            Some(r) if Self::visible(&filter, r) => Ok(tx.steps(&id)),
+            _ => Ok(Vec::new()),
+        })
+    }
+
+    /// One step row. O(1).
+    pub fn find_step(
+        &self,
+        tenant: &TenantArg,
+        run_id: &str,
+        step_id: &str,
+    ) -> Result<Option<StepRow>> {
+        let filter = self.gate("findStep", tenant)?;
+        let Some(id) = parse_run_id(run_id) else {
+            return Ok(None);
+        };
+        self.read(|tx| match tx.run(&id) {
+            Some(r) if Self::visible(&filter, r) => Ok(tx.step(&id, step_id).cloned()),
+            _ => Ok(None),
+        })
+    }
+
+    /// Runs of a scope, filtered and paged. O(r) for the scope's r runs.
+    pub fn list_for_scope(
+        &self,
+        tenant: &TenantArg,
+        entity_type: &str,
+        entity_id: &str,
+        q: &ScopeQuery,
+    ) -> Result<Vec<RunRow>> {
+        let filter = self.gate("listForScope", tenant)?;
+        let t = filter.flatten();
+        self.read(|tx| {
+            let mut ids = tx.scope_runs(t.as_deref(), entity_type, entity_id);
+            if !q.ascending {
+                ids.reverse();
+            }
+            Ok(ids
+                .iter()
+                .filter_map(|id| tx.run(id))
+                .filter(|r| q.statuses.as_ref().is_none_or(|s| s.contains(&r.status)))
+                .filter(|r| q.job_type.as_deref().is_none_or(|j| &*r.job_type == j))
+                .skip(q.offset)
+                .take(q.limit)
+                .cloned()
+                .collect())
+        })
+    }
+
+    /// Live counts per pool and status. O(groups): maintained on every
+    /// transition, never counted from rows.
+    pub fn count_by_pool_and_status(
+        &self,
+        tenant: &TenantArg,
+    ) -> Result<Vec<(Arc<str>, RunStatus, u64)>> {
+        let filter = self.gate("countByPoolAndStatus", tenant)?;
+        let t = filter.flatten();
+        self.read(|tx| Ok(tx.status_counts(t.as_deref())))
+    }
+
+    /// Most recently finished failed runs. O(log n + k).
+    pub fn list_recent_failed(&self, tenant: &TenantArg, limit: usize) -> Result<Vec<RunRow>> {
+        let filter = self.gate("listRecentFailed", tenant)?;
+        let t = filter.flatten();
+        self.read(|tx| {
+            Ok(tx
+                .recent_failed(t.as_deref(), limit)
+                .iter()
+                .filter_map(|id| tx.run(id).cloned())
+                .collect())
+        })
+    }
+
+    /// One page of runs, newest first by `(createdAt, id)`, and the cursor
+    /// of the next page (`None` on the last). O(log n + k) on the narrowest
+    /// index; other filters are checked per row.
+    pub fn list_job_runs(
+        &self,
+        tenant: &TenantArg,
+        q: &JobRunQuery,
+    ) -> Result<(Vec<RunRow>, Option<PageCursor>)> {
+        let filter = self.gate("listJobRuns", tenant)?;
+        let t = filter.flatten();
+        let root = match &q.root_run_id {
+            Some(r) => match parse_run_id(r) {
+                Some(id) => Some(id),
+                None => return Ok((Vec::new(), None)),
+            },
+            None => None,
+        };
+        // A status named twice would page its index twice.
+        let statuses = q.statuses.as_ref().map(|s| {
+            let mut s = s.clone();
+            s.sort_unstable_by_key(|st| st.as_str());
+            s.dedup();
+            s
+        });
+        self.read(|tx| {
+            // One extra row tells whether another page exists.
+            let ids = tx.page_runs(&PageQuery {
+                tenant: t.as_deref(),
+                pool: q.pool.as_deref(),
+                statuses: statuses.as_deref(),
+                root: root.as_ref(),
+                since: q.since.unwrap_or(i64::MIN),
+                before: q.cursor,
+                limit: q.limit + 1,
+            });
+            let mut rows: Vec<RunRow> = ids.iter().filter_map(|id| tx.run(id).cloned()).collect();
+            let next = if rows.len() > q.limit {
+                rows.truncate(q.limit);
+                rows.last().map(|r| (r.created_at, r.id.as_u128()))
+            } else {
+                None
+            };
+            Ok((rows, next))
+        })
+    }
+
+    /// A run and its whole subtree (the run first, then breadth-first), or
+    /// `None` when the run is unknown or another tenant's. O(subtree).
+    pub fn run_tree(&self, tenant: &TenantArg, root_run_id: &str) -> Result<Option<Vec<RunRow>>> {
+        let filter = self.gate("getRunTree", tenant)?;
+        let Some(id) = parse_run_id(root_run_id) else {
+            return Ok(None);
+        };
+        self.read(|tx| {
+            match tx.run(&id) {
+                Some(r) if Self::visible(&filter, r) => {}
+                _ => return Ok(None),
+            }
+            Ok(Some(
+                tx.tree_runs(&id)
+                    .iter()
+                    .filter_map(|i| tx.run(i).cloned())
+                    .collect(),
+            ))
+        })
+    }
+}

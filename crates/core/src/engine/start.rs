@@ -1,0 +1,445 @@
+//! Starting runs: `start` (every option, every rule, in `start_in`) and
+//! `start_plain_batch` (buffered starts of plain types, the hot path).
+
+use super::{parse_run_id, Effects, Engine};
+use crate::clock::clamp_time;
+use crate::error::{JobError, Result};
+use crate::model::*;
+use crate::store::{Store, StoreTx};
+use crate::template::InputFields;
+use serde_json::value::RawValue;
+use std::sync::Arc;
+use uuid::Uuid;
+
+/// What `start` did.
+#[derive(Debug)]
+pub enum Started {
+    /// The new run, or the dedupe hit (an existing run).
+    Row(Box<RunRow>),
+    /// A new run, when the caller did not ask for its row.
+    Created {
+        id: RunId,
+        at: Millis,
+        pool: Arc<str>,
+    },
+}
+
+/// What a start's options set on a new run. `None`: the definition's
+/// pool and priority, due at once, a manual trigger, `terminate`.
+#[derive(Default)]
+struct RunOptions {
+    tenant: Option<Arc<str>>,
+    extras: Option<Box<RunExtras>>,
+    pool: Option<Arc<str>>,
+    priority: Option<i32>,
+    run_at: Option<Millis>,
+    trigger_source: Option<TriggerSource>,
+    parent_close_policy: Option<ParentClosePolicy>,
+}
+
+/// A new pending run of `def` created at `now`: the one place a run row
+/// is built, so every start path stores the same row.
+fn new_run(
+    def: &JobDefinition,
+    id: RunId,
+    seq: u64,
+    now: Millis,
+    input: Box<RawValue>,
+    o: RunOptions,
+) -> RunRow {
+    RunRow {
+        id,
+        job_type: def.job_type.clone(),
+        job_version: def.version,
+        parent_close_policy: o
+            .parent_close_policy
+            .unwrap_or(ParentClosePolicy::Terminate),
+        tenant_id: o.tenant,
+        pool: o.pool.unwrap_or_else(|| def.pool.clone()),
+        priority: o.priority.unwrap_or(def.priority_default),
+        status: RunStatus::Pending,
+        input,
+        result: None,
+        trigger_source: o.trigger_source.unwrap_or(TriggerSource::Manual),
+        run_at: clamp_time(o.run_at.unwrap_or(now)),
+        started_at: OptMillis::NONE,
+        finished_at: OptMillis::NONE,
+        claimed_at: OptMillis::NONE,
+        attempts: 0,
+        extras: o.extras,
+        created_at: now,
+        updated_at: now,
+        seq,
+        claim_epoch: 0,
+        executing: false,
+    }
+}
+
+impl<S: Store> Engine<S> {
+    /// Starts a run (or returns the dedupe hit). O(log n): keyed lookups for
+    /// the definition, dedupe list and lane, one insert into each index;
+    /// `replace` adds O(runs canceled + their descendants).
+    pub fn start(&self, req: StartRequest) -> Result<RunRow> {
+        match self.start_with(req, true, true)? {
+            Started::Row(row) => Ok(*row),
+            // want_row = true never answers without the row.
+            Started::Created { id, .. } => self
+                .find_by_id(&id.to_string(), &TenantArg::Missing)?
+                .ok_or(JobError::JobRunNotFound {
+                    run_id: id.to_string(),
+                }),
+        }
+    }
+
+    /// `start` for a caller that can build the new row itself (it knows
+    /// the definition and the request): a created run is answered with its
+    /// id and creation time only, which saves copying and serialising the
+    /// row. A dedupe hit still comes back as the existing row.
+    ///
+    /// `wake`: false when the caller claims into the worker's free slots
+    /// itself right after (saves waking the scheduler's thread).
+    pub fn start_with(&self, req: StartRequest, want_row: bool, wake: bool) -> Result<Started> {
+        let now = self.now();
+        let mut fx = Effects::default();
+        let started = self.write(|tx| {
+            // Purge first: dedupe must not answer with a run this very
+            // transaction deletes.
+            self.purge(tx, now);
+            self.start_in(tx, req, now, want_row, &mut fx)
+        })?;
+        self.deliver(fx);
+        match &started {
+            _ if !wake => {}
+            Started::Row(r) => self.wake_worker_for(&r.pool),
+            Started::Created { pool, .. } => self.wake_worker_for(pool),
+        }
+        Ok(started)
+    }
+
+    /// Creates runs JS has already answered `start` for: starts with no
+    /// options, each with its preset id and time, in one store transaction
+    /// and one purge. A run of a *plain* type (no dedupe or concurrency
+    /// key, no scope entity, single tenant: nothing to look up or evaluate)
+    /// is built straight from its definition, the row `start` would build;
+    /// any other type goes through the full `start_in` rules. `wake`: wake
+    /// the scheduler for the pools that got runs (not needed when the
+    /// caller claims into the worker's free slots itself right after).
+    /// Answers the failures (by position) and the pools that got runs.
+    /// O(log n) per run.
+    #[allow(clippy::type_complexity)]
+    pub fn start_plain_batch<'a>(
+        &self,
+        runs: impl IntoIterator<Item = PlainStart<'a>>,
+        wake: bool,
+    ) -> Result<(Vec<(usize, JobError)>, Vec<Arc<str>>)> {
+        let mut fx = Effects::default();
+        let mut failed = Vec::new();
+        let mut pools: Vec<Arc<str>> = Vec::new();
+        let mut latest = Millis::MIN;
+        self.write(|tx| {
+            // Consecutive starts are usually of one type: look it up once.
+            let mut last: Option<Arc<JobDefinition>> = None;
+            for (i, run) in runs.into_iter().enumerate() {
+                let at = clamp_time(run.at);
+                latest = latest.max(at);
+                let def = match &last {
+                    Some(d) if *d.job_type == *run.job_type => Some(d.clone()),
+                    _ => tx.definition(run.job_type),
+                };
+                let plain = def.as_ref().filter(|d| {
+                    !self.multi_tenant
+                        && d.dedupe_key_template.is_none()
+                        && d.concurrency_key_template.is_none()
+                        && d.scope_entity_type.is_none()
+                });
+                let Some(def) = plain else {
+                    let req = StartRequest {
+                        job_type: run.job_type.to_owned(),
+                        input: run.input,
+                        preset: Some((run.id, run.at)),
+                        ..StartRequest::default()
+                    };
+                    match self.start_in(tx, req, at, false, &mut fx) {
+                        Ok(Started::Created { pool, .. }) => {
+                            if !pools.contains(&pool) {
+                                pools.push(pool);
+                            }
+                        }
+                        Ok(Started::Row(_)) => {}
+                        Err(e) => failed.push((i, e)),
+                    }
+                    continue;
+                };
+                if tx.run(&run.id).is_some() {
+                    failed.push((
+                        i,
+                        JobError::JobInputInvalid {
+                            reason: format!("run id {} is already taken", run.id),
+                        },
+                    ));
+                    continue;
+                }
+                if !pools.contains(&def.pool) {
+                    pools.push(def.pool.clone());
+                }
+                let seq = tx.next_seq();
+                tx.insert_run(new_run(
+                    def,
+                    run.id,
+                    seq,
+                    at,
+                    run.input,
+                    RunOptions::default(),
+                ));
+                last = Some(def.clone());
+            }
+            if latest != Millis::MIN {
+                self.purge(tx, latest);
+            }
+            Ok(())
+        })?;
+        if latest != Millis::MIN {
+            self.clock.observe(latest);
+        }
+        self.deliver(fx);
+        if wake {
+            for pool in &pools {
+                self.wake_worker_for(pool);
+            }
+        }
+        Ok((failed, pools))
+    }
+
+    pub(super) fn start_in(
+        &self,
+        tx: &mut S::Tx<'_>,
+        req: StartRequest,
+        now: Millis,
+        want_row: bool,
+        fx: &mut Effects,
+    ) -> Result<Started> {
+        // 1. Tenant gate (a child with no tenant inherits its parent's).
+        let explicit_tenant: Option<Option<String>> = if !self.multi_tenant {
+            Some(None)
+        } else {
+            match &req.tenant {
+                TenantArg::Missing if req.parent_run_id.is_none() => {
+                    return Err(JobError::MissingTenantId {
+                        method: "start".to_owned(),
+                    })
+                }
+                TenantArg::Missing => None,
+                TenantArg::Null => Some(None),
+                TenantArg::Id(t) => Some(Some(t.clone())),
+            }
+        };
+        // 2. Job type.
+        let def = tx
+            .definition(&req.job_type)
+            .ok_or_else(|| JobError::JobTypeNotFound {
+                job_type: req.job_type.clone(),
+            })?;
+        self.storable(&req)?;
+        // Lineage is checked in step 5, but the tenant of a child depends on
+        // its parent, so look the parent up now.
+        let parent: Option<(RunId, RunId, Option<Arc<str>>)> = req
+            .parent_run_id
+            .as_deref()
+            .and_then(parse_run_id)
+            .and_then(|p| tx.run(&p))
+            .map(|p| (p.id, p.root_run_id(), p.tenant_id.clone()));
+        let tenant: Option<Arc<str>> = match (&explicit_tenant, &parent) {
+            (Some(t), _) => t.as_deref().map(Arc::from),
+            (None, Some((_, _, pt))) => pt.clone(),
+            (None, None) => None,
+        };
+        let parent_visible = match (&parent, self.multi_tenant) {
+            (Some((_, _, pt)), true) => pt.as_deref() == tenant.as_deref(),
+            (Some(_), false) => true,
+            (None, _) => false,
+        };
+
+        let needs_fields = matches!(def.dedupe_key_template, Some(KeySpec::Template(_)))
+            || matches!(def.concurrency_key_template, Some(KeySpec::Template(_)));
+        let input_fields = needs_fields.then(|| InputFields::parse(&req.input));
+        let eval = |spec: &Option<KeySpec>,
+                    given: &Option<String>,
+                    kind: &str|
+         -> Result<Option<String>> {
+            match spec {
+                None => Ok(None),
+                Some(KeySpec::Template(t)) => match &input_fields {
+                    Some(fields) => t.evaluate(fields).map(Some).map_err(JobError::from),
+                    None => Ok(None),
+                },
+                Some(KeySpec::Function) => {
+                    given
+                        .clone()
+                        .map(Some)
+                        .ok_or_else(|| JobError::JobKeyFunctionUnavailable {
+                            job_type: req.job_type.clone(),
+                            kind: kind.to_owned(),
+                        })
+                }
+            }
+        };
+
+        // 3. Dedupe.
+        let dedupe_key = eval(&def.dedupe_key_template, &req.dedupe_key, "dedupe")?;
+        if let (Some(key), Some(window)) = (&dedupe_key, def.dedupe_window_ms) {
+            if window > 0 {
+                let hit = tx
+                    .find_dedupe(
+                        tenant.as_deref(),
+                        &req.job_type,
+                        key,
+                        now.saturating_sub(window),
+                    )
+                    // A run past its retention is as good as deleted: the
+                    // purge skips a row another transaction holds locked,
+                    // and must not leave it to answer a dedupe.
+                    .filter(|hit| !self.past_retention(hit, now));
+                if let Some(hit) = hit {
+                    return Ok(Started::Row(Box::new(hit.clone())));
+                }
+            }
+        }
+
+        // 4. Concurrency lane.
+        let concurrency_key = eval(
+            &def.concurrency_key_template,
+            &req.concurrency_key,
+            "concurrency",
+        )?;
+        let lane: Vec<RunId> = match &concurrency_key {
+            Some(k) => tx.lane(tenant.as_deref(), k),
+            None => Vec::new(),
+        };
+        if def.collision_mode == CollisionMode::Reject {
+            if let (Some(k), Some(head)) = (&concurrency_key, lane.first()) {
+                let incumbent = tx
+                    .run(head)
+                    .cloned()
+                    .ok_or_else(|| JobError::JobRunNotFound {
+                        run_id: head.to_string(),
+                    })?;
+                return Err(JobError::JobCollision {
+                    job_type: req.job_type.clone(),
+                    concurrency_key: k.clone(),
+                    incumbent: Box::new(incumbent),
+                });
+            }
+        }
+
+        // 5. Lineage.
+        if let Some(p) = &req.parent_run_id {
+            if !parent_visible {
+                return Err(JobError::ParentRunNotFound {
+                    parent_run_id: p.clone(),
+                });
+            }
+        }
+
+        // Everything is checked: from here on, change the store.
+        if def.collision_mode == CollisionMode::Replace {
+            for incumbent in &lane {
+                self.cancel_tree(tx, *incumbent, true, true, now, fx);
+            }
+        }
+
+        // 6. Create.
+        let id = match req.preset {
+            Some((id, _)) if tx.run(&id).is_some() => {
+                return Err(JobError::JobInputInvalid {
+                    reason: format!("run id {id} is already taken"),
+                })
+            }
+            Some((id, _)) => id,
+            None => Uuid::new_v4(),
+        };
+        let root_run_id = parent.as_ref().map_or(id, |(_, root, _)| *root);
+        let (scope_entity_type, scope_entity_id) = match (&req.scope, &def.scope_entity_type) {
+            (Some((t, e)), _) => (Some(t.as_str().into()), Some(e.as_str().into())),
+            (None, Some(t)) => match &req.scope_entity_id_from_meta {
+                Some(e) => (Some(t.as_str().into()), Some(e.as_str().into())),
+                None => (None, None),
+            },
+            (None, None) => (None, None),
+        };
+        let seq = tx.next_seq();
+        let extras = RunExtras {
+            parent_run_id: parent.as_ref().map(|(p, _, _)| *p),
+            root_run_id: (root_run_id != id).then_some(root_run_id),
+            scope_entity_type,
+            scope_entity_id,
+            tags: req.tags.filter(|t| t.get() != "{}"),
+            concurrency_key: concurrency_key.map(String::into_boxed_str),
+            dedupe_key: dedupe_key.map(String::into_boxed_str),
+            trigger_ref: req.trigger_ref.map(String::into_boxed_str),
+            lane_seq: None,
+        };
+        let row = new_run(
+            &def,
+            id,
+            seq,
+            now,
+            req.input,
+            RunOptions {
+                tenant,
+                extras: extras.boxed(),
+                pool: req.pool.map(|p| Arc::from(p.as_str())),
+                priority: req.priority,
+                run_at: req.run_at,
+                trigger_source: req.trigger_source,
+                parent_close_policy: req.parent_close_policy,
+            },
+        );
+        let out = if want_row {
+            Started::Row(Box::new(row.clone()))
+        } else {
+            Started::Created {
+                id,
+                at: now,
+                pool: row.pool.clone(),
+            }
+        };
+        tx.insert_run(row);
+        Ok(out)
+    }
+
+    /// Refuses a start whose values the store cannot hold (before anything
+    /// changes, e.g. a `replace` lane's incumbent).
+    fn storable(&self, req: &StartRequest) -> Result<()> {
+        let json = [("input", Some(&*req.input)), ("tags", req.tags.as_deref())];
+        for (what, value) in json {
+            if let Some(p) = value.and_then(|v| self.store.json_problem(v.get())) {
+                return Err(JobError::JobInputInvalid {
+                    reason: format!("{what} cannot be stored: it holds {p}"),
+                });
+            }
+        }
+        let scope = req.scope.as_ref();
+        let tenant = match &req.tenant {
+            TenantArg::Id(t) => Some(t.as_str()),
+            _ => None,
+        };
+        let text = [
+            ("scope.entityType", scope.map(|s| s.0.as_str())),
+            ("scope.entityId", scope.map(|s| s.1.as_str())),
+            ("scope entity id", req.scope_entity_id_from_meta.as_deref()),
+            ("tenantId", tenant),
+            ("triggerRef", req.trigger_ref.as_deref()),
+            ("pool", req.pool.as_deref()),
+            ("concurrency key", req.concurrency_key.as_deref()),
+            ("dedupe key", req.dedupe_key.as_deref()),
+        ];
+        for (what, value) in text {
+            if let Some(p) = value.and_then(|v| self.store.text_problem(v)) {
+                return Err(JobError::JobInputInvalid {
+                    reason: format!("{what} cannot be stored: it holds {p}"),
+                });
+            }
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,127 @@
+//! What goes out of the engine besides answers: waking a waiting worker,
+//! transition events and watchers, the observer, and moving a manual
+//! clock.
+
+use super::{Effects, Engine, EngineObserver};
+use crate::model::*;
+use crate::store::Store;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use tokio::sync::Notify;
+
+impl<S: Store> Engine<S> {
+    /// The notification a worker scheduler waits on.
+    pub fn activity(&self) -> Arc<Notify> {
+        self.activity.clone()
+    }
+
+    /// A worker says whether it is waiting with free slots.
+    pub fn set_worker_hungry(&self, hungry: bool) {
+        if let Ok(mut p) = self.hungry_pools.write() {
+            *p = None;
+        }
+        self.worker_hungry.store(hungry, Ordering::SeqCst);
+    }
+
+    /// A worker says which pools have a free slot while it waits (written
+    /// before it looks for work, so a start racing it is seen either way).
+    pub fn set_hungry_pools(&self, pools: Vec<Arc<str>>) {
+        let any = !pools.is_empty();
+        if let Ok(mut p) = self.hungry_pools.write() {
+            *p = Some(pools);
+        }
+        self.worker_hungry.store(any, Ordering::SeqCst);
+    }
+
+    /// Wakes a hungry worker (stores a permit if it is between checks).
+    pub fn wake_worker(&self) {
+        if self.worker_hungry.load(Ordering::SeqCst) {
+            self.activity.notify_one();
+        }
+    }
+
+    /// Wakes a hungry worker if `pool` has a free slot: a start into a full
+    /// pool costs no thread wake-up.
+    pub(super) fn wake_worker_for(&self, pool: &str) {
+        if !self.worker_hungry.load(Ordering::SeqCst) {
+            return;
+        }
+        let wanted = self
+            .hungry_pools
+            .read()
+            .map(|p| {
+                p.as_ref()
+                    .is_none_or(|list| list.iter().any(|h| &**h == pool))
+            })
+            .unwrap_or(true);
+        if wanted {
+            self.activity.notify_one();
+        }
+    }
+
+    /// Turns transition events on or off (off costs nothing per run).
+    pub fn set_events(&self, enabled: bool) {
+        self.events_enabled.store(enabled, Ordering::SeqCst);
+    }
+
+    /// Adds or removes one watcher of a run's transitions.
+    pub fn watch_run(&self, id: RunId, on: bool) {
+        let mut w = self.watched.lock().unwrap_or_else(|p| p.into_inner());
+        if on {
+            *w.entry(id).or_default() += 1;
+        } else if let Some(n) = w.get_mut(&id) {
+            *n -= 1;
+            if *n == 0 {
+                w.remove(&id);
+            }
+        }
+        self.watched_any.store(!w.is_empty(), Ordering::SeqCst);
+    }
+
+    /// Whether a transition of `id` must be reported.
+    pub(super) fn wants_event(&self, id: &RunId) -> bool {
+        if self.events_enabled.load(Ordering::Relaxed) {
+            return true;
+        }
+        self.watched_any.load(Ordering::Relaxed)
+            && self
+                .watched
+                .lock()
+                .map(|w| w.contains_key(id))
+                .unwrap_or(false)
+    }
+
+    pub fn set_observer(&self, observer: Arc<dyn EngineObserver>) {
+        if let Ok(mut o) = self.observer.write() {
+            *o = Some(observer);
+        }
+    }
+
+    /// Reports that a run executing in this process was stopped by another
+    /// process (its attempt's outcome will be ignored): the observer fires
+    /// the handler's signal. A no-op for runs this process is not running.
+    pub fn abort_local(&self, id: RunId, epoch: Option<u32>, reason: AbortReason) {
+        self.deliver(Effects {
+            aborted: vec![(id, epoch, reason)],
+            transitions: Vec::new(),
+            wake: false,
+        });
+    }
+
+    /// The notification schedule firing waits on, besides its timer.
+    pub fn schedules_changed(&self) -> Arc<Notify> {
+        self.schedules_changed.clone()
+    }
+
+    /// Moves a manual clock. `None` on the system clock.
+    pub fn advance_time(&self, ms: i64) -> Option<Millis> {
+        let moved = self.clock.advance(ms);
+        if moved.is_some() {
+            // Runs (and retries) may be due now: a worker that waits on a
+            // poll interval rather than on this clock (Postgres) looks again.
+            self.activity.notify_one();
+            self.schedules_changed.notify_one();
+        }
+        moved
+    }
+}

@@ -14,7 +14,7 @@ export declare class NativeEngine {
   constructor(options: NativeOptions, onNotice: (nothing: string) => void)
   /**
    * Runs operation `op` (its position in `opNames()`) on the JS thread:
-   * only for a store that does no I/O.
+   * only for a store whose transactions run inline (no I/O).
    */
   callSync(op: number, request: string): string
   /**
@@ -54,7 +54,8 @@ export declare class NativeEngine {
   startBatch(batch: string, fed: boolean): string
   /**
    * The row of a run a worker ticket handed out, for `ctx.run` (no
-   * tenant gate: the handler already holds the run). Null once purged.
+   * tenant gate: the handler already holds the run). Null once purged,
+   * or when the store does not answer inline (its tickets carry the row).
    */
   claimedRun(runId: string): string | null
   /**
@@ -63,14 +64,14 @@ export declare class NativeEngine {
    */
   startWorker(pools: string, onBatch: (tickets: string) => void): void
   /**
-   * Records the outcomes of worker attempts (`report`: one per line,
-   * `wire::parse_report_line`). In memory the outcomes are applied in
-   * this call, which claims into the slots they free; `starts` (as
-   * `startBatch`) are created first so the freed slots can claim them.
-   * A networked store queues them for the worker's next transaction.
-   * Answers `'0'|'1'` (notices pending), then one line per new ticket,
-   * `!<line> <message>` per refused start and `?<message>` per outcome
-   * that could not be recorded.
+   * Records the ends of worker attempts (`report`: one per line,
+   * `wire::parse_report_line`). A store whose transactions run inline
+   * applies them in this call, which claims into the slots they free;
+   * `starts` (as `startBatch`) are created first so the freed slots can
+   * claim them. Otherwise they are queued for the worker's next
+   * transaction. Answers `'0'|'1'` (notices pending), then one line per
+   * new ticket, `!<line> <message>` per refused start and `?<message>`
+   * when a report line was unreadable or the store failed.
    */
   workerReport(report: string, starts?: string | undefined | null): string
   /**
@@ -81,8 +82,8 @@ export declare class NativeEngine {
   /** Stops claiming; in-flight attempts go on. Returns how many are in flight. */
   workerStop(): number
   /**
-   * Slots the worker holds, plus (networked store) outcomes not yet
-   * stored: a stop waits for this to reach 0.
+   * Slots the worker holds plus ends not yet stored: a stop waits for
+   * this to reach 0.
    */
   workerInFlight(): number
 }

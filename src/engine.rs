@@ -5,13 +5,14 @@
 //! (buffered starts, worker reports) and calls that never do I/O.
 
 use crate::bridge::{self, JsBatch, JsFn, JsObserver, NoticeQueue};
-use crate::ops;
+use crate::ops::{self, AnyStore};
 use crate::wire::{self, invalid, to_napi, Result};
 use jobforge_core::engine::{AttemptEnd, Retention};
-use jobforge_core::pg_worker::PgWorker;
 use jobforge_core::store::postgres::{PgConfig, PgStore};
-use jobforge_core::worker::Worker;
-use jobforge_core::{ClockKind, Engine, EngineOptions, MemoryStore, RunId, Store};
+use jobforge_core::worker::{Worker, WorkerTimings};
+use jobforge_core::{
+    ClockKind, Coordination, Engine, EngineOptions, MemoryStore, RunId, StoreAdmin,
+};
 use napi::bindgen_prelude::*;
 use napi_derive::napi;
 use std::sync::atomic::{AtomicI64, Ordering};
@@ -54,39 +55,28 @@ const REPORT_STEP: i64 = 1 << 20;
 /// sized larger (measured: +16 B RSS per run at 1M runs).
 const REPORT_CAP: i64 = 32 << 20;
 
-struct MemoryEngine {
-    engine: Arc<Engine<MemoryStore>>,
-    worker: Mutex<Option<Arc<Worker<MemoryStore>>>>,
+/// The engine over one store, with its worker.
+struct Hosted<S: AnyStore> {
+    engine: Arc<Engine<S>>,
+    worker: Mutex<Option<Arc<Worker<S>>>>,
+    timings: WorkerTimings,
     /// Bytes of native memory reported to V8 (`adjust_external_memory`):
     /// without it the collector sees a small JS object, feels no pressure
     /// to collect an unreachable orchestrator, and its runs stay in memory.
     reported: AtomicI64,
 }
 
-struct PgEngine {
-    engine: Arc<Engine<PgStore>>,
-    worker: Mutex<Option<Arc<PgWorker>>>,
-    lease_ms: i64,
-    poll_ms: i64,
-}
-
 enum Inner {
-    Memory(MemoryEngine),
-    Postgres(PgEngine),
+    Memory(Hosted<MemoryStore>),
+    Postgres(Hosted<PgStore>),
 }
 
-/// Runs `$body` with `$e` bound to the engine, whatever its store.
-macro_rules! with_engine {
-    ($self:expr, $e:ident => $body:expr) => {
+/// Runs `$body` with `$h` bound to the hosted engine, whatever its store.
+macro_rules! hosted {
+    ($self:expr, $h:ident => $body:expr) => {
         match &$self.inner {
-            Inner::Memory(m) => {
-                let $e = &m.engine;
-                $body
-            }
-            Inner::Postgres(p) => {
-                let $e = &p.engine;
-                $body
-            }
+            Inner::Memory($h) => $body,
+            Inner::Postgres($h) => $body,
         }
     };
 }
@@ -146,14 +136,6 @@ async fn blocking<T: Send + 'static>(f: impl FnOnce() -> Result<T> + Send + 'sta
     }
 }
 
-fn observe<S: Store>(engine: &Engine<S>, on_notice: JsFn, notices: &NoticeQueue) {
-    engine.set_observer(Arc::new(JsObserver {
-        on_notice,
-        queue: notices.clone(),
-        js_thread: std::thread::current().id(),
-    }));
-}
-
 #[napi]
 impl NativeEngine {
     /// Creates the engine; a networked store connects on first use.
@@ -164,16 +146,18 @@ impl NativeEngine {
     pub fn new(options: NativeOptions, on_notice: JsFn) -> Result<Self> {
         let engine_opts = engine_options(&options)?;
         let notices = NoticeQueue::default();
+        let timings = WorkerTimings {
+            lease_ms: positive_ms(options.lease_ms, "postgres.leaseMs", 30_000)?,
+            poll_ms: positive_ms(options.poll_ms, "postgres.pollMs", 1_000)?,
+        };
         let inner = match options.store.as_deref() {
-            None | Some("memory") => {
-                let engine = Arc::new(Engine::new(MemoryStore::new(), engine_opts));
-                observe(&engine, on_notice, &notices);
-                Inner::Memory(MemoryEngine {
-                    engine,
-                    worker: Mutex::new(None),
-                    reported: AtomicI64::new(0),
-                })
-            }
+            None | Some("memory") => Inner::Memory(Hosted::new(
+                MemoryStore::new(),
+                engine_opts,
+                timings,
+                on_notice,
+                &notices,
+            )),
             Some("postgres") => {
                 let url = options
                     .url
@@ -190,14 +174,13 @@ impl NativeEngine {
                     config.max_connections = n as usize;
                 }
                 let store = PgStore::new(config).map_err(to_napi)?;
-                let engine = Arc::new(Engine::new(store, engine_opts));
-                observe(&engine, on_notice, &notices);
-                Inner::Postgres(PgEngine {
-                    engine,
-                    worker: Mutex::new(None),
-                    lease_ms: positive_ms(options.lease_ms, "postgres.leaseMs", 30_000)?,
-                    poll_ms: positive_ms(options.poll_ms, "postgres.pollMs", 1_000)?,
-                })
+                Inner::Postgres(Hosted::new(
+                    store,
+                    engine_opts,
+                    timings,
+                    on_notice,
+                    &notices,
+                ))
             }
             Some(other) => {
                 return Err(invalid(format!(
@@ -211,36 +194,30 @@ impl NativeEngine {
     // ── operations ─────────────────────────────────────────────────────
 
     /// Runs operation `op` (its position in `opNames()`) on the JS thread:
-    /// only for a store that does no I/O.
+    /// only for a store whose transactions run inline (no I/O).
     #[napi(catch_unwind)]
     pub fn call_sync(&self, env: Env, op: u32, request: String) -> Result<String> {
-        match &self.inner {
-            Inner::Memory(m) => {
-                let out = ops::run(&m.engine, op, &request);
-                // Starts grow the store, retention shrinks it.
-                m.report_size(&env);
-                out
+        hosted!(self, h => {
+            if !h.engine.store().inline() {
+                return Err(invalid(
+                    "this store answers asynchronously: use call(), not callSync()",
+                ));
             }
-            Inner::Postgres(_) => Err(invalid(
-                "this store answers asynchronously: use call(), not callSync()",
-            )),
-        }
+            let out = ops::run(&h.engine, op, &request);
+            // Starts grow the store, retention shrinks it.
+            h.report_size(&env);
+            out
+        })
     }
 
     /// Runs operation `op` on a blocking thread (the JS thread never waits
     /// on the store).
     #[napi]
     pub async fn call(&self, op: u32, request: String) -> Result<String> {
-        match &self.inner {
-            Inner::Memory(m) => {
-                let e = m.engine.clone();
-                blocking(move || ops::run(&e, op, &request)).await
-            }
-            Inner::Postgres(p) => {
-                let e = p.engine.clone();
-                blocking(move || ops::run(&e, op, &request)).await
-            }
-        }
+        hosted!(self, h => {
+            let e = h.engine.clone();
+            blocking(move || ops::run(&e, op, &request)).await
+        })
     }
 
     /// Checks and builds definitions from specs without storing them (a
@@ -249,7 +226,8 @@ impl NativeEngine {
     #[napi(catch_unwind)]
     pub fn validate_definitions(&self, specs: String) -> Result<String> {
         let specs = ops::definition_specs(&specs)?;
-        with_engine!(self, e => e
+        hosted!(self, h => h
+            .engine
             .validate_definitions(specs)
             .map(|defs| wire::reply(&defs))
             .map_err(to_napi))
@@ -266,27 +244,27 @@ impl NativeEngine {
     /// Turns transition events for every run on or off.
     #[napi(catch_unwind)]
     pub fn set_events(&self, enabled: bool) {
-        with_engine!(self, e => e.set_events(enabled));
+        hosted!(self, h => h.engine.set_events(enabled));
     }
 
     /// Watches (or stops watching) one run's transitions, for `waitForRun`.
     #[napi(catch_unwind)]
     pub fn watch_run(&self, run_id: String, on: bool) {
         if let Ok(id) = run_id.parse::<RunId>() {
-            with_engine!(self, e => e.watch_run(id, on));
+            hosted!(self, h => h.engine.watch_run(id, on));
         }
     }
 
     /// Engine time in epoch ms.
     #[napi(catch_unwind)]
     pub fn now(&self) -> f64 {
-        with_engine!(self, e => e.now() as f64)
+        hosted!(self, h => h.engine.now() as f64)
     }
 
     /// Moves a manual clock; returns the new time, or null on the system clock.
     #[napi(catch_unwind)]
     pub fn advance_time(&self, ms: f64) -> Option<f64> {
-        with_engine!(self, e => e.advance_time(ms as i64).map(|t| t as f64))
+        hosted!(self, h => h.engine.advance_time(ms as i64).map(|t| t as f64))
     }
 
     /// `count` (at most 4096) fresh run ids (UUID v4), concatenated: JS
@@ -305,12 +283,10 @@ impl NativeEngine {
     /// Lets idle connections go; a networked store reopens on demand.
     #[napi(catch_unwind)]
     pub fn close(&self) {
-        if let Inner::Postgres(p) = &self.inner {
-            p.engine.store().close();
-        }
+        hosted!(self, h => h.engine.store().close());
     }
 
-    // ── hot paths of an in-memory store ────────────────────────────────
+    // ── hot paths of a store whose transactions run inline ─────────────
 
     /// Creates runs JS has already answered `start` for, one per line
     /// (`wire::parse_start_line`). `fed`: claim into the worker's free slots
@@ -318,26 +294,30 @@ impl NativeEngine {
     /// `!<line index> <message>` for each run that could not be created.
     #[napi(catch_unwind)]
     pub fn start_batch(&self, env: Env, batch: String, fed: bool) -> Result<String> {
-        let m = self.memory("startBatch")?;
-        let (problems, pools) = m.create_buffered(&batch, !fed)?;
-        m.report_size(&env);
-        let mut out = String::new();
-        if fed {
-            m.fill_into(&mut out, Some(&pools))?;
-        }
-        wire::push_lines(&mut out, &problems);
-        Ok(out)
+        hosted!(self, h => {
+            let (problems, pools) = h.create_buffered(&batch, !fed)?;
+            h.report_size(&env);
+            let mut out = String::new();
+            if fed {
+                h.fill_into(&mut out, Some(&pools))?;
+            }
+            wire::push_lines(&mut out, &problems);
+            Ok(out)
+        })
     }
 
     /// The row of a run a worker ticket handed out, for `ctx.run` (no
-    /// tenant gate: the handler already holds the run). Null once purged.
+    /// tenant gate: the handler already holds the run). Null once purged,
+    /// or when the store does not answer inline (its tickets carry the row).
     #[napi(catch_unwind)]
     pub fn claimed_run(&self, run_id: String) -> Option<String> {
         let id = run_id.parse::<RunId>().ok()?;
-        match &self.inner {
-            Inner::Memory(m) => m.engine.run_row(&id).map(|r| r.to_compact_json()),
-            Inner::Postgres(_) => None,
-        }
+        hosted!(self, h => h
+            .engine
+            .store()
+            .inline()
+            .then(|| h.engine.run_row(&id).map(|r| r.to_compact_json()))
+            .flatten())
     }
 
     // ── worker ─────────────────────────────────────────────────────────
@@ -350,50 +330,17 @@ impl NativeEngine {
     )]
     pub fn start_worker(&self, pools: String, on_batch: JsFn) -> Result<()> {
         let pools = wire::parse_pools(&pools)?;
-        let running = || invalid("a worker is already running on this orchestrator");
-        match &self.inner {
-            Inner::Memory(m) => {
-                let mut guard = m
-                    .worker
-                    .lock()
-                    .map_err(|_| invalid("worker state poisoned"))?;
-                if guard.as_ref().is_some_and(|w| !w.is_stopping()) {
-                    return Err(running());
-                }
-                let worker = Worker::new(m.engine.clone(), pools);
-                *guard = Some(worker.clone());
-                napi::bindgen_prelude::spawn(worker.run(JsBatch {
-                    on_batch,
-                    with_row: m.engine.purges(),
-                }));
-            }
-            Inner::Postgres(p) => {
-                let mut guard = p
-                    .worker
-                    .lock()
-                    .map_err(|_| invalid("worker state poisoned"))?;
-                if guard.as_ref().is_some_and(|w| !w.is_stopping()) {
-                    return Err(running());
-                }
-                let worker = PgWorker::new(p.engine.clone(), pools, p.lease_ms, p.poll_ms);
-                *guard = Some(worker.clone());
-                napi::bindgen_prelude::spawn(worker.run(JsBatch {
-                    on_batch,
-                    with_row: true,
-                }));
-            }
-        }
-        Ok(())
+        hosted!(self, h => h.start_worker(pools, on_batch))
     }
 
-    /// Records the outcomes of worker attempts (`report`: one per line,
-    /// `wire::parse_report_line`). In memory the outcomes are applied in
-    /// this call, which claims into the slots they free; `starts` (as
-    /// `startBatch`) are created first so the freed slots can claim them.
-    /// A networked store queues them for the worker's next transaction.
-    /// Answers `'0'|'1'` (notices pending), then one line per new ticket,
-    /// `!<line> <message>` per refused start and `?<message>` per outcome
-    /// that could not be recorded.
+    /// Records the ends of worker attempts (`report`: one per line,
+    /// `wire::parse_report_line`). A store whose transactions run inline
+    /// applies them in this call, which claims into the slots they free;
+    /// `starts` (as `startBatch`) are created first so the freed slots can
+    /// claim them. Otherwise they are queued for the worker's next
+    /// transaction. Answers `'0'|'1'` (notices pending), then one line per
+    /// new ticket, `!<line> <message>` per refused start and `?<message>`
+    /// when a report line was unreadable or the store failed.
     #[napi(catch_unwind)]
     pub fn worker_report(
         &self,
@@ -402,79 +349,24 @@ impl NativeEngine {
         starts: Option<String>,
     ) -> Result<String> {
         let mut finished = Vec::new();
-        let mut unread = Vec::new();
+        let mut problems = Vec::new();
         for line in report.split('\n').filter(|l| !l.is_empty()) {
             match wire::parse_report_line(line) {
                 Ok(item) => finished.push(item),
-                Err(reason) => unread.push(format!("?unreadable worker report line: {reason}")),
+                Err(reason) => problems.push(format!("?unreadable worker report line: {reason}")),
             }
         }
-        let mut out = String::new();
-        match &self.inner {
-            Inner::Memory(m) => {
-                let (problems, pools) = match &starts {
-                    Some(batch) => m.create_buffered(batch, false)?,
-                    None => (Vec::new(), Vec::new()),
-                };
-                m.report_size(&env);
-                let worker = m.worker.lock().ok().and_then(|w| w.clone());
-                let (tickets, error) = match worker {
-                    Some(w) => w.report(finished),
-                    None => {
-                        // No worker (stopped and gone): apply the outcomes only.
-                        let ends = finished
-                            .into_iter()
-                            .map(|(id, epoch, outcome, _)| AttemptEnd {
-                                id,
-                                epoch,
-                                outcome,
-                                ended_at: None,
-                            })
-                            .collect();
-                        match m.engine.settle(ends, &[]) {
-                            Ok(s) => (s.tickets, None),
-                            Err(e) => (Vec::new(), Some(e)),
-                        }
-                    }
-                };
-                out.push(if bridge::has_notices(&self.notices) {
-                    '1'
-                } else {
-                    '0'
-                });
-                for t in &tickets {
-                    out.push('\n');
-                    wire::write_ticket(&mut out, t);
-                }
-                if !pools.is_empty() {
-                    // Slots of other pools may be idle: claim into them too.
-                    m.fill_into(&mut out, Some(&pools))?;
-                }
-                wire::push_lines(&mut out, &problems);
-                if let Some(e) = error {
-                    unread.push(format!("?{e}"));
-                }
-            }
-            Inner::Postgres(p) => {
-                if starts.is_some() {
-                    return Err(invalid("a networked store takes no buffered starts"));
-                }
-                let worker = p.worker.lock().ok().and_then(|w| w.clone());
-                let Some(w) = worker else {
-                    return Err(invalid("no worker is running"));
-                };
-                for (id, epoch, outcome, slot) in finished {
-                    let pool = w.pools().get(slot).map(|p| p.name.clone());
-                    w.done(id, epoch, outcome, pool.as_deref().unwrap_or(""));
-                }
-                out.push(if bridge::has_notices(&self.notices) {
-                    '1'
-                } else {
-                    '0'
-                });
-            }
-        }
-        wire::push_lines(&mut out, &unread);
+        let mut out =
+            hosted!(self, h => h.report(&env, finished, starts.as_deref(), &mut problems))?;
+        out.insert(
+            0,
+            if bridge::has_notices(&self.notices) {
+                '1'
+            } else {
+                '0'
+            },
+        );
+        wire::push_lines(&mut out, &problems);
         Ok(out)
     }
 
@@ -482,64 +374,145 @@ impl NativeEngine {
     /// start): tickets one per line, or an empty string.
     #[napi(catch_unwind)]
     pub fn worker_fill(&self) -> Result<String> {
-        let Inner::Memory(m) = &self.inner else {
-            return Ok(String::new());
-        };
         let mut out = String::new();
-        m.fill_into(&mut out, None)?;
+        hosted!(self, h => h.fill_into(&mut out, None))?;
         Ok(out)
     }
 
     /// Stops claiming; in-flight attempts go on. Returns how many are in flight.
     #[napi(catch_unwind)]
     pub fn worker_stop(&self) -> u32 {
-        match &self.inner {
-            Inner::Memory(m) => m.worker.lock().ok().and_then(|w| w.clone()).map_or(0, |w| {
-                w.stop();
-                w.pools().iter().map(|p| p.in_flight() as u32).sum()
-            }),
-            Inner::Postgres(p) => p.worker.lock().ok().and_then(|w| w.clone()).map_or(0, |w| {
-                w.stop();
-                w.in_flight() as u32
-            }),
-        }
+        hosted!(self, h => h.worker().map_or(0, |w| {
+            w.stop();
+            w.in_flight() as u32
+        }))
     }
 
-    /// Slots the worker holds, plus (networked store) outcomes not yet
-    /// stored: a stop waits for this to reach 0.
+    /// Slots the worker holds plus ends not yet stored: a stop waits for
+    /// this to reach 0.
     #[napi(catch_unwind)]
     pub fn worker_in_flight(&self) -> u32 {
-        match &self.inner {
-            Inner::Memory(m) => m
-                .worker
-                .lock()
-                .ok()
-                .and_then(|w| w.clone())
-                .map_or(0, |w| w.pools().iter().map(|p| p.in_flight() as u32).sum()),
-            Inner::Postgres(p) => p
-                .worker
-                .lock()
-                .ok()
-                .and_then(|w| w.clone())
-                .map_or(0, |w| w.unfinished() as u32),
-        }
+        hosted!(self, h => h.worker().map_or(0, |w| w.unfinished() as u32))
     }
 }
 
-impl NativeEngine {
-    fn memory(&self, what: &str) -> Result<&MemoryEngine> {
-        match &self.inner {
-            Inner::Memory(m) => Ok(m),
-            Inner::Postgres(_) => Err(invalid(format!("{what} is for an in-memory store"))),
+impl<S: AnyStore> Hosted<S> {
+    fn new(
+        store: S,
+        opts: EngineOptions,
+        timings: WorkerTimings,
+        on_notice: JsFn,
+        notices: &NoticeQueue,
+    ) -> Self {
+        let engine = Arc::new(Engine::new(store, opts));
+        engine.set_observer(Arc::new(JsObserver {
+            on_notice,
+            queue: notices.clone(),
+            js_thread: std::thread::current().id(),
+        }));
+        Hosted {
+            engine,
+            worker: Mutex::new(None),
+            timings,
+            reported: AtomicI64::new(0),
         }
     }
-}
 
-impl MemoryEngine {
+    fn worker(&self) -> Option<Arc<Worker<S>>> {
+        self.worker.lock().ok().and_then(|w| w.clone())
+    }
+
+    fn start_worker(
+        &self,
+        pools: Vec<jobforge_core::worker::WorkerPool>,
+        on_batch: JsFn,
+    ) -> Result<()> {
+        let mut guard = self
+            .worker
+            .lock()
+            .map_err(|_| invalid("worker state poisoned"))?;
+        if guard.as_ref().is_some_and(|w| !w.is_stopping()) {
+            return Err(invalid("a worker is already running on this orchestrator"));
+        }
+        let worker = Worker::with_timings(self.engine.clone(), pools, self.timings);
+        *guard = Some(worker.clone());
+        // An inline store's tickets leave the row out (JS reads it on demand
+        // with `claimedRun`) unless retention may delete the run while its
+        // handler still runs; other tickets carry it.
+        let with_row = !self.engine.store().inline() || self.engine.purges();
+        napi::bindgen_prelude::spawn(worker.run(JsBatch { on_batch, with_row }));
+        Ok(())
+    }
+
+    /// `worker_report` for this store: the tickets claimed, one per line.
+    fn report(
+        &self,
+        env: &Env,
+        finished: Vec<(RunId, u32, Option<jobforge_core::AttemptOutcome>, usize)>,
+        starts: Option<&str>,
+        problems: &mut Vec<String>,
+    ) -> Result<String> {
+        let mut out = String::new();
+        let pools = match starts {
+            Some(batch) => {
+                let (refused, pools) = self.create_buffered(batch, false)?;
+                problems.splice(0..0, refused);
+                pools
+            }
+            None => Vec::new(),
+        };
+        self.report_size(env);
+        let (tickets, error) = match self.worker() {
+            Some(w) => w.report(finished),
+            None => {
+                // No worker (stopped and gone): apply the ends only.
+                let ends = finished
+                    .into_iter()
+                    .map(|(id, epoch, outcome, _)| AttemptEnd {
+                        id,
+                        epoch,
+                        outcome,
+                        ended_at: None,
+                    })
+                    .collect();
+                match self.on_js_thread(|e| e.settle(ends, &[]))? {
+                    Ok(s) => (s.tickets, None),
+                    Err(e) => (Vec::new(), Some(e)),
+                }
+            }
+        };
+        for t in &tickets {
+            out.push('\n');
+            wire::write_ticket(&mut out, t);
+        }
+        if !pools.is_empty() {
+            // Slots of other pools may be idle: claim into them too.
+            self.fill_into(&mut out, Some(&pools))?;
+        }
+        if let Some(e) = error {
+            problems.push(format!("?{e}"));
+        }
+        Ok(out)
+    }
+
+    /// `f` on the JS thread, if this store's transactions may run there.
+    fn on_js_thread<T>(&self, f: impl FnOnce(&Engine<S>) -> T) -> Result<T> {
+        if self.engine.store().inline() {
+            Ok(f(&self.engine))
+        } else {
+            Err(invalid(
+                "this store's transactions do not run on the JS thread",
+            ))
+        }
+    }
+
     /// Tells V8 how much native memory the engine's runs hold, once the
     /// figure has moved by `REPORT_STEP` since it was last told.
     fn report_size(&self, env: &Env) {
-        let bytes = (self.engine.store().live_runs() as i64 * RUN_BYTES).min(REPORT_CAP);
+        let Some(live) = self.engine.store().resident_runs() else {
+            return;
+        };
+        let bytes = (live as i64 * RUN_BYTES).min(REPORT_CAP);
         let told = self.reported.load(Ordering::Relaxed);
         if (bytes - told).abs() >= REPORT_STEP && env.adjust_external_memory(bytes - told).is_ok() {
             self.reported.store(bytes, Ordering::Relaxed);
@@ -564,7 +537,9 @@ impl MemoryEngine {
                 Err(reason) => problems.push(format!("!{i} invalid batch line: {reason}")),
             }
         }
-        let (failed, pools) = self.engine.start_plain_batch(reqs, wake).map_err(to_napi)?;
+        let (failed, pools) = self
+            .on_js_thread(|e| e.start_plain_batch(reqs, wake))?
+            .map_err(to_napi)?;
         for (k, e) in failed {
             problems.push(format!("!{} {e}", index.get(k).copied().unwrap_or(k)));
         }
@@ -572,10 +547,10 @@ impl MemoryEngine {
     }
 
     /// Claims into the worker's free slots (of `only`'s pools, if given);
-    /// appends one ticket per line.
+    /// appends one ticket per line. Nothing for a store whose transactions
+    /// do not run inline (its worker's loop claims).
     fn fill_into(&self, out: &mut String, only: Option<&[Arc<str>]>) -> Result<()> {
-        let worker = self.worker.lock().ok().and_then(|w| w.clone());
-        if let Some(w) = worker {
+        if let Some(w) = self.worker() {
             for t in w.fill_only(only).map_err(to_napi)? {
                 if !out.is_empty() {
                     out.push('\n');
@@ -590,11 +565,9 @@ impl MemoryEngine {
 impl ObjectFinalize for NativeEngine {
     /// Takes back what `report_size` told V8: the runs go with the engine.
     fn finalize(self, env: Env) -> Result<()> {
-        if let Inner::Memory(m) = &self.inner {
-            let told = m.reported.load(Ordering::Relaxed);
-            if told != 0 {
-                env.adjust_external_memory(-told)?;
-            }
+        let told = hosted!(self, h => h.reported.load(Ordering::Relaxed));
+        if told != 0 {
+            env.adjust_external_memory(-told)?;
         }
         Ok(())
     }

@@ -3,40 +3,22 @@
 //! JSON text. The in-memory engine runs them on the JS thread
 //! (`callSync`), a networked one on a blocking thread (`call`); the list
 //! and the functions are the same. Adding an operation: a function here,
-//! its name in `operations!`, and its call in `ts/backend/native.ts`.
+//! its name in `operations!`, and its call in `ts/backend/backend.ts`.
 
 use crate::wire::{self, invalid, reply, request, to_napi, Result};
 use jobforge_core::engine::{json_value, StepBegin};
 use jobforge_core::{
-    DefinitionSpec, Engine, JobDefinition, JobError, RetryPolicy, RunId, ScheduleSpec,
-    StartRequest, Store, TenantArg,
+    Coordination, DefinitionSpec, Engine, JobDefinition, JobError, RetryPolicy, RunId,
+    ScheduleSpec, StartRequest, Store, StoreAdmin, TenantArg,
 };
+
+/// A store the binding can host: its runs, its administration and how it
+/// is shared (a new store implements these three traits in the core).
+pub trait AnyStore: Store + StoreAdmin + Coordination {}
+impl<S: Store + StoreAdmin + Coordination> AnyStore for S {}
 use serde::Deserialize;
 use serde_json::value::RawValue;
 use serde_json::Value;
-
-/// What differs per store beside its runs (schema, what it holds).
-pub trait Admin {
-    /// Creates or upgrades the store's schema.
-    fn migrate(&self) -> jobforge_core::Result<()> {
-        Ok(())
-    }
-    /// Job types the store has definitions of (beyond this process's).
-    fn stored_job_types(&self) -> jobforge_core::Result<Vec<String>> {
-        Ok(Vec::new())
-    }
-}
-
-impl Admin for jobforge_core::MemoryStore {}
-
-impl Admin for jobforge_core::store::postgres::PgStore {
-    fn migrate(&self) -> jobforge_core::Result<()> {
-        jobforge_core::store::postgres::PgStore::migrate(self)
-    }
-    fn stored_job_types(&self) -> jobforge_core::Result<Vec<String>> {
-        jobforge_core::store::postgres::PgStore::stored_job_types(self)
-    }
-}
 
 macro_rules! operations {
     ($($name:ident),* $(,)?) => {
@@ -45,7 +27,7 @@ macro_rules! operations {
         pub const NAMES: &[&str] = &[$(stringify!($name)),*];
 
         /// Runs operation number `op` with its request.
-        pub fn run<S: Store + Admin>(e: &Engine<S>, op: u32, req: &str) -> Result<String> {
+        pub fn run<S: AnyStore>(e: &Engine<S>, op: u32, req: &str) -> Result<String> {
             let mut code = 0u32;
             $(
                 if op == code {
@@ -127,12 +109,12 @@ struct TenantReq {
 
 // ── store ──────────────────────────────────────────────────────────────
 
-fn migrate<S: Store + Admin>(e: &Engine<S>, _req: &str) -> Result<String> {
+fn migrate<S: AnyStore>(e: &Engine<S>, _req: &str) -> Result<String> {
     e.store().migrate().map_err(to_napi)?;
     Ok(NULL.to_owned())
 }
 
-fn stored_job_types<S: Store + Admin>(e: &Engine<S>, _req: &str) -> Result<String> {
+fn stored_job_types<S: AnyStore>(e: &Engine<S>, _req: &str) -> Result<String> {
     Ok(reply(&e.store().stored_job_types().map_err(to_napi)?))
 }
 
@@ -160,12 +142,12 @@ pub fn definitions_text(defs: &[std::sync::Arc<JobDefinition>]) -> String {
 }
 
 /// `[spec…]` → `[definition row…]`, all or none.
-fn register<S: Store + Admin>(e: &Engine<S>, req: &str) -> Result<String> {
+fn register<S: AnyStore>(e: &Engine<S>, req: &str) -> Result<String> {
     let defs = e.register_all(definition_specs(req)?).map_err(to_napi)?;
     Ok(definitions_text(&defs))
 }
 
-fn definition<S: Store + Admin>(e: &Engine<S>, req: &str) -> Result<String> {
+fn definition<S: AnyStore>(e: &Engine<S>, req: &str) -> Result<String> {
     #[derive(Deserialize)]
     #[serde(deny_unknown_fields)]
     struct Req {
@@ -188,7 +170,7 @@ struct StartReq<'a> {
 }
 
 /// `{type, input, opts?}` → the new run (or the dedupe hit) as a tuple.
-fn start<S: Store + Admin>(e: &Engine<S>, req: &str) -> Result<String> {
+fn start<S: AnyStore>(e: &Engine<S>, req: &str) -> Result<String> {
     let r: StartReq = request(req, "start")?;
     let mut sr = StartRequest {
         job_type: r.r#type,
@@ -202,7 +184,7 @@ fn start<S: Store + Admin>(e: &Engine<S>, req: &str) -> Result<String> {
 }
 
 /// The checks of `start` before its keys (see `Engine::start_preflight`).
-fn start_preflight<S: Store + Admin>(e: &Engine<S>, req: &str) -> Result<String> {
+fn start_preflight<S: AnyStore>(e: &Engine<S>, req: &str) -> Result<String> {
     #[derive(Deserialize)]
     #[serde(rename_all = "camelCase", deny_unknown_fields)]
     struct Req {
@@ -219,7 +201,7 @@ fn start_preflight<S: Store + Admin>(e: &Engine<S>, req: &str) -> Result<String>
 
 // ── cancel and replay ──────────────────────────────────────────────────
 
-fn cancel<S: Store + Admin>(e: &Engine<S>, req: &str) -> Result<String> {
+fn cancel<S: AnyStore>(e: &Engine<S>, req: &str) -> Result<String> {
     #[derive(Deserialize)]
     #[serde(rename_all = "camelCase", deny_unknown_fields)]
     struct Req {
@@ -233,7 +215,7 @@ fn cancel<S: Store + Admin>(e: &Engine<S>, req: &str) -> Result<String> {
     Ok(NULL.to_owned())
 }
 
-fn replay<S: Store + Admin>(e: &Engine<S>, req: &str) -> Result<String> {
+fn replay<S: AnyStore>(e: &Engine<S>, req: &str) -> Result<String> {
     let r: RunReq = request(req, "replay")?;
     e.replay(&r.run_id)
         .map(|r| wire::row_text(&r))
@@ -242,7 +224,7 @@ fn replay<S: Store + Admin>(e: &Engine<S>, req: &str) -> Result<String> {
 
 // ── claims and attempts ────────────────────────────────────────────────
 
-fn claim_next<S: Store + Admin>(e: &Engine<S>, req: &str) -> Result<String> {
+fn claim_next<S: AnyStore>(e: &Engine<S>, req: &str) -> Result<String> {
     #[derive(Deserialize)]
     #[serde(deny_unknown_fields)]
     struct Req {
@@ -255,7 +237,7 @@ fn claim_next<S: Store + Admin>(e: &Engine<S>, req: &str) -> Result<String> {
 }
 
 /// Opens the attempt of a claimed run: its ticket, with the row.
-fn begin_attempt<S: Store + Admin>(e: &Engine<S>, req: &str) -> Result<String> {
+fn begin_attempt<S: AnyStore>(e: &Engine<S>, req: &str) -> Result<String> {
     let r: RunReq = request(req, "beginAttempt")?;
     let t = e.begin_attempt(&r.run_id).map_err(to_napi)?;
     Ok(wire::ticket_text(&t, true))
@@ -263,7 +245,7 @@ fn begin_attempt<S: Store + Admin>(e: &Engine<S>, req: &str) -> Result<String> {
 
 /// Applies an attempt's outcome; whether it was applied (false when the
 /// run was canceled or replayed meanwhile).
-fn finish_attempt<S: Store + Admin>(e: &Engine<S>, req: &str) -> Result<String> {
+fn finish_attempt<S: AnyStore>(e: &Engine<S>, req: &str) -> Result<String> {
     #[derive(Deserialize)]
     #[serde(rename_all = "camelCase", deny_unknown_fields)]
     struct Req<'a> {
@@ -281,7 +263,7 @@ fn finish_attempt<S: Store + Admin>(e: &Engine<S>, req: &str) -> Result<String> 
 }
 
 /// Whether an attempt is still the run's current one.
-fn attempt_live<S: Store + Admin>(e: &Engine<S>, req: &str) -> Result<String> {
+fn attempt_live<S: AnyStore>(e: &Engine<S>, req: &str) -> Result<String> {
     let r: AttemptReq = request(req, "attemptLive")?;
     let live = r
         .run_id
@@ -291,7 +273,7 @@ fn attempt_live<S: Store + Admin>(e: &Engine<S>, req: &str) -> Result<String> {
 }
 
 /// Puts an interrupted attempt's run back to pending (a shutdown).
-fn release_attempt<S: Store + Admin>(e: &Engine<S>, req: &str) -> Result<String> {
+fn release_attempt<S: AnyStore>(e: &Engine<S>, req: &str) -> Result<String> {
     let r: AttemptReq = request(req, "releaseAttempt")?;
     let Ok(id) = r.run_id.parse::<RunId>() else {
         return Ok("false".to_owned());
@@ -318,7 +300,7 @@ struct StepReq<'a> {
 }
 
 /// `{"memoized":true,"output":…}` or `{"memoized":false,"attempt":n}`.
-fn step_begin<S: Store + Admin>(e: &Engine<S>, req: &str) -> Result<String> {
+fn step_begin<S: AnyStore>(e: &Engine<S>, req: &str) -> Result<String> {
     let r: StepReq = request(req, "stepBegin")?;
     match e
         .step_begin(&r.run_id, r.epoch, &r.step_id)
@@ -334,7 +316,7 @@ fn step_begin<S: Store + Admin>(e: &Engine<S>, req: &str) -> Result<String> {
     }
 }
 
-fn step_complete<S: Store + Admin>(e: &Engine<S>, req: &str) -> Result<String> {
+fn step_complete<S: AnyStore>(e: &Engine<S>, req: &str) -> Result<String> {
     let r: StepReq = request(req, "stepComplete")?;
     let output = r.output.map(|o| o.to_owned());
     e.step_complete(&r.run_id, r.epoch, &r.step_id, output)
@@ -343,7 +325,7 @@ fn step_complete<S: Store + Admin>(e: &Engine<S>, req: &str) -> Result<String> {
 }
 
 /// Records a step failure; the backoff before a retry (ms), or null.
-fn step_fail<S: Store + Admin>(e: &Engine<S>, req: &str) -> Result<String> {
+fn step_fail<S: AnyStore>(e: &Engine<S>, req: &str) -> Result<String> {
     let r: StepReq = request(req, "stepFail")?;
     let info = r.failure.unwrap_or_default().into();
     let delay = e
@@ -354,19 +336,19 @@ fn step_fail<S: Store + Admin>(e: &Engine<S>, req: &str) -> Result<String> {
 
 // ── queries ────────────────────────────────────────────────────────────
 
-fn find_by_id<S: Store + Admin>(e: &Engine<S>, req: &str) -> Result<String> {
+fn find_by_id<S: AnyStore>(e: &Engine<S>, req: &str) -> Result<String> {
     let r: RunReq = request(req, "findById")?;
     e.find_by_id(&r.run_id, &r.tenant)
         .map(wire::opt_row_text)
         .map_err(to_napi)
 }
 
-fn list_steps<S: Store + Admin>(e: &Engine<S>, req: &str) -> Result<String> {
+fn list_steps<S: AnyStore>(e: &Engine<S>, req: &str) -> Result<String> {
     let r: RunReq = request(req, "listSteps")?;
     Ok(reply(&e.list_steps(&r.run_id, &r.tenant).map_err(to_napi)?))
 }
 
-fn find_step<S: Store + Admin>(e: &Engine<S>, req: &str) -> Result<String> {
+fn find_step<S: AnyStore>(e: &Engine<S>, req: &str) -> Result<String> {
     #[derive(Deserialize)]
     #[serde(rename_all = "camelCase", deny_unknown_fields)]
     struct Req {
@@ -382,7 +364,7 @@ fn find_step<S: Store + Admin>(e: &Engine<S>, req: &str) -> Result<String> {
     Ok(step.map_or_else(|| NULL.to_owned(), |s| reply(&s)))
 }
 
-fn record_step<S: Store + Admin>(e: &Engine<S>, req: &str) -> Result<String> {
+fn record_step<S: AnyStore>(e: &Engine<S>, req: &str) -> Result<String> {
     #[derive(Deserialize)]
     #[serde(deny_unknown_fields)]
     struct Req {
@@ -410,7 +392,7 @@ struct ScopeReq {
     run_at: Option<f64>,
 }
 
-fn list_for_scope<S: Store + Admin>(e: &Engine<S>, req: &str) -> Result<String> {
+fn list_for_scope<S: AnyStore>(e: &Engine<S>, req: &str) -> Result<String> {
     let r: ScopeReq = request(req, "listForScope")?;
     let q = wire::scope_query(r.query.as_ref().unwrap_or(&Value::Null))?;
     let rows = e
@@ -419,7 +401,7 @@ fn list_for_scope<S: Store + Admin>(e: &Engine<S>, req: &str) -> Result<String> 
     Ok(wire::rows_text(&rows))
 }
 
-fn cancel_for_scope<S: Store + Admin>(e: &Engine<S>, req: &str) -> Result<String> {
+fn cancel_for_scope<S: AnyStore>(e: &Engine<S>, req: &str) -> Result<String> {
     let r: ScopeReq = request(req, "cancelForScope")?;
     let n = e
         .cancel_for_scope(
@@ -432,7 +414,7 @@ fn cancel_for_scope<S: Store + Admin>(e: &Engine<S>, req: &str) -> Result<String
     Ok(n.to_string())
 }
 
-fn reschedule_for_scope<S: Store + Admin>(e: &Engine<S>, req: &str) -> Result<String> {
+fn reschedule_for_scope<S: AnyStore>(e: &Engine<S>, req: &str) -> Result<String> {
     let r: ScopeReq = request(req, "rescheduleForScope")?;
     let run_at = wire::date_ms(r.run_at.unwrap_or(f64::NAN), "newRunAt")?;
     let n = e
@@ -441,13 +423,13 @@ fn reschedule_for_scope<S: Store + Admin>(e: &Engine<S>, req: &str) -> Result<St
     Ok(n.to_string())
 }
 
-fn count_by_pool_and_status<S: Store + Admin>(e: &Engine<S>, req: &str) -> Result<String> {
+fn count_by_pool_and_status<S: AnyStore>(e: &Engine<S>, req: &str) -> Result<String> {
     let r: TenantReq = request(req, "countByPoolAndStatus")?;
     let counts = e.count_by_pool_and_status(&r.tenant).map_err(to_napi)?;
     Ok(wire::counts_text(&counts))
 }
 
-fn list_recent_failed<S: Store + Admin>(e: &Engine<S>, req: &str) -> Result<String> {
+fn list_recent_failed<S: AnyStore>(e: &Engine<S>, req: &str) -> Result<String> {
     #[derive(Deserialize)]
     #[serde(deny_unknown_fields)]
     struct Req {
@@ -462,7 +444,7 @@ fn list_recent_failed<S: Store + Admin>(e: &Engine<S>, req: &str) -> Result<Stri
     Ok(wire::rows_text(&rows))
 }
 
-fn list_job_runs<S: Store + Admin>(e: &Engine<S>, req: &str) -> Result<String> {
+fn list_job_runs<S: AnyStore>(e: &Engine<S>, req: &str) -> Result<String> {
     #[derive(Deserialize)]
     #[serde(deny_unknown_fields)]
     struct Req {
@@ -476,7 +458,7 @@ fn list_job_runs<S: Store + Admin>(e: &Engine<S>, req: &str) -> Result<String> {
     Ok(wire::page_text(&rows, next))
 }
 
-fn get_run_tree<S: Store + Admin>(e: &Engine<S>, req: &str) -> Result<String> {
+fn get_run_tree<S: AnyStore>(e: &Engine<S>, req: &str) -> Result<String> {
     let r: RunReq = request(req, "getRunTree")?;
     let rows = e.run_tree(&r.tenant, &r.run_id).map_err(to_napi)?;
     Ok(rows.map_or_else(|| NULL.to_owned(), |rows| wire::tree_text(&rows)))
@@ -501,7 +483,7 @@ struct ScheduleReq<'a> {
 }
 
 /// The schedule as stored (times in epoch ms).
-fn put_schedule<S: Store + Admin>(e: &Engine<S>, req: &str) -> Result<String> {
+fn put_schedule<S: AnyStore>(e: &Engine<S>, req: &str) -> Result<String> {
     let r: ScheduleReq = request(req, "schedule")?;
     let every_ms = match r.every_ms {
         None => None,
@@ -524,14 +506,14 @@ fn put_schedule<S: Store + Admin>(e: &Engine<S>, req: &str) -> Result<String> {
     Ok(wire::schedule_text(&e.put_schedule(spec).map_err(to_napi)?))
 }
 
-fn remove_schedule<S: Store + Admin>(e: &Engine<S>, req: &str) -> Result<String> {
+fn remove_schedule<S: AnyStore>(e: &Engine<S>, req: &str) -> Result<String> {
     let r: ScheduleReq = request(req, "unschedule")?;
     Ok(e.remove_schedule(&r.name, &r.tenant)
         .map_err(to_napi)?
         .to_string())
 }
 
-fn list_schedules<S: Store + Admin>(e: &Engine<S>, req: &str) -> Result<String> {
+fn list_schedules<S: AnyStore>(e: &Engine<S>, req: &str) -> Result<String> {
     let r: TenantReq = request(req, "listSchedules")?;
     let rows = e.list_schedules(&r.tenant).map_err(to_napi)?;
     let items: Vec<String> = rows.iter().map(wire::schedule_text).collect();
@@ -539,6 +521,6 @@ fn list_schedules<S: Store + Admin>(e: &Engine<S>, req: &str) -> Result<String> 
 }
 
 /// Runs started for due schedules.
-fn fire_due_schedules<S: Store + Admin>(e: &Engine<S>, _req: &str) -> Result<String> {
+fn fire_due_schedules<S: AnyStore>(e: &Engine<S>, _req: &str) -> Result<String> {
     Ok(e.fire_due_schedules().map_err(to_napi)?.to_string())
 }

@@ -31,13 +31,12 @@
 // Modules depend one way, from the leaves up: `clock`, `cron` and
 // `template` use no other; `model` uses those; `error` uses `model` and
 // converts `template`'s errors; `store` uses `model` and `error`;
-// `engine` the store; `worker` and `pg_worker` the engine.
+// `engine` the store; `worker` the engine.
 pub mod clock;
 pub mod cron;
 pub mod engine;
 pub mod error;
 pub mod model;
-pub mod pg_worker;
 pub mod store;
 pub mod template;
 pub mod worker;
@@ -50,4 +49,4 @@ pub use engine::{
 pub use error::{JobError, Result};
 pub use model::*;
 pub use store::memory::MemoryStore;
-pub use store::{Store, StoreTx};
+pub use store::{Coordination, Store, StoreAdmin, StoreTx};

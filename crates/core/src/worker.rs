@@ -1,25 +1,37 @@
-//! The worker: claims runs per pool up to each pool's concurrency and hands
-//! them to a [`BatchDispatcher`] (the binding's threadsafe function into JS).
+//! The worker: claims runs per pool up to each pool's concurrency, hands
+//! them to a [`BatchDispatcher`] (the binding's threadsafe function into
+//! JS), and stores what became of them. One worker for every store; what a
+//! store is like comes from its [`Coordination`]:
 //!
-//! Two paths fill slots:
-//! - the **scheduler** task waits, without polling, on the engine's activity
-//!   notification (a start, a finished lane head, a cancel, a replay) and on
-//!   a timer set to the earliest due time of a pool with a free slot; when
-//!   woken it claims a batch per pool and dispatches it in one call;
-//! - **finished attempts** claim their pools' next runs in the call that
-//!   records their outcomes ([`Worker::report`], one call for all attempts
-//!   that ended in the same turn of JS's microtask queue), so a backlog
-//!   drains without any thread hand-off.
+//! - **where transactions run.** A store that answers in nanoseconds (in
+//!   memory) settles on the caller's thread: a report of finished attempts
+//!   claims their pools' next runs in the same call ([`Worker::report`]),
+//!   so a backlog drains without a thread hand-off. A networked store's
+//!   outcomes queue up (a push, no I/O on the JS thread) and the loop
+//!   settles them with its claims in one transaction on a blocking thread,
+//!   up to a few transactions at once, so commits are shared by many runs.
+//! - **who else uses the store.** When other processes share it, the
+//!   worker leases what it claims (a heartbeat renews the leases, a sweeper
+//!   returns runs whose lease expired), listens for their changes, and
+//!   polls as a fallback; delivery is at-least-once. A store no one shares
+//!   needs none of that: its loop never polls.
 //!
-//! Slots are reserved with a compare-and-swap before claiming, so the two
-//! paths never exceed a pool's concurrency together.
+//! The loop waits, without polling a store no one shares, on the engine's
+//! activity (a start, a freed lane, a cancel, a replay), on outcomes
+//! queued, on another process's change, and on a timer set to the earliest
+//! due run of a pool with a free slot. Slots are reserved with a
+//! compare-and-swap before claiming, so the paths that claim never exceed
+//! a pool's concurrency together. Schedules fire from a task of their own,
+//! on time even while every slot is busy.
 
 use crate::engine::{AttemptEnd, AttemptTicket, Engine};
-use crate::error::Result;
-use crate::model::{AttemptOutcome, Millis, RunId};
-use crate::store::Store;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::Arc;
+use crate::error::{JobError, Result};
+use crate::model::{AbortReason, AttemptOutcome, RunId};
+use crate::store::{Coordination, Store};
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
 use tokio::sync::Notify;
 
 /// Delivers claimed attempts to whoever runs the handlers.
@@ -51,6 +63,10 @@ impl WorkerPool {
         self.in_flight.load(Ordering::SeqCst)
     }
 
+    fn has_free_slot(&self) -> bool {
+        self.in_flight() < self.concurrency
+    }
+
     /// Reserves up to `want` free slots; returns how many were reserved.
     pub fn reserve(&self, want: usize) -> usize {
         let mut cur = self.in_flight.load(Ordering::SeqCst);
@@ -79,20 +95,168 @@ impl WorkerPool {
     }
 }
 
-pub struct Worker<S: Store> {
-    engine: Arc<Engine<S>>,
-    pools: Vec<WorkerPool>,
-    stopping: AtomicBool,
-    stop: Notify,
+/// Timings of a worker on a store other processes share.
+#[derive(Debug, Clone, Copy)]
+pub struct WorkerTimings {
+    /// A claimed run whose lease is not renewed for this long goes back to
+    /// `pending` (its worker died). Renewed every third of it.
+    pub lease_ms: i64,
+    /// The longest the loop waits without looking (a change notification
+    /// may be lost).
+    pub poll_ms: i64,
 }
 
-impl<S: Store> Worker<S> {
+impl Default for WorkerTimings {
+    fn default() -> Self {
+        WorkerTimings {
+            lease_ms: 30_000,
+            poll_ms: 1_000,
+        }
+    }
+}
+
+/// An attempt's end waiting for the loop's next transaction.
+struct Done {
+    end: AttemptEnd,
+    /// Index of its pool in `Worker::pools` (out of range: no slot of ours).
+    slot: usize,
+}
+
+type NoticeSink = Arc<dyn Fn(String) + Send + Sync>;
+
+pub struct Worker<S: Store + Coordination> {
+    engine: Arc<Engine<S>>,
+    pools: Vec<WorkerPool>,
+    timings: WorkerTimings,
+    /// Whether the store settles on the caller's thread (`Coordination::inline`).
+    inline: bool,
+    /// Whether other processes share the store (`Coordination::shared`).
+    shared: bool,
+    /// Ends queued by `report` for the loop (networked stores).
+    done: Mutex<Vec<Done>>,
+    /// Ends queued and not yet stored (queued, in a settle, or waiting to
+    /// be tried again after a failed one).
+    unsaved: AtomicUsize,
+    /// Attempts this process holds, whose leases the heartbeat renews
+    /// (shared stores).
+    held: Mutex<HashMap<RunId, u32>>,
+    /// Internal wake-ups: an outcome queued, a settle finished.
+    wake: Arc<Notify>,
+    /// Something may have become claimable: another process's change.
+    external: Arc<Notify>,
+    /// The last claim found fewer runs than slots: claim again only after
+    /// a wake-up, a due time or the poll interval.
+    starved: AtomicBool,
+    settling: AtomicUsize,
+    max_settles: usize,
+    stopping: AtomicBool,
+    stop: Notify,
+    /// Store trouble as the operator hears of it (see `record_error`).
+    trouble: Mutex<Trouble>,
+    /// The same for the schedule task, which fails and recovers on its own
+    /// (a schema not yet migrated for schedules, say): its successes must
+    /// not end the loop's trouble, nor the reverse.
+    schedule_trouble: Mutex<Trouble>,
+    /// Where notices go: the dispatcher `run` was given.
+    notices: Mutex<Option<NoticeSink>>,
+    /// Settles failed in a row: the next one waits longer (see `backoff`).
+    settle_failures: AtomicU32,
+}
+
+/// How long to wait after `failures` failed attempts in a row: doubling
+/// from `first` up to `cap`, minus up to a fifth at random, so a fleet of
+/// workers does not reconnect in step to a database that just came back.
+fn backoff(first: Duration, cap: Duration, failures: u32) -> Duration {
+    let full = first.saturating_mul(1u32 << failures.min(16)).min(cap);
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.subsec_nanos());
+    full - full / 5 * (nanos % 1000) / 1000
+}
+
+/// Failing store calls, reported when they start, every `TROUBLE_REPEAT`
+/// while they go on, and when a call succeeds again.
+#[derive(Default)]
+struct Trouble {
+    since: Option<std::time::Instant>,
+    reported: Option<std::time::Instant>,
+}
+
+const TROUBLE_REPEAT: Duration = Duration::from_secs(30);
+
+/// Records a failure in `t`; the notice to give, if one is due (the first
+/// failure, then one every `TROUBLE_REPEAT`), from `say(seconds failing)`.
+fn trouble_began(t: &Mutex<Trouble>, say: impl FnOnce(u64) -> String) -> Option<String> {
+    let now = std::time::Instant::now();
+    let mut t = t.lock().ok()?;
+    let since = *t.since.get_or_insert(now);
+    let due = t
+        .reported
+        .is_none_or(|r| now.duration_since(r) >= TROUBLE_REPEAT);
+    due.then(|| {
+        t.reported = Some(now);
+        say(now.duration_since(since).as_secs())
+    })
+}
+
+/// Ends a trouble of `t`: how long it lasted (ms), if there was one.
+fn trouble_ended(t: &Mutex<Trouble>) -> Option<u128> {
+    let mut t = t.lock().ok()?;
+    let since = t.since.take()?;
+    t.reported = None;
+    Some(since.elapsed().as_millis())
+}
+
+/// A store error saying the schedule table does not exist (a schema not
+/// migrated since schedules were added).
+fn is_missing_schedule_table(e: &JobError) -> bool {
+    let m = e.to_string();
+    m.contains("job_schedule") && m.contains("does not exist")
+}
+
+impl<S: Store + Coordination> Worker<S> {
+    /// A worker with the default timings (which matter only for a shared store).
     pub fn new(engine: Arc<Engine<S>>, pools: Vec<WorkerPool>) -> Arc<Self> {
+        Self::with_timings(engine, pools, WorkerTimings::default())
+    }
+
+    pub fn with_timings(
+        engine: Arc<Engine<S>>,
+        pools: Vec<WorkerPool>,
+        timings: WorkerTimings,
+    ) -> Arc<Self> {
+        let store = engine.store();
+        let (inline, shared) = (store.inline(), store.shared());
+        // Half the store's connections at most: the rest serve starts,
+        // queries and the heartbeat.
+        let max_settles = if inline {
+            1
+        } else {
+            (store.connections() / 2).clamp(1, 4)
+        };
         Arc::new(Worker {
             engine,
             pools,
+            timings: WorkerTimings {
+                lease_ms: timings.lease_ms.max(100),
+                poll_ms: timings.poll_ms.max(10),
+            },
+            inline,
+            shared,
+            done: Mutex::new(Vec::new()),
+            unsaved: AtomicUsize::new(0),
+            held: Mutex::new(HashMap::new()),
+            wake: Arc::new(Notify::new()),
+            external: Arc::new(Notify::new()),
+            starved: AtomicBool::new(false),
+            settling: AtomicUsize::new(0),
+            max_settles,
             stopping: AtomicBool::new(false),
             stop: Notify::new(),
+            trouble: Mutex::new(Trouble::default()),
+            schedule_trouble: Mutex::new(Trouble::default()),
+            notices: Mutex::new(None),
+            settle_failures: AtomicU32::new(0),
         })
     }
 
@@ -100,24 +264,42 @@ impl<S: Store> Worker<S> {
         &self.pools
     }
 
+    /// Slots held.
+    pub fn in_flight(&self) -> usize {
+        self.pools.iter().map(|p| p.in_flight()).sum()
+    }
+
+    /// Slots held plus ends not yet stored: what a shutdown waits for.
+    /// (An end just queued may be counted twice, which only matters for
+    /// "is anything left".)
+    pub fn unfinished(&self) -> usize {
+        self.in_flight() + self.unsaved.load(Ordering::SeqCst)
+    }
+
     pub fn is_stopping(&self) -> bool {
         self.stopping.load(Ordering::SeqCst)
     }
 
-    /// Stops claiming (both paths). In-flight attempts go on.
+    /// Stops claiming (every path). In-flight attempts go on, and their
+    /// outcomes are still stored.
     pub fn stop(&self) {
         self.stopping.store(true, Ordering::SeqCst);
         self.engine.set_worker_hungry(false);
         self.stop.notify_one();
+        self.wake.notify_one();
     }
 
-    fn pool(&self, name: &str) -> Option<&WorkerPool> {
-        self.pools.iter().find(|p| &*p.name == name)
+    fn free_pools(&self) -> Vec<Arc<str>> {
+        self.pools
+            .iter()
+            .filter(|p| p.has_free_slot())
+            .map(|p| p.name.clone())
+            .collect()
     }
 
-    /// Claims into every free slot; returns the tickets. The scheduler
-    /// calls it when woken; JS calls it right after a `start` while the
-    /// worker has idle slots, which saves the thread hand-off.
+    /// Claims into every free slot on the caller's thread (a store that
+    /// settles inline); the tickets. JS calls it right after a `start`
+    /// while the worker has idle slots, which saves the thread hand-off.
     pub fn fill(&self) -> Result<Vec<AttemptTicket>> {
         self.fill_only(None)
     }
@@ -125,127 +307,85 @@ impl<S: Store> Worker<S> {
     /// `fill` for the named pools only (`None`: every pool): after runs
     /// were created in those, the others have nothing new to claim.
     pub fn fill_only(&self, only: Option<&[Arc<str>]>) -> Result<Vec<AttemptTicket>> {
-        if self.is_stopping() {
+        if self.is_stopping() || !self.inline {
             return Ok(Vec::new());
         }
-        let mut batch = Vec::new();
-        for pool in &self.pools {
-            if only.is_some_and(|names| !names.contains(&pool.name)) {
-                continue;
-            }
-            let reserved = pool.reserve(usize::MAX);
-            if reserved == 0 {
-                continue;
-            }
-            let tickets = match self.engine.claim_attempts(&pool.name, reserved) {
-                Ok(t) => t,
-                Err(e) => {
-                    pool.release(reserved);
-                    return Err(e);
-                }
-            };
-            pool.release(reserved - tickets.len());
-            batch.extend(tickets);
-        }
-        Ok(batch)
-    }
-
-    /// Earliest due time among pools that have a free slot.
-    fn next_wake(&self) -> Option<Millis> {
-        self.pools
+        let claims: Vec<(Arc<str>, usize)> = self
+            .pools
             .iter()
-            .filter(|p| p.in_flight() < p.concurrency)
-            .filter_map(|p| self.engine.next_due(&p.name))
-            .min()
-    }
-
-    fn has_free_slot(&self) -> bool {
-        self.pools.iter().any(|p| p.in_flight() < p.concurrency)
-    }
-
-    /// The scheduler loop. Returns when stopped or when the dispatcher is gone.
-    pub async fn run<D: BatchDispatcher>(self: Arc<Self>, dispatcher: D) {
-        let activity = self.engine.activity();
-        let schedules = self.engine.schedules_changed();
-        let clock = self.engine.clock().clone();
-        while !self.is_stopping() {
-            // Due schedules become runs first, so this pass can claim them;
-            // the next fire comes with it (a change after this wakes us).
-            let fire_at = self
-                .engine
-                .fire_due_schedules_then_next()
-                .ok()
-                .and_then(|(_, next)| next);
-            // Announce hunger before looking, so a start racing this check
-            // leaves a wake-up permit instead of being missed.
-            self.engine.set_hungry_pools(
-                self.pools
-                    .iter()
-                    .filter(|p| p.in_flight() < p.concurrency)
-                    .map(|p| p.name.clone())
-                    .collect(),
-            );
-            let batch = self.fill().unwrap_or_default();
-            if !batch.is_empty() {
-                let dispatched: Vec<(Arc<str>, RunId, u32)> = batch
-                    .iter()
-                    .map(|t| (t.run.pool.clone(), t.run.id, t.epoch))
-                    .collect();
-                if !dispatcher.dispatch(batch) {
-                    for (pool, id, epoch) in dispatched {
-                        let _ = self.engine.release_attempt(&id, epoch);
-                        if let Some(p) = self.pool(&pool) {
-                            p.release(1);
-                        }
-                    }
-                    break;
-                }
-                continue;
+            .filter(|p| only.is_none_or(|names| names.contains(&p.name)))
+            .map(|p| (p.name.clone(), p.reserve(usize::MAX)))
+            .filter(|c| c.1 > 0)
+            .collect();
+        if claims.is_empty() {
+            return Ok(Vec::new());
+        }
+        let tickets = match self.engine.settle(Vec::new(), &claims) {
+            Ok(s) => s.tickets,
+            Err(e) => {
+                self.release_unfilled(&claims, &[]);
+                return Err(e);
             }
-            let due_at = if self.has_free_slot() {
-                self.next_wake()
-            } else {
-                None
-            };
-            // A schedule fires on time even while every slot is busy.
-            let wake_at = match (due_at, fire_at) {
-                (Some(a), Some(b)) => Some(a.min(b)),
-                (a, b) => a.or(b),
-            };
-            let timer = async {
-                match wake_at {
-                    Some(t) => clock.sleep_until(t).await,
-                    None => std::future::pending::<()>().await,
-                }
-            };
-            tokio::select! {
-                _ = activity.notified() => {}
-                _ = schedules.notified() => {}
-                _ = timer => {}
-                _ = self.stop.notified() => break,
+        };
+        self.release_unfilled(&claims, &tickets);
+        Ok(tickets)
+    }
+
+    /// Gives back the reserved slots that found no run; whether a pool
+    /// found fewer than it wanted (nothing more is due there).
+    fn release_unfilled(&self, claims: &[(Arc<str>, usize)], tickets: &[AttemptTicket]) -> bool {
+        let mut short = false;
+        for (pool, n) in claims {
+            let got = tickets.iter().filter(|t| &t.run.pool == pool).count();
+            short |= got < *n;
+            if let Some(p) = self.pools.iter().find(|p| &p.name == pool) {
+                p.release(n.saturating_sub(got));
             }
         }
-        self.engine.set_worker_hungry(false);
+        short
     }
 
-    /// Records the outcomes of several attempts (`None` = the attempt ended
-    /// without one) and, unless stopping, claims into the slots they free,
-    /// all in one transaction ([`Engine::settle`]). `slot` is the
-    /// index of the attempt's pool in [`Worker::pools`]; an index out of
-    /// range frees no slot. Returns the new tickets, and the store's error
-    /// if the transaction failed (then nothing was applied or claimed).
+    /// Records the ends of attempts (`outcome: None` = ended without one:
+    /// canceled or released). `slot` is the index of the attempt's pool in
+    /// [`Worker::pools`]; an index out of range frees no slot.
+    ///
+    /// A store that settles inline applies them now and, unless stopping,
+    /// claims into the slots they free, all in one transaction; the new
+    /// tickets, and the store's error if the transaction failed (then
+    /// nothing was applied or claimed). A networked store queues them for
+    /// the loop's next transaction (no I/O here) and answers no ticket.
     pub fn report(
         &self,
         finished: Vec<(RunId, u32, Option<AttemptOutcome>, usize)>,
-    ) -> (Vec<AttemptTicket>, Option<crate::error::JobError>) {
+    ) -> (Vec<AttemptTicket>, Option<JobError>) {
+        if !self.inline {
+            let at = self.engine.now();
+            let n = finished.len();
+            if let Ok(mut d) = self.done.lock() {
+                d.extend(finished.into_iter().map(|(id, epoch, outcome, slot)| Done {
+                    // The run ended when its handler did, however late the
+                    // outcome reaches the store.
+                    end: AttemptEnd {
+                        id,
+                        epoch,
+                        outcome,
+                        ended_at: Some(at),
+                    },
+                    slot,
+                }));
+                self.unsaved.fetch_add(n, Ordering::SeqCst);
+            }
+            self.wake.notify_one();
+            return (Vec::new(), None);
+        }
         let stopping = self.is_stopping();
         let mut freed = vec![0usize; self.pools.len()];
-        let mut items = Vec::with_capacity(finished.len());
+        let mut ends = Vec::with_capacity(finished.len());
         for (id, epoch, outcome, slot) in finished {
             if let Some(n) = freed.get_mut(slot) {
                 *n += 1;
             }
-            items.push(AttemptEnd {
+            ends.push(AttemptEnd {
                 id,
                 epoch,
                 outcome,
@@ -263,7 +403,7 @@ impl<S: Store> Worker<S> {
                 .map(|(p, n)| (p.name.clone(), *n))
                 .collect()
         };
-        let (tickets, error) = match self.engine.settle(items, &claims) {
+        let (tickets, error) = match self.engine.settle(ends, &claims) {
             Ok(settled) => (settled.tickets, None),
             // Nothing was claimed: every freed slot is idle.
             Err(e) => (Vec::new(), Some(e)),
@@ -281,9 +421,9 @@ impl<S: Store> Worker<S> {
             }
             p.release(idle);
             if !stopping {
-                // The slot is free: a start wakes the scheduler from now on,
-                // and if a run of this pool falls due later, the scheduler
-                // re-arms its timer for it (no wake-up when there is none).
+                // The slot is free: a start wakes the loop from now on, and
+                // if a run of this pool falls due later, the loop re-arms
+                // its timer for it (no wake-up when there is none).
                 self.engine.set_worker_hungry(true);
                 if self.engine.next_due(&p.name).is_some() {
                     self.engine.wake_worker();
@@ -291,5 +431,480 @@ impl<S: Store> Worker<S> {
             }
         }
         (tickets, error)
+    }
+
+    fn record_error(&self, e: impl ToString) {
+        let message = e.to_string();
+        let notice = trouble_began(&self.trouble, |secs| {
+            if secs == 0 {
+                format!("the worker's database calls are failing (it keeps trying): {message}")
+            } else {
+                format!("the worker's database calls have been failing for {secs} s (it keeps trying): {message}")
+            }
+        });
+        if let Some(n) = notice {
+            self.notify(n);
+        }
+    }
+
+    /// A store call of the loop succeeded: ends a reported trouble.
+    fn record_success(&self) {
+        if let Some(ms) = trouble_ended(&self.trouble) {
+            self.notify(format!(
+                "the worker's database calls succeed again (after {ms} ms of failures)"
+            ));
+        }
+    }
+
+    fn notify(&self, message: String) {
+        let sink = self.notices.lock().ok().and_then(|n| n.clone());
+        if let Some(sink) = sink {
+            sink(message);
+        }
+    }
+
+    fn slot_freed(&self, slot: usize, id: &RunId) {
+        if let Some(p) = self.pools.get(slot) {
+            p.release(1);
+        }
+        if self.shared {
+            if let Ok(mut h) = self.held.lock() {
+                h.remove(id);
+            }
+        }
+    }
+
+    /// Runs `f` with the engine where the store's transactions run: here
+    /// (inline) or on a blocking thread.
+    async fn on_store<T: Send + 'static>(
+        &self,
+        f: impl FnOnce(&Engine<S>) -> T + Send + 'static,
+    ) -> Option<T> {
+        if self.inline {
+            return Some(f(&self.engine));
+        }
+        let engine = self.engine.clone();
+        tokio::task::spawn_blocking(move || f(&engine)).await.ok()
+    }
+
+    /// The loop. Returns once stopped and, for a networked store, once
+    /// every held attempt's end is stored.
+    pub async fn run<D: BatchDispatcher>(self: Arc<Self>, dispatcher: D) {
+        let dispatcher = Arc::new(dispatcher);
+        if let Ok(mut n) = self.notices.lock() {
+            let d = dispatcher.clone();
+            *n = Some(Arc::new(move |m| d.notice(m)));
+        }
+        let listening = Arc::new(AtomicBool::new(true));
+        let mut tasks = vec![tokio::spawn(self.clone().fire_schedules())];
+        if self.shared {
+            self.spawn_listener(listening.clone());
+            tasks.push(tokio::spawn(self.clone().maintain()));
+        }
+        let activity = self.engine.activity();
+        loop {
+            let stopping = self.is_stopping();
+            let active = self.settling.load(Ordering::SeqCst);
+            // An inline store's ends are stored by `report` itself.
+            if stopping
+                && (self.inline || (active == 0 && self.done_is_empty() && self.in_flight() == 0))
+            {
+                break;
+            }
+            let room = active < self.max_settles;
+            let batch: Vec<Done> = if room {
+                self.done
+                    .lock()
+                    .map(|mut d| std::mem::take(&mut *d))
+                    .unwrap_or_default()
+            } else {
+                Vec::new()
+            };
+            // Slots freed by this batch are claimable in the same transaction.
+            for d in &batch {
+                self.slot_freed(d.slot, &d.end.id);
+            }
+            let starved = self.starved.load(Ordering::SeqCst);
+            if !stopping {
+                // Announce hunger before claiming, so a start racing this
+                // claim leaves a wake-up permit instead of being missed.
+                self.engine.set_hungry_pools(self.free_pools());
+            }
+            let claims: Vec<(Arc<str>, usize)> = if stopping || starved || !room {
+                Vec::new()
+            } else {
+                self.pools
+                    .iter()
+                    .map(|p| (p.name.clone(), p.reserve(usize::MAX)))
+                    .filter(|c| c.1 > 0)
+                    .collect()
+            };
+            if batch.is_empty() && claims.is_empty() {
+                // Nothing to do until an end, a start (here or in another
+                // process), a due time, or the poll interval.
+                // Only a claim that came up short makes looking for the next
+                // due time worth a query (with every slot busy, or a settle
+                // backing off after a failure, there is nothing to look for).
+                let wait = if starved && !stopping {
+                    self.idle_wait().await
+                } else if self.shared {
+                    Some(Duration::from_millis(self.timings.poll_ms as u64))
+                } else {
+                    None
+                };
+                let timer = async {
+                    match wait {
+                        Some(w) => tokio::time::sleep(w).await,
+                        None => std::future::pending::<()>().await,
+                    }
+                };
+                let outside = tokio::select! {
+                    _ = self.wake.notified() => false,
+                    _ = self.external.notified() => true,
+                    _ = activity.notified() => true,
+                    _ = timer => true,
+                    _ = self.stop.notified() => false,
+                };
+                if outside {
+                    self.starved.store(false, Ordering::SeqCst);
+                }
+                continue;
+            }
+            self.settling.fetch_add(1, Ordering::SeqCst);
+            if self.inline {
+                self.clone().settle(dispatcher.clone(), batch, claims).await;
+            } else {
+                tokio::spawn(self.clone().settle(dispatcher.clone(), batch, claims));
+            }
+        }
+        listening.store(false, Ordering::SeqCst);
+        for t in tasks {
+            t.abort();
+        }
+        self.engine.set_worker_hungry(false);
+        // The sink holds the dispatcher (the JS callback): let it go with the
+        // loop, or a stopped worker would keep its orchestrator alive.
+        if let Ok(mut n) = self.notices.lock() {
+            *n = None;
+        }
+    }
+
+    /// One transaction: ends in, claims out, tickets to JS.
+    async fn settle<D: BatchDispatcher>(
+        self: Arc<Self>,
+        dispatcher: Arc<D>,
+        batch: Vec<Done>,
+        claims: Vec<(Arc<str>, usize)>,
+    ) {
+        // A copy: after a failed transaction the batch is tried again.
+        let ends: Vec<AttemptEnd> = batch.iter().map(|d| d.end.clone()).collect();
+        let claims_for_tx = claims.clone();
+        let result = self.on_store(move |e| e.settle(ends, &claims_for_tx)).await;
+        let tickets = match result {
+            Some(Ok(settled)) => {
+                self.unsaved.fetch_sub(batch.len(), Ordering::SeqCst);
+                self.settle_failures.store(0, Ordering::SeqCst);
+                self.record_success();
+                settled.tickets
+            }
+            failed => {
+                match failed {
+                    Some(Err(e)) => self.record_error(e),
+                    _ => self.record_error("a store transaction did not finish"),
+                }
+                // Nothing changed: give the reservations back and try the
+                // ends again shortly (their runs stay running and leased).
+                self.release_unfilled(&claims, &[]);
+                self.requeue(batch);
+                // Try again soon, then less and less often while it keeps
+                // failing (an unreachable database is not hammered).
+                let failures = self.settle_failures.fetch_add(1, Ordering::SeqCst);
+                let wait = backoff(Duration::from_millis(100), Duration::from_secs(2), failures);
+                tokio::time::sleep(wait).await;
+                self.settling.fetch_sub(1, Ordering::SeqCst);
+                self.wake.notify_one();
+                return;
+            }
+        };
+        if self.release_unfilled(&claims, &tickets) {
+            self.starved.store(true, Ordering::SeqCst);
+        }
+        if !tickets.is_empty() {
+            if self.shared {
+                if let Ok(mut h) = self.held.lock() {
+                    for t in &tickets {
+                        h.insert(t.run.id, t.epoch);
+                    }
+                }
+            }
+            let dispatched: Vec<(RunId, u32, Arc<str>)> = tickets
+                .iter()
+                .map(|t| (t.run.id, t.epoch, t.run.pool.clone()))
+                .collect();
+            if !dispatcher.dispatch(tickets) {
+                // JS is gone: hand the runs back.
+                self.stop();
+                for (id, epoch, pool) in dispatched {
+                    let _ = self.on_store(move |e| e.release_attempt(&id, epoch)).await;
+                    if let Some(slot) = self.pools.iter().position(|p| p.name == pool) {
+                        self.slot_freed(slot, &id);
+                    }
+                }
+            }
+        }
+        self.settling.fetch_sub(1, Ordering::SeqCst);
+        self.wake.notify_one();
+    }
+
+    fn done_is_empty(&self) -> bool {
+        self.done.lock().map(|d| d.is_empty()).unwrap_or(true)
+    }
+
+    fn requeue(&self, batch: Vec<Done>) {
+        for d in &batch {
+            if let Some(p) = self.pools.get(d.slot) {
+                // The slot is still taken until the end is stored.
+                p.reserve(1);
+            }
+            if self.shared {
+                if let Ok(mut h) = self.held.lock() {
+                    h.insert(d.end.id, d.end.epoch);
+                }
+            }
+        }
+        if let Ok(mut d) = self.done.lock() {
+            d.extend(batch);
+        }
+    }
+
+    /// How long to wait with nothing to do: until the earliest due run of a
+    /// pool with a free slot (`None`: none is waiting); a shared store at
+    /// most the poll interval.
+    async fn idle_wait(&self) -> Option<Duration> {
+        let poll = Duration::from_millis(self.timings.poll_ms as u64);
+        let pools = self.free_pools();
+        let due = self
+            .on_store(move |e| pools.iter().filter_map(|p| e.next_due(p)).min())
+            .await
+            .flatten();
+        let now = self.engine.now();
+        let until_due = match due {
+            // Due but not claimable by us (held by another process, or
+            // claimed meanwhile): look again soon.
+            Some(t) if t <= now => Some(Duration::from_millis(50)),
+            Some(t) => Some(Duration::from_millis((t - now) as u64)),
+            None => None,
+        };
+        if self.shared {
+            Some(until_due.map_or(poll, |d| d.min(poll)))
+        } else {
+            until_due
+        }
+    }
+
+    /// Starts the runs of due schedules, until aborted: at each next fire
+    /// (as stored), when a schedule changes here, and (a shared store) at
+    /// least every poll interval, for a schedule changed elsewhere. Any
+    /// number of processes may do this: a due schedule is locked by the
+    /// transaction that fires it and skipped by the others, so each
+    /// occurrence starts one run.
+    async fn fire_schedules(self: Arc<Self>) {
+        let changed = self.engine.schedules_changed();
+        let poll = Duration::from_millis(self.timings.poll_ms as u64);
+        let mut failures: u32 = 0;
+        let mut missing_table_told = false;
+        loop {
+            if self.is_stopping() {
+                return;
+            }
+            let r = self
+                .on_store(|e| e.fire_due_schedules_then_next().map(|(_, next)| next))
+                .await;
+            let wait = match r {
+                Some(Ok(next)) => {
+                    failures = 0;
+                    if let Some(ms) = trouble_ended(&self.schedule_trouble) {
+                        self.notify(format!(
+                            "the worker fires schedules again (after {ms} ms of failures)"
+                        ));
+                    }
+                    let now = self.engine.now();
+                    let until = match next {
+                        // Still due after firing: another process holds it
+                        // (firing it right now). Look again soon, not at once.
+                        Some(t) if t <= now => Some(Duration::from_millis(50)),
+                        Some(t) => Some(Duration::from_millis((t - now) as u64)),
+                        None => None,
+                    };
+                    if self.shared {
+                        Some(until.map_or(poll, |d| d.min(poll)))
+                    } else {
+                        until
+                    }
+                }
+                Some(Err(e)) if is_missing_schedule_table(&e) => {
+                    // A database migrated before schedules existed: nothing
+                    // to fire until `migrate()` adds the table. Say so once,
+                    // then keep looking, backing off, without repeating it.
+                    let first = trouble_began(&self.schedule_trouble, |_| String::new());
+                    if first.is_some() && !missing_table_told {
+                        missing_table_told = true;
+                        self.notify(
+                            "the worker fires no schedules: this database has no job_schedule table yet (run migrate())"
+                                .to_owned(),
+                        );
+                    }
+                    failures += 1;
+                    Some(backoff(
+                        Duration::from_millis(500),
+                        Duration::from_secs(10),
+                        failures - 1,
+                    ))
+                }
+                Some(Err(e)) => {
+                    let notice = trouble_began(&self.schedule_trouble, |secs| {
+                        if secs == 0 {
+                            format!("the worker cannot fire schedules (it keeps trying): {e}")
+                        } else {
+                            format!("the worker has not fired schedules for {secs} s (it keeps trying): {e}")
+                        }
+                    });
+                    if let Some(n) = notice {
+                        self.notify(n);
+                    }
+                    // Less and less often while it keeps failing (an
+                    // unreachable database is not hammered).
+                    failures += 1;
+                    Some(backoff(
+                        Duration::from_millis(500),
+                        Duration::from_secs(10),
+                        failures - 1,
+                    ))
+                }
+                None => Some(poll),
+            };
+            // A manual clock's `advanceTime` notifies `changed`.
+            let timer = async {
+                match wait {
+                    Some(w) => tokio::time::sleep(w).await,
+                    None => std::future::pending::<()>().await,
+                }
+            };
+            tokio::select! {
+                _ = changed.notified() => {}
+                _ = timer => {}
+            }
+        }
+    }
+
+    /// Heartbeat and sweeper (a shared store), until aborted.
+    async fn maintain(self: Arc<Self>) {
+        let every = Duration::from_millis((self.timings.lease_ms / 3).max(50) as u64);
+        let mut ticks: u64 = 0;
+        loop {
+            // Sweep first (a restarted process recovers what it lost).
+            if ticks.is_multiple_of(2) {
+                let lease = self.timings.lease_ms;
+                match self.on_store(move |e| sweep(e, lease)).await {
+                    Some(Err(e)) => self.record_error(&e),
+                    Some(Ok(_)) => self.record_success(),
+                    None => {}
+                }
+            }
+            tokio::time::sleep(every).await;
+            ticks += 1;
+            let held: Vec<(RunId, u32)> = self
+                .held
+                .lock()
+                .map(|h| h.iter().map(|(k, v)| (*k, *v)).collect())
+                .unwrap_or_default();
+            if !held.is_empty() {
+                let r = self
+                    .on_store(move |e| e.store().renew_leases(&held, e.now()))
+                    .await;
+                if let Some(Err(e)) = r {
+                    self.record_error(&e);
+                }
+            }
+        }
+    }
+
+    fn spawn_listener(&self, listening: Arc<AtomicBool>) {
+        let engine = self.engine.clone();
+        let wake = self.external.clone();
+        let spawned = std::thread::Builder::new()
+            .name("jobforge-listen".to_owned())
+            .spawn(move || {
+                let mut failures = 0;
+                while listening.load(Ordering::SeqCst) {
+                    let keep = || listening.load(Ordering::SeqCst);
+                    let notify = |stopped: Option<(RunId, Option<u32>)>| match stopped {
+                        // A run this process may be executing was canceled
+                        // elsewhere: fire its signal here.
+                        Some((id, epoch)) => engine.abort_local(id, epoch, AbortReason::Canceled),
+                        None => wake.notify_one(),
+                    };
+                    let began = std::time::Instant::now();
+                    if engine.store().listen(&keep, &notify).is_err() {
+                        // Lost the connection (or could not open one): polling
+                        // covers the gap. Reconnect at once-ish after a long
+                        // session, less and less often while it keeps failing.
+                        if began.elapsed() > Duration::from_secs(10) {
+                            failures = 0;
+                        }
+                        let wait =
+                            backoff(Duration::from_millis(500), Duration::from_secs(5), failures);
+                        failures += 1;
+                        std::thread::sleep(wait);
+                    }
+                }
+            });
+        if let Err(e) = spawned {
+            self.record_error(e);
+        }
+    }
+}
+
+/// Returns runs whose lease expired (their worker is gone) to `pending`.
+/// Returns how many.
+pub fn sweep<S: Store + Coordination>(engine: &Engine<S>, lease_ms: i64) -> Result<usize> {
+    let now = engine.now();
+    let expired = engine.store().expired_leases(now, lease_ms, 500)?;
+    let mut n = 0;
+    for (id, epoch) in expired {
+        if engine.release_attempt(&id, epoch)? {
+            n += 1;
+        }
+    }
+    if n > 0 {
+        engine.wake_worker();
+    }
+    Ok(n)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::backoff;
+    use std::time::Duration;
+
+    #[test]
+    fn backoff_doubles_up_to_its_cap_and_jitters_down_at_most_a_fifth() {
+        let first = Duration::from_millis(100);
+        let cap = Duration::from_secs(2);
+        for (failures, full) in [
+            (0, 100),
+            (1, 200),
+            (2, 400),
+            (4, 1600),
+            (5, 2000),
+            (40, 2000),
+        ] {
+            let full = Duration::from_millis(full);
+            let got = backoff(first, cap, failures);
+            assert!(
+                got <= full && got >= full - full / 5,
+                "{failures} failures: {got:?} for {full:?}"
+            );
+        }
     }
 }

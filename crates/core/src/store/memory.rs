@@ -699,6 +699,16 @@ impl MemoryState {
 /// A transaction on the memory store is the held lock.
 pub struct MemoryTx<'a>(MutexGuard<'a, MemoryState>);
 
+/// One process's store: nothing to lease, renew or listen for.
+impl super::Coordination for MemoryStore {}
+
+/// No schema, nothing held beyond this process's definitions.
+impl super::StoreAdmin for MemoryStore {
+    fn resident_runs(&self) -> Option<usize> {
+        Some(self.live_runs())
+    }
+}
+
 impl Store for MemoryStore {
     type Tx<'a> = MemoryTx<'a>;
 

@@ -61,6 +61,81 @@ pub trait Store: Send + Sync + 'static {
     }
 }
 
+/// How a store's runs are shared with other processes, and what that means
+/// for a worker (see `worker.rs`). The in-memory store belongs to one
+/// process: the defaults. A networked store is shared: a worker leases what
+/// it claims, renews its leases, returns runs whose lease expired (their
+/// worker died) and hears of other processes' changes.
+pub trait Coordination {
+    /// Other processes may claim and change this store's runs.
+    fn shared(&self) -> bool {
+        false
+    }
+
+    /// Transactions are cheap enough to run on the caller's thread (the JS
+    /// thread included); otherwise they run on blocking threads.
+    fn inline(&self) -> bool {
+        true
+    }
+
+    /// Connections the store may hold (bounds transactions in flight).
+    fn connections(&self) -> usize {
+        1
+    }
+
+    /// Renews the leases of running attempts this process holds. Returns
+    /// how many were renewed.
+    fn renew_leases(&self, _runs: &[(RunId, u32)], _now: Millis) -> Result<u64> {
+        Ok(0)
+    }
+
+    /// Running attempts whose lease is older than `lease_ms`: `(id, epoch)`,
+    /// at most `limit`.
+    fn expired_leases(
+        &self,
+        _now: Millis,
+        _lease_ms: i64,
+        _limit: i64,
+    ) -> Result<Vec<(RunId, u32)>> {
+        Ok(Vec::new())
+    }
+
+    /// Blocks the calling thread, telling `on_change` of other processes'
+    /// changes until `keep_going` returns false: `None` for "something may
+    /// be claimable", a run and its claim epoch when a running run was
+    /// canceled (so the process executing it can fire its signal). A store
+    /// no one shares has nothing to tell and returns at once.
+    fn listen(
+        &self,
+        _keep_going: &dyn Fn() -> bool,
+        _on_change: &dyn Fn(Option<(RunId, Option<u32>)>),
+    ) -> Result<()> {
+        Ok(())
+    }
+}
+
+/// What an operator does to a store beside its runs.
+pub trait StoreAdmin {
+    /// Creates or upgrades the schema (idempotent).
+    fn migrate(&self) -> Result<()> {
+        Ok(())
+    }
+
+    /// Job types the store has definitions of, this process's or not.
+    fn stored_job_types(&self) -> Result<Vec<String>> {
+        Ok(Vec::new())
+    }
+
+    /// Lets idle connections go (they reopen on demand).
+    fn close(&self) {}
+
+    /// Runs the store holds in this process's memory (`None`: it holds
+    /// them elsewhere), so the binding can tell V8 what an engine weighs.
+    fn resident_runs(&self) -> Option<usize> {
+        None
+    }
+}
+
 /// Tenant + key identity used by lanes and dedupe. In single-tenant mode
 /// the tenant is always `None`.
 pub type TenantRef<'a> = Option<&'a str>;

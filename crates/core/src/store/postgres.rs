@@ -897,6 +897,52 @@ impl PgStore {
     }
 }
 
+/// Shared by every process on the database: leases, renewals and
+/// `LISTEN`/`NOTIFY` (see the methods they call).
+impl super::Coordination for PgStore {
+    fn shared(&self) -> bool {
+        true
+    }
+
+    fn inline(&self) -> bool {
+        false
+    }
+
+    fn connections(&self) -> usize {
+        self.config.max_connections
+    }
+
+    fn renew_leases(&self, runs: &[(RunId, u32)], now: Millis) -> Result<u64> {
+        self.heartbeat(runs, now)
+    }
+
+    fn expired_leases(&self, now: Millis, lease_ms: i64, limit: i64) -> Result<Vec<(RunId, u32)>> {
+        PgStore::expired_leases(self, now, lease_ms, limit)
+    }
+
+    fn listen(
+        &self,
+        keep_going: &dyn Fn() -> bool,
+        on_change: &dyn Fn(Option<(RunId, Option<u32>)>),
+    ) -> Result<()> {
+        PgStore::listen(self, keep_going, on_change)
+    }
+}
+
+impl super::StoreAdmin for PgStore {
+    fn migrate(&self) -> Result<()> {
+        PgStore::migrate(self)
+    }
+
+    fn stored_job_types(&self) -> Result<Vec<String>> {
+        PgStore::stored_job_types(self)
+    }
+
+    fn close(&self) {
+        PgStore::close(self)
+    }
+}
+
 impl Store for PgStore {
     type Tx<'a> = PgTx<'a>;
 

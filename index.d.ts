@@ -36,8 +36,23 @@ export declare class NativeEngine {
   watchRun(runId: string, on: boolean): void
   /** Engine time in epoch ms. */
   now(): number
-  /** Moves a manual clock; returns the new time, or null on the system clock. */
+  /**
+   * Moves a manual clock; returns the new time, or null on the system
+   * clock. A store whose transactions run inline applies the timeouts
+   * that fell due at once (their notices wait to be taken); otherwise
+   * the engine's timer does, woken by the move.
+   */
   advanceTime(ms: number): number | null
+  /**
+   * The handler of a worker's attempt started: its run's timeout counts
+   * from now (the engine's timer enforces it). No I/O.
+   */
+  attemptStarted(runId: string, epoch: number): void
+  /**
+   * The handler of an attempt with a timeout settled: the timer stops
+   * (its outcome follows). No I/O.
+   */
+  attemptSettled(runId: string, epoch: number): void
   /**
    * `count` (at most 4096) fresh run ids (UUID v4), concatenated: JS
    * hands them out to starts it answers itself.

@@ -1,10 +1,10 @@
 //! The threadsafe-function bridge: how the engine reaches JS. Two weak
 //! threadsafe functions per engine (so an idle engine never keeps Node
 //! alive), both fire-and-forget, never blocking the JS thread:
-//! - `onNotice`: aborts to fire and run events are queued in [`Notices`];
-//!   JS drains them with `takeNotices` right after the native call that
-//!   raised them, and this function nudges it for notices raised on the
-//!   engine's own threads;
+//! - `onNotice`: aborts to fire, run events and "timeouts are due" are
+//!   queued in [`Notices`]; JS drains them with `takeNotices` right after
+//!   the native call that raised them, and this function nudges it for
+//!   notices raised on the engine's own threads;
 //! - `onBatch`: a worker's claimed attempts, as tickets one per line
 //!   (`wire::ticket_text`), or a `!` line with a notice for the operator.
 //!   JS runs the handlers and reports the outcomes with `workerReport`.
@@ -28,6 +28,8 @@ pub type JsFn = ThreadsafeFunction<String, UnknownReturnValue, String, Status, f
 pub struct Notices {
     aborts: Vec<(RunId, Option<u32>, AbortReason)>,
     events: Vec<String>,
+    /// Attempt timeouts are due: JS calls `expireAttempts` on its turn.
+    expire: bool,
 }
 
 pub type NoticeQueue = Arc<Mutex<Notices>>;
@@ -35,16 +37,20 @@ pub type NoticeQueue = Arc<Mutex<Notices>>;
 /// Drains queued notices as `wire::notices_text`; `None` when there are none.
 pub fn take_notices(q: &NoticeQueue) -> Option<String> {
     let taken = std::mem::take(&mut *q.lock().ok()?);
-    if taken.aborts.is_empty() && taken.events.is_empty() {
+    if taken.aborts.is_empty() && taken.events.is_empty() && !taken.expire {
         return None;
     }
-    Some(wire::notices_text(&taken.aborts, &taken.events))
+    Some(wire::notices_text(
+        &taken.aborts,
+        &taken.events,
+        taken.expire,
+    ))
 }
 
 /// Whether notices wait to be taken (saves JS a call when there are none).
 pub fn has_notices(q: &NoticeQueue) -> bool {
     q.lock()
-        .map(|p| !p.aborts.is_empty() || !p.events.is_empty())
+        .map(|p| !p.aborts.is_empty() || !p.events.is_empty() || p.expire)
         .unwrap_or(false)
 }
 
@@ -83,6 +89,13 @@ impl EngineObserver for JsObserver {
     fn run_events(&self, rows: Vec<RunRow>) {
         if let Ok(mut p) = self.queue.lock() {
             p.events.extend(rows.iter().map(|r| r.to_compact_json()));
+        }
+        self.nudge();
+    }
+
+    fn timeouts_due(&self) {
+        if let Ok(mut p) = self.queue.lock() {
+            p.expire = true;
         }
         self.nudge();
     }

@@ -7,7 +7,7 @@
 use crate::bridge::{self, JsBatch, JsFn, JsObserver, NoticeQueue};
 use crate::ops::{self, AnyStore};
 use crate::wire::{self, invalid, to_napi, Result};
-use jobforge_core::engine::{AttemptEnd, Retention};
+use jobforge_core::engine::{run_timeouts, AttemptEnd, Retention};
 use jobforge_core::store::postgres::{PgConfig, PgStore};
 use jobforge_core::worker::{Worker, WorkerTimings};
 use jobforge_core::{
@@ -261,10 +261,37 @@ impl NativeEngine {
         hosted!(self, h => h.engine.now() as f64)
     }
 
-    /// Moves a manual clock; returns the new time, or null on the system clock.
+    /// Moves a manual clock; returns the new time, or null on the system
+    /// clock. A store whose transactions run inline applies the timeouts
+    /// that fell due at once (their notices wait to be taken); otherwise
+    /// the engine's timer does, woken by the move.
     #[napi(catch_unwind)]
-    pub fn advance_time(&self, ms: f64) -> Option<f64> {
-        hosted!(self, h => h.engine.advance_time(ms as i64).map(|t| t as f64))
+    pub fn advance_time(&self, ms: f64) -> Result<Option<f64>> {
+        hosted!(self, h => {
+            let t = h.engine.advance_time(ms as i64);
+            if t.is_some() && h.engine.store().inline() {
+                h.engine.expire_attempts().map_err(to_napi)?;
+            }
+            Ok(t.map(|t| t as f64))
+        })
+    }
+
+    /// The handler of a worker's attempt started: its run's timeout counts
+    /// from now (the engine's timer enforces it). No I/O.
+    #[napi(catch_unwind)]
+    pub fn attempt_started(&self, run_id: String, epoch: u32) {
+        if let Ok(id) = run_id.parse::<RunId>() {
+            hosted!(self, h => h.engine.attempt_started(&id, epoch));
+        }
+    }
+
+    /// The handler of an attempt with a timeout settled: the timer stops
+    /// (its outcome follows). No I/O.
+    #[napi(catch_unwind)]
+    pub fn attempt_settled(&self, run_id: String, epoch: u32) {
+        if let Ok(id) = run_id.parse::<RunId>() {
+            hosted!(self, h => h.engine.attempt_settled(&id, epoch));
+        }
     }
 
     /// `count` (at most 4096) fresh run ids (UUID v4), concatenated: JS
@@ -405,6 +432,8 @@ impl<S: AnyStore> Hosted<S> {
         notices: &NoticeQueue,
     ) -> Self {
         let engine = Arc::new(Engine::new(store, opts));
+        // The engine's timer for attempt timeouts (it ends with the engine).
+        napi::bindgen_prelude::spawn(run_timeouts(Arc::downgrade(&engine)));
         engine.set_observer(Arc::new(JsObserver {
             on_notice,
             queue: notices.clone(),

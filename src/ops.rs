@@ -55,6 +55,7 @@ operations!(
     finish_attempt,
     attempt_live,
     release_attempt,
+    expire_attempts,
     step_begin,
     step_complete,
     step_fail,
@@ -281,6 +282,12 @@ fn release_attempt<S: AnyStore>(e: &Engine<S>, req: &str) -> Result<String> {
     Ok(e.release_attempt(&id, r.epoch)
         .map_err(to_napi)?
         .to_string())
+}
+
+/// Applies the attempt timeouts that are due (the engine's timer asked
+/// for it, see `engine/timeouts.rs`); how many runs it changed.
+fn expire_attempts<S: AnyStore>(e: &Engine<S>, _req: &str) -> Result<String> {
+    Ok(e.expire_attempts().map_err(to_napi)?.to_string())
 }
 
 // ── steps ──────────────────────────────────────────────────────────────

@@ -372,7 +372,8 @@ pub fn parse_start_line(line: &str) -> std::result::Result<PlainStart<'_>, Strin
 // ── attempts ───────────────────────────────────────────────────────────
 
 /// An attempt ticket for JS: `header \0 input \0 row`. The header is
-/// `<id><epoch>,<timeoutMs or nothing>,` then the job type and the pool,
+/// `<id><epoch>,<timeoutMs or nothing>,` (the engine enforces the timeout;
+/// JS keeps a `tick` alive for it) then the job type and the pool,
 /// each as `<UTF-16 length>:<text>`, so any character may appear in them.
 /// Input and row are JSON, in which serde_json escapes NUL, so the
 /// separators are unambiguous. The row is left empty unless `with_row`:
@@ -427,15 +428,16 @@ struct OutcomeError {
     code: Option<String>,
 }
 
-/// The outcome JSON a handler's attempt ends with (`outcomeText` in TS).
-/// `output` stays raw text so the handler's key order is kept.
+/// The outcome JSON a handler's attempt ends with (`outcomeOf` and
+/// `failedOutcome` in TS): completed, failed or no handler. (A timeout is
+/// never JS's to report: the engine's timer decides it.) `output` stays
+/// raw text so the handler's key order is kept.
 #[derive(Deserialize)]
 #[serde(rename_all = "camelCase")]
 struct OutcomeWire {
     status: String,
     output: Option<Box<RawValue>>,
     error: Option<OutcomeError>,
-    timeout_ms: Option<i64>,
 }
 
 /// What a handler that returns nothing reports (most do).
@@ -457,9 +459,6 @@ pub fn parse_outcome(text: &str) -> AttemptOutcome {
     match wire.status.as_str() {
         "completed" => AttemptOutcome::Completed(wire.output.filter(|o| o.get() != "null")),
         "no_handler" => AttemptOutcome::NoHandler,
-        "timed_out" => AttemptOutcome::TimedOut {
-            timeout_ms: wire.timeout_ms.unwrap_or(0),
-        },
         _ => {
             let e = wire.error;
             AttemptOutcome::Failed(FailureInfo {
@@ -550,8 +549,12 @@ pub fn push_lines(out: &mut String, lines: &[String]) {
     }
 }
 
-/// `{"aborts":[{"runId","epoch"?,"reason"}],"events":[row…]}`.
-pub fn notices_text(aborts: &[(RunId, Option<u32>, AbortReason)], events: &[String]) -> String {
+/// `{"aborts":[{"runId","epoch"?,"reason"}],"events":[row…],"expire":bool}`.
+pub fn notices_text(
+    aborts: &[(RunId, Option<u32>, AbortReason)],
+    events: &[String],
+    expire: bool,
+) -> String {
     let aborts: Vec<Value> = aborts
         .iter()
         .map(|(id, epoch, r)| match epoch {
@@ -560,7 +563,7 @@ pub fn notices_text(aborts: &[(RunId, Option<u32>, AbortReason)], events: &[Stri
         })
         .collect();
     format!(
-        "{{\"aborts\":{},\"events\":[{}]}}",
+        "{{\"aborts\":{},\"events\":[{}],\"expire\":{expire}}}",
         Value::Array(aborts),
         events.join(",")
     )
@@ -776,9 +779,10 @@ mod tests {
             panic!("expected an output");
         };
         assert_eq!(o.get(), r#"{"b":1,"a":2}"#, "key order kept");
+        // Only the engine times a run out.
         assert!(matches!(
             parse_outcome(r#"{"status":"timed_out","timeoutMs":5}"#),
-            AttemptOutcome::TimedOut { timeout_ms: 5 }
+            AttemptOutcome::Failed(_)
         ));
         assert!(matches!(
             parse_outcome(r#"{"status":"no_handler"}"#),

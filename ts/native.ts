@@ -18,7 +18,7 @@ export type NativeEngine = import('../index').NativeEngine;
 /** The engine's operations this build calls (`ops.rs`'s list). */
 const OP_NAMES = [
   'migrate', 'storedJobTypes', 'register', 'definition', 'start', 'startPreflight', 'cancel', 'replay',
-  'claimNext', 'beginAttempt', 'finishAttempt', 'attemptLive', 'releaseAttempt', 'stepBegin', 'stepComplete',
+  'claimNext', 'beginAttempt', 'finishAttempt', 'attemptLive', 'releaseAttempt', 'expireAttempts', 'stepBegin', 'stepComplete',
   'stepFail', 'findById', 'listSteps', 'findStep', 'recordStep', 'listForScope', 'cancelForScope',
   'rescheduleForScope', 'countByPoolAndStatus', 'listRecentFailed', 'listJobRuns', 'getRunTree', 'putSchedule',
   'removeSchedule', 'listSchedules', 'fireDueSchedules',

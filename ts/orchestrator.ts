@@ -366,21 +366,27 @@ export class JobOrchestrator<Jobs extends object = AnyJobs> {
 
   /**
    * Executes one claimed (`running`) run: the engine opens the attempt, the
-   * handler runs here on the JS thread (racing its timeout and a cancel),
-   * and the engine applies the outcome (completion, retry, failure,
-   * cascade).
+   * handler runs here on the JS thread, and the engine applies the outcome
+   * (completion, retry, failure, cascade). A cancel or the run's timeout
+   * (the engine's timer) ends it at once.
    */
   tick(runId: string): Promise<void> {
     return this.whenReady(async () => {
       if (typeof runId !== 'string') throw new JobInputInvalidError('runId must be a string');
       const ticket = await this.store.beginAttempt(runId);
       const attempt = this.attempts.begin(ticket.id, ticket.epoch);
+      // The engine's timer will end a run with a timeout, and its notice
+      // must find the process alive (a worker keeps it alive by itself).
+      const keepAlive = ticket.timeoutMs === null ? null : setInterval(() => undefined, 0x7fffffff);
       try {
         const outcome = await this.executor.outcome(ticket, attempt);
-        if (outcome === null) return; // canceled meanwhile: nothing to apply
-        const applied = await this.store.finishAttempt(ticket.id, ticket.epoch, outcome.text);
-        if (applied && outcome.status === 'timed_out') attempt.abort('timed_out');
+        // Canceled or timed out meanwhile: the engine has applied that.
+        if (outcome === null) return;
+        // Settled in time: storing the outcome may take a round trip, the timeout must not.
+        if (ticket.timeoutMs !== null) this.store.attemptSettled(ticket.id, ticket.epoch);
+        await this.store.finishAttempt(ticket.id, ticket.epoch, outcome.text);
       } finally {
+        if (keepAlive !== null) clearInterval(keepAlive);
         this.attempts.end(ticket.id, attempt);
       }
     });

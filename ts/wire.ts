@@ -264,6 +264,8 @@ export function decodeNativeError(err: unknown): unknown {
 export interface Notices {
   aborts: { runId: string; epoch?: number; reason: string }[];
   events: RunTuple[];
+  /** Attempt timeouts are due: apply them (`expireAttempts`) on this turn. */
+  expire: boolean;
 }
 
 export function parseNotices(json: string): Notices {
@@ -274,7 +276,7 @@ export function parseNotices(json: string): Notices {
 
 /** An attempt's outcome as the engine reads it (JSON text), and its kind. */
 export interface Outcome {
-  status: 'completed' | 'failed' | 'timed_out' | 'no_handler';
+  status: 'completed' | 'failed' | 'no_handler';
   text: string;
 }
 
@@ -317,11 +319,6 @@ export const failedOutcome = (err: unknown): Outcome => ({
 export const NO_HANDLER: Outcome = { status: 'no_handler', text: '{"status":"no_handler"}' };
 /** `COMPLETED_EMPTY` in Rust: what most handlers end with. */
 export const COMPLETED_EMPTY: Outcome = { status: 'completed', text: '{"status":"completed","output":{}}' };
-
-export const timedOutOutcome = (timeoutMs: number): Outcome => ({
-  status: 'timed_out',
-  text: `{"status":"timed_out","timeoutMs":${timeoutMs}}`,
-});
 
 /** The outcome of a handler that returned (or resolved with) `value`. */
 export function outcomeOf(value: unknown): Outcome {

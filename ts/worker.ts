@@ -47,7 +47,6 @@ const WORKER_SLICE_MS = 5;
 interface Ended {
   ticket: Ticket;
   attempt: Attempt;
-  timedOut: boolean;
 }
 
 export class WorkerRuntime implements WorkerLink {
@@ -179,8 +178,8 @@ export class WorkerRuntime implements WorkerLink {
   /**
    * Executes one ticket. Its outcome is queued and reported together with
    * the others that end in the same turn of the microtask queue. A cancel,
-   * a timeout or a stop ends the attempt at once; whatever the handler
-   * does later is ignored.
+   * the engine's timeout or a stop ends the attempt at once; whatever the
+   * handler does later is ignored.
    */
   private execute(ticket: Ticket, checkLive: boolean): void {
     const { id, epoch } = ticket;
@@ -189,10 +188,14 @@ export class WorkerRuntime implements WorkerLink {
     attempt.worker = this;
     this.executing++;
     if (checkLive && !this.backend.liveNow(id, epoch)) return this.ended(ticket, attempt, null);
+    // The run's timeout counts from here (the engine's timer enforces it).
+    if (ticket.timeoutMs !== null) this.backend.attemptStarted(id, epoch);
     this.executor.run(ticket, attempt, (outcome) => this.ended(ticket, attempt, outcome));
   }
 
   private ended(ticket: Ticket, attempt: Attempt, outcome: Outcome | null): void {
+    // Settled in time: the report below may wait a few turns, the timeout must not.
+    if (outcome !== null && ticket.timeoutMs !== null) this.backend.attemptSettled(ticket.id, ticket.epoch);
     if (attempt.worker === this) {
       attempt.worker = undefined;
       this.executing--;
@@ -200,7 +203,7 @@ export class WorkerRuntime implements WorkerLink {
     // Put back to pending by stop(): its outcome is dropped.
     if (this.releasedRuns.size > 0 && this.releasedRuns.delete(ticket.id)) outcome = null;
     this.reportText += reportLine(ticket.id, ticket.epoch, this.slotOf.get(ticket.pool) ?? -1, outcome);
-    this.reportItems.push({ ticket, attempt, timedOut: outcome !== null && outcome.status === 'timed_out' });
+    this.reportItems.push({ ticket, attempt });
     if (!this.reportArmed) {
       this.reportArmed = true;
       this.reportTurns = REPORT_TURNS;
@@ -245,9 +248,6 @@ export class WorkerRuntime implements WorkerLink {
         this.logger.error('jobforge: recording worker outcomes failed', e);
       }
       for (const it of items) {
-        // After the outcome is recorded, so the handler sees its signal
-        // fire only once the run is timed out.
-        if (it.timedOut) it.attempt.abort('timed_out');
         this.attempts.end(it.ticket.id, it.attempt);
         this.leave(it.ticket.pool);
       }

@@ -126,6 +126,10 @@ export interface Backend extends StepStore {
   workerInFlight(): number;
   /** Whether a ticket that crossed threads is still its run's current attempt (a store that cannot tell at once: true). */
   liveNow(runId: string, epoch: number): boolean;
+  /** A worker attempt's handler starts: its run's timeout counts from now (no I/O). */
+  attemptStarted(runId: string, epoch: number): void;
+  /** An attempt's handler settled in time: the timeout stops before its outcome is stored (no I/O). */
+  attemptSettled(runId: string, epoch: number): void;
 }
 
 /**
@@ -170,7 +174,14 @@ export abstract class NativeBackend implements Partial<Backend> {
   drainNotices(): void {
     if (!this.sink.wanted()) return;
     const json = this.native.takeNotices();
-    if (json !== null) this.sink.deliver(parseNotices(json));
+    if (json === null) return;
+    const notices = parseNotices(json);
+    this.sink.deliver(notices);
+    // The engine's timer found timeouts due. Applied on this turn of the
+    // event loop: a handler whose result was already queued settled first.
+    if (notices.expire) {
+      void this.mutate('expireAttempts', '{}', () => undefined).catch(() => undefined);
+    }
   }
 
   protected callNative(op: OpName, req: string): string {
@@ -182,7 +193,15 @@ export abstract class NativeBackend implements Partial<Backend> {
   }
 
   advanceTime(ms: number): number | null {
-    return this.native.advanceTime(ms);
+    let t: number | null;
+    try {
+      t = this.native.advanceTime(ms);
+    } catch (e) {
+      throw decodeNativeError(e);
+    }
+    // Timeouts that fell due were applied: their aborts go out now.
+    this.drainNotices();
+    return t;
   }
 
   setEvents(on: boolean): void {
@@ -191,6 +210,14 @@ export abstract class NativeBackend implements Partial<Backend> {
 
   watchRun(runId: string, on: boolean): void {
     this.native.watchRun(runId, on);
+  }
+
+  attemptStarted(runId: string, epoch: number): void {
+    this.native.attemptStarted(runId, epoch);
+  }
+
+  attemptSettled(runId: string, epoch: number): void {
+    this.native.attemptSettled(runId, epoch);
   }
 
   migrate(): Promise<void> {

@@ -1,14 +1,15 @@
 /**
  * Runs one attempt's handler: builds its `ctx`, calls the registered
  * handler (class, function or object), and turns what it does into the
- * attempt's outcome, racing the run's `timeoutMs` and an abort (cancel,
- * timeout, shutdown). Every path that executes an attempt comes here:
- * `tick` and both workers.
+ * attempt's outcome, racing an abort (a cancel, the engine's timeout, a
+ * shutdown). Every path that executes an attempt comes here: `tick` and
+ * the worker. The run's `timeoutMs` is the engine's to enforce: it times
+ * the run out and the abort arrives as a notice.
  */
 import type { HandlerRegistration } from '../handler';
 import type { JobContext } from '../handler';
 import { isClass } from '../validate';
-import { failedOutcome, NO_HANDLER, outcomeOf, timedOutOutcome, type Outcome, type Ticket } from '../wire';
+import { failedOutcome, NO_HANDLER, outcomeOf, type Outcome, type Ticket } from '../wire';
 import type { Attempt } from './attempt';
 import { RunContext, type ContextHost } from './context';
 
@@ -25,22 +26,14 @@ export class Executor {
    */
   run(ticket: Ticket, attempt: Attempt, done: (outcome: Outcome | null) => void): void {
     let settled = false;
-    let timer: { cancel(): void } | null = null;
     // Also the abort hook: called with no argument, the attempt has no outcome.
     const settle = (outcome?: Outcome | null): void => {
       if (settled) return;
       settled = true;
       attempt.onAbort = undefined;
-      if (timer !== null) timer.cancel();
       done(outcome ?? null);
     };
     attempt.onAbort = settle;
-    const { timeoutMs } = ticket;
-    if (timeoutMs !== null) {
-      const t = this.host.clock.sleep(timeoutMs);
-      timer = t;
-      void t.promise.then(() => settle(timedOutOutcome(timeoutMs)));
-    }
     const reg = this.handlers.get(ticket.jobType);
     if (!reg) return settle(NO_HANDLER);
     let result: unknown;

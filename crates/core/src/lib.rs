@@ -43,8 +43,7 @@ pub mod worker;
 
 pub use clock::{Clock, ClockKind};
 pub use engine::{
-    AttemptEnd, AttemptTicket, Engine, EngineObserver, EngineOptions, HandlerExecutor, Settled,
-    StepBegin,
+    AttemptEnd, AttemptTicket, Engine, EngineObserver, EngineOptions, Settled, StepBegin,
 };
 pub use error::{JobError, Result};
 pub use model::*;

@@ -1,9 +1,8 @@
 //! Engine rules through the public Rust API (no JS involved).
 
-use jobforge_core::engine::{AttemptTicket, HandlerExecutor, StepBegin};
+use jobforge_core::engine::StepBegin;
 use jobforge_core::*;
 use serde_json::value::RawValue;
-use std::sync::Mutex;
 
 fn engine(multi_tenant: bool) -> Engine<MemoryStore> {
     Engine::new(
@@ -368,53 +367,58 @@ fn errors_leave_nothing_behind() {
     assert!(e.definition("bad").is_none());
 }
 
-struct Scripted(Mutex<Vec<AttemptOutcome>>);
-
-impl HandlerExecutor for Scripted {
-    async fn execute(&self, _t: &AttemptTicket) -> AttemptOutcome {
-        let next = self.0.lock().unwrap().pop();
-        match next {
-            Some(o) => o,
-            None => std::future::pending().await,
-        }
-    }
-}
-
-#[tokio::test]
-async fn tick_applies_outcomes_and_times_out_on_the_engine_clock() {
+#[test]
+fn attempts_apply_outcomes_and_time_out_on_the_engine_clock() {
     let e = engine(false);
     let mut s = spec("t");
     s.timeout_ms = Some(50);
     e.register(s).unwrap();
     let run = e.start(req("t", "{}")).unwrap();
     let c = e.claim_next("batch").unwrap().unwrap();
-    let never = Scripted(Mutex::new(vec![]));
     let id = c.id.to_string();
-    let tick = e.tick(&id, &never);
-    let advance = async {
-        tokio::task::yield_now().await;
-        e.advance_time(50);
-    };
-    let (res, _) = tokio::join!(tick, advance);
-    res.unwrap();
+    let ticket = e.begin_attempt(&id).unwrap();
+    assert_eq!(ticket.timeout_ms, Some(50));
+    assert_eq!(e.next_timeout(), Some(e.now() + 50));
+    e.advance_time(49);
+    assert_eq!(e.expire_attempts().unwrap(), 0, "not due yet");
+    e.advance_time(1);
+    assert_eq!(e.expire_attempts().unwrap(), 1);
     let row = e.find_by_id(&id, &TenantArg::Missing).unwrap().unwrap();
     assert_eq!(row.status, RunStatus::TimedOut);
     assert_eq!(row.id, run.id);
+    assert_eq!(
+        e.next_timeout(),
+        None,
+        "the ended attempt has no deadline left"
+    );
+    // The handler's late outcome is ignored.
+    let late = e
+        .finish_attempt(&row.id, ticket.epoch, AttemptOutcome::Completed(None))
+        .unwrap();
+    assert!(late.is_none());
 
     let run = e.start(req("t", "{}")).unwrap();
     e.claim_next("batch").unwrap();
-    let ok = Scripted(Mutex::new(vec![AttemptOutcome::Completed(Some(raw(
-        r#"{"a":1}"#,
-    )))]));
-    e.tick(&run.id.to_string(), &ok).await.unwrap();
+    let ticket = e.begin_attempt(&run.id.to_string()).unwrap();
+    e.finish_attempt(
+        &run.id,
+        ticket.epoch,
+        AttemptOutcome::Completed(Some(raw(r#"{"a":1}"#))),
+    )
+    .unwrap();
     let row = e
         .find_by_id(&run.id.to_string(), &TenantArg::Missing)
         .unwrap()
         .unwrap();
     assert_eq!(row.status, RunStatus::Completed);
     assert_eq!(row.output().unwrap().get(), r#"{"a":1}"#);
+    assert_eq!(
+        e.next_timeout(),
+        None,
+        "a completed attempt's deadline is gone"
+    );
     assert!(matches!(
-        e.tick(&run.id.to_string(), &ok).await,
+        e.begin_attempt(&run.id.to_string()),
         Err(JobError::JobRunState { .. })
     ));
 }

@@ -1,24 +1,16 @@
 //! Claims and attempts: claiming runs, opening an attempt, applying
 //! outcomes (`settle` for a worker's batch, `finish_attempt` for one; both
-//! through `finish_in`, the one place that decides what an outcome does),
-//! releasing an attempt, and `tick`, which runs one through an executor.
+//! through `finish_in`, the one place that decides what an outcome does)
+//! and releasing an attempt.
 
-use super::{parse_run_id, Effects, Engine, InFlight};
+use super::{parse_run_id, Effects, Engine};
 use crate::clock::clamp_time;
 use crate::error::{JobError, Result};
 use crate::model::*;
 use crate::store::{Store, StoreTx};
-use std::future::Future;
 use std::sync::Arc;
-use tokio::sync::Notify;
 
-/// Runs a handler for one attempt. Implemented by the binding (a
-/// threadsafe-function call into JS) and by tests.
-pub trait HandlerExecutor: Send + Sync {
-    fn execute(&self, ticket: &AttemptTicket) -> impl Future<Output = AttemptOutcome> + Send;
-}
-
-/// What `tick` hands the executor.
+/// An attempt as it is handed to whoever runs its handler.
 #[derive(Debug, Clone)]
 pub struct AttemptTicket {
     pub run: RunRow,
@@ -113,11 +105,13 @@ impl<S: Store> Engine<S> {
             return Ok(Vec::new());
         }
         let now = self.now();
-        self.write(|tx| {
+        let tickets = self.write(|tx| {
             let mut out = Vec::new();
             Self::claim_into(tx, pool, max, now, &mut out);
             Ok(out)
-        })
+        })?;
+        self.open_attempts(&tickets, now, false);
+        Ok(tickets)
     }
 
     /// Claims up to `max` due runs of `pool` with their attempts opened,
@@ -184,24 +178,8 @@ impl<S: Store> Engine<S> {
             });
             ticket.ok_or_else(not_found)
         })?;
-        if let Ok(mut m) = self.in_flight.lock() {
-            m.insert(
-                id,
-                InFlight {
-                    epoch: ticket.epoch,
-                    abort: Arc::new(Notify::new()),
-                },
-            );
-        }
+        self.open_attempts(std::slice::from_ref(&ticket), self.now(), true);
         Ok(ticket)
-    }
-
-    fn end_in_flight(&self, id: &RunId, epoch: u32) {
-        if let Ok(mut m) = self.in_flight.lock() {
-            if m.get(id).is_some_and(|f| f.epoch == epoch) {
-                m.remove(id);
-            }
-        }
     }
 
     /// Applies an attempt's outcome: completion, retry or final failure
@@ -299,6 +277,7 @@ impl<S: Store> Engine<S> {
         for end in finished.iter() {
             self.end_in_flight(&end.id, end.epoch);
         }
+        self.open_attempts(&settled.tickets, now, false);
         let wake = fx.wake || wake;
         self.deliver(fx);
         if wake {
@@ -317,6 +296,8 @@ impl<S: Store> Engine<S> {
         fx: &mut Effects,
     ) -> Result<Option<Finished>> {
         let outcome = self.storable_outcome(outcome);
+        // A run that times out has its handler's signal fired.
+        let timed_out = matches!(outcome, AttemptOutcome::TimedOut { .. });
         {
             let Some(run) = tx.run(run_id) else {
                 return Ok(None);
@@ -393,6 +374,10 @@ impl<S: Store> Engine<S> {
             });
             let mut error = Some(error);
             let mut out = None;
+            if timed_out {
+                fx.aborted
+                    .push((*run_id, Some(epoch), AbortReason::TimedOut));
+            }
             if retry {
                 let run_at = clamp_time(now.saturating_add(policy.backoff_ms(attempts)));
                 tx.update_run(run_id, &mut |r| {
@@ -471,47 +456,6 @@ impl<S: Store> Engine<S> {
     pub fn next_due(&self, pool: &str) -> Option<Millis> {
         let now = self.now();
         self.read(|tx| Ok(tx.next_due(pool, now))).ok().flatten()
-    }
-
-    /// Executes one claimed run: begin the attempt, run the handler through
-    /// `executor` racing the run's timeout and a cancel, then apply the
-    /// outcome. Returns when the outcome is applied or the run was canceled.
-    pub async fn tick<X: HandlerExecutor>(&self, run_id: &str, executor: &X) -> Result<()> {
-        let ticket = self.begin_attempt(run_id)?;
-        let id = ticket.run.id;
-        let epoch = ticket.epoch;
-        let abort = self
-            .in_flight
-            .lock()
-            .ok()
-            .and_then(|m| m.get(&id).map(|f| f.abort.clone()))
-            .unwrap_or_else(|| Arc::new(Notify::new()));
-        let deadline = ticket.timeout_ms.map(|t| self.now().saturating_add(t));
-        let timeout = async {
-            match deadline {
-                Some(d) => self.clock.sleep_until(d).await,
-                None => std::future::pending::<()>().await,
-            }
-        };
-        let outcome = tokio::select! {
-            o = executor.execute(&ticket) => Some(o),
-            _ = timeout => Some(AttemptOutcome::TimedOut { timeout_ms: ticket.timeout_ms.unwrap_or(0) }),
-            _ = abort.notified() => None,
-        };
-        match outcome {
-            Some(o) => {
-                let timed_out = matches!(o, AttemptOutcome::TimedOut { .. });
-                let applied = self.finish_attempt(&id, epoch, o)?;
-                if timed_out && applied.is_some() {
-                    self.deliver(Effects {
-                        aborted: vec![(id, Some(epoch), AbortReason::TimedOut)],
-                        ..Effects::default()
-                    });
-                }
-            }
-            None => self.end_in_flight(&id, epoch),
-        }
-        Ok(())
     }
 
     /// An output the store cannot hold fails the attempt instead (the run

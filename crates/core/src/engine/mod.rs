@@ -11,7 +11,8 @@
 //! | `mod.rs` | the `Engine` and its options, side effects (`Effects`, `deliver`), transactions with retention (`write`, `read`, `purge`), the tenant gate |
 //! | `definitions.rs` | registering job types |
 //! | `start.rs` | starting runs: one, or a batch of plain ones |
-//! | `attempts.rs` | claims, attempts and their outcomes, the worker's tick |
+//! | `attempts.rs` | claims, attempts and their outcomes |
+//! | `timeouts.rs` | the attempts open in this process, and their timeouts |
 //! | `steps.rs` | `ctx.step` and the step service's rows |
 //! | `cancel.rs` | cancel, its cascade, scope-wide cancel and reschedule |
 //! | `replay.rs` | replaying a terminal run |
@@ -27,12 +28,14 @@ mod replay;
 mod schedules;
 mod start;
 mod steps;
+mod timeouts;
 mod wakeups;
 
-pub use attempts::{AttemptEnd, AttemptTicket, HandlerExecutor, Settled};
+pub use attempts::{AttemptEnd, AttemptTicket, Settled};
 pub use queries::{JobRunQuery, PageCursor, ScopeQuery};
 pub use start::Started;
 pub use steps::{RecordStep, StepBegin};
+pub use timeouts::run_timeouts;
 
 use crate::clock::{Clock, ClockKind};
 use crate::error::{JobError, Result};
@@ -77,11 +80,10 @@ pub trait EngineObserver: Send + Sync {
     /// back for a retry, in transition order. Only sent while events are
     /// enabled (`Engine::set_events`).
     fn run_events(&self, _rows: Vec<RunRow>) {}
-}
 
-struct InFlight {
-    epoch: u32,
-    abort: Arc<Notify>,
+    /// Attempt timeouts fell due: whoever runs the handlers calls
+    /// `Engine::expire_attempts` on its next turn (see `timeouts.rs`).
+    fn timeouts_due(&self) {}
 }
 
 pub struct Engine<S: Store> {
@@ -90,7 +92,10 @@ pub struct Engine<S: Store> {
     multi_tenant: bool,
     retention: Retention,
     observer: RwLock<Option<Arc<dyn EngineObserver>>>,
-    in_flight: Mutex<HashMap<RunId, InFlight>>,
+    /// Attempts opened in this process, with their timeouts.
+    open: Mutex<timeouts::OpenAttempts>,
+    /// An earlier timeout was added: the timer looks again.
+    timeouts_changed: Arc<Notify>,
     /// Wakes an idle worker scheduler when something may have become
     /// claimable or its next due time may have moved.
     activity: Arc<Notify>,
@@ -108,6 +113,14 @@ pub struct Engine<S: Store> {
     /// A schedule was created, changed or removed: whoever fires schedules
     /// re-reads the earliest next fire.
     schedules_changed: Arc<Notify>,
+}
+
+impl<S: Store> Drop for Engine<S> {
+    /// Lets the timeout timer see the engine is gone (it holds no strong
+    /// reference while it waits).
+    fn drop(&mut self) {
+        self.timeouts_changed.notify_one();
+    }
 }
 
 /// Side effects collected inside a transaction and delivered after it.
@@ -146,7 +159,8 @@ impl<S: Store> Engine<S> {
             multi_tenant: opts.multi_tenant,
             retention: opts.retention,
             observer: RwLock::new(None),
-            in_flight: Mutex::new(HashMap::new()),
+            open: Mutex::new(timeouts::OpenAttempts::default()),
+            timeouts_changed: Arc::new(Notify::new()),
             activity: Arc::new(Notify::new()),
             worker_hungry: AtomicBool::new(false),
             hungry_pools: RwLock::new(None),
@@ -190,17 +204,10 @@ impl<S: Store> Engine<S> {
                 o.run_events(fx.transitions);
             }
         }
-        let mut in_flight = self.in_flight.lock().unwrap_or_else(|p| p.into_inner());
+        let mut open = self.open.lock().unwrap_or_else(|p| p.into_inner());
         for (id, epoch, reason) in fx.aborted {
-            // The attempt is over: wake a waiting `tick` and forget it.
-            if in_flight
-                .get(&id)
-                .is_some_and(|f| epoch.is_none_or(|e| f.epoch == e))
-            {
-                if let Some(f) = in_flight.remove(&id) {
-                    f.abort.notify_one();
-                }
-            }
+            // The attempt is over.
+            open.end(&id, epoch);
             if let Some(o) = &observer {
                 o.run_aborted(id, epoch, reason);
             }

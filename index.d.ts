@@ -24,8 +24,8 @@ export declare class NativeEngine {
   call(op: number, request: string): Promise<string>
   /**
    * Checks and builds definitions from specs without storing them (a
-   * networked store's are written later with `register`): the rows, or
-   * the first error.
+   * networked store's are written later with `register`): the rows and
+   * their templates (as `register` answers), or the first error.
    */
   validateDefinitions(specs: string): string
   /** Drains queued notices (`wire::notices_text`), or null when none. */

@@ -221,16 +221,15 @@ impl NativeEngine {
     }
 
     /// Checks and builds definitions from specs without storing them (a
-    /// networked store's are written later with `register`): the rows, or
-    /// the first error.
+    /// networked store's are written later with `register`): the rows and
+    /// their templates (as `register` answers), or the first error.
     #[napi(catch_unwind)]
     pub fn validate_definitions(&self, specs: String) -> Result<String> {
         let specs = ops::definition_specs(&specs)?;
-        hosted!(self, h => h
-            .engine
-            .validate_definitions(specs)
-            .map(|defs| wire::reply(&defs))
-            .map_err(to_napi))
+        hosted!(self, h => {
+            let defs = h.engine.validate_definitions(specs).map_err(to_napi)?;
+            Ok(wire::registered_text(&h.engine, &defs.iter().collect::<Vec<_>>()))
+        })
     }
 
     // ── no I/O ─────────────────────────────────────────────────────────
@@ -567,7 +566,7 @@ impl<S: AnyStore> Hosted<S> {
             }
         }
         let (failed, pools) = self
-            .on_js_thread(|e| e.start_plain_batch(reqs, wake))?
+            .on_js_thread(|e| e.start_batch(reqs, wake))?
             .map_err(to_napi)?;
         for (k, e) in failed {
             problems.push(format!("!{} {e}", index.get(k).copied().unwrap_or(k)));

@@ -137,15 +137,12 @@ pub fn definition_specs(text: &str) -> Result<Vec<DefinitionSpec>> {
         .collect()
 }
 
-pub fn definitions_text(defs: &[std::sync::Arc<JobDefinition>]) -> String {
-    let rows: Vec<&JobDefinition> = defs.iter().map(|d| d.as_ref()).collect();
-    reply(&rows)
-}
-
-/// `[spec…]` → `[definition row…]`, all or none.
+/// `[spec…]` → the definitions and their templates
+/// (`wire::registered_text`), all or none.
 fn register<S: AnyStore>(e: &Engine<S>, req: &str) -> Result<String> {
     let defs = e.register_all(definition_specs(req)?).map_err(to_napi)?;
-    Ok(definitions_text(&defs))
+    let rows: Vec<&JobDefinition> = defs.iter().map(|d| d.as_ref()).collect();
+    Ok(wire::registered_text(e, &rows))
 }
 
 fn definition<S: AnyStore>(e: &Engine<S>, req: &str) -> Result<String> {
@@ -168,9 +165,14 @@ struct StartReq<'a> {
     #[serde(borrow)]
     input: &'a RawValue,
     opts: Option<wire::StartOpts>,
+    /// The caller holds the type's template: answer a new run the short
+    /// way (`wire::started_text`).
+    #[serde(default)]
+    short: bool,
 }
 
-/// `{type, input, opts?}` → the new run (or the dedupe hit) as a tuple.
+/// `{type, input, opts?, short?}` → the new run (or the dedupe hit) as a
+/// tuple, or a new run's short answer.
 fn start<S: AnyStore>(e: &Engine<S>, req: &str) -> Result<String> {
     let r: StartReq = request(req, "start")?;
     let mut sr = StartRequest {
@@ -180,6 +182,12 @@ fn start<S: AnyStore>(e: &Engine<S>, req: &str) -> Result<String> {
     };
     if let Some(o) = r.opts {
         o.apply(&mut sr)?;
+    }
+    if r.short {
+        return e
+            .start_with(sr, false, true)
+            .map(|s| wire::started_text(&s))
+            .map_err(to_napi);
     }
     e.start(sr).map(|r| wire::row_text(&r)).map_err(to_napi)
 }

@@ -11,12 +11,14 @@
 //! - replies: run tuples, step / definition / schedule objects, pages,
 //!   trees, counts and notices as JSON.
 
-use jobforge_core::engine::{AttemptTicket, JobRunQuery, PageCursor, RecordStep, ScopeQuery};
+use jobforge_core::engine::{
+    AttemptTicket, JobRunQuery, PageCursor, RecordStep, ScopeQuery, Started,
+};
 use jobforge_core::worker::WorkerPool;
 use jobforge_core::{
-    AbortReason, AttemptOutcome, FailureInfo, JobError, ParentClosePolicy, PlainStart, RunId,
-    RunRow, RunStatus, ScheduleRow, ScheduleTiming, StartRequest, StepStatus, TenantArg,
-    TriggerSource,
+    AbortReason, AttemptOutcome, BufferedStart, FailureInfo, JobDefinition, JobError,
+    ParentClosePolicy, PlainStart, RunId, RunRow, RunStatus, ScheduleRow, ScheduleTiming,
+    StartRequest, StepStatus, TenantArg, TriggerSource,
 };
 use napi::{Error, Status};
 use serde::Deserialize;
@@ -347,9 +349,11 @@ fn split_run_id(line: &str) -> std::result::Result<(RunId, &str), String> {
 }
 
 /// One line of a start batch: a start JS already answered (see
-/// `Engine::start_plain_batch`), `<id><createdAt ms>,<type byte length>:<type><input JSON>`
-/// (input JSON text never holds a raw newline). Written by `encodeStartLine`.
-pub fn parse_start_line(line: &str) -> std::result::Result<PlainStart<'_>, String> {
+/// `Engine::start_batch`), `<id><createdAt ms>,<type byte length>:<type><input JSON>`,
+/// then, for a start with options, `\x01<options JSON>` (`StartOpts`).
+/// JSON text holds no raw control character, so neither a line break nor
+/// `\x01` can occur inside it. Written by `startLine` in TS.
+pub fn parse_start_line(line: &str) -> std::result::Result<BufferedStart<'_>, String> {
     let (id, rest) = split_run_id(line)?;
     let comma = rest.find(',').ok_or("no ',' after the time")?;
     let at: i64 = rest[..comma]
@@ -359,14 +363,74 @@ pub fn parse_start_line(line: &str) -> std::result::Result<PlainStart<'_>, Strin
     let colon = rest.find(':').ok_or("no ':' after the type length")?;
     let len: usize = rest[..colon].parse().map_err(|_| "bad type length")?;
     let rest = &rest[colon + 1..];
-    let (job_type, input) = (rest.get(..len).ok_or("type cut short")?, &rest[len..]);
+    let (job_type, rest) = (rest.get(..len).ok_or("type cut short")?, &rest[len..]);
+    let (input, opts) = match rest.split_once('\x01') {
+        Some((input, opts)) => (input, Some(opts)),
+        None => (rest, None),
+    };
     let input = RawValue::from_string(input.to_owned()).map_err(|e| format!("input: {e}"))?;
-    Ok(PlainStart {
-        id,
-        at,
-        job_type,
+    let Some(opts) = opts else {
+        return Ok(BufferedStart::Plain(PlainStart {
+            id,
+            at,
+            job_type,
+            input,
+        }));
+    };
+    let opts: StartOpts = serde_json::from_str(opts).map_err(|e| format!("options: {e}"))?;
+    let mut req = StartRequest {
+        job_type: job_type.to_owned(),
         input,
-    })
+        preset: Some((id, at)),
+        ..StartRequest::default()
+    };
+    opts.apply(&mut req)
+        .map_err(|e| format!("options: {}", e.reason))?;
+    Ok(BufferedStart::WithOptions(Box::new(req)))
+}
+
+/// A new run as `start` answers it when JS holds its type's template
+/// (`short`): `[id, createdAt, concurrencyKey, dedupeKey, rootRunId,
+/// tenantId]`, what the engine decided and the request does not say (JS
+/// fills the rest in from the template, `newRun` in TS). A dedupe hit is
+/// the whole row (a tuple of `RUN_FIELDS`' length).
+pub fn started_text(started: &Started) -> String {
+    match started {
+        Started::Row(r) => r.to_compact_json(),
+        Started::Created {
+            id,
+            at,
+            concurrency_key,
+            dedupe_key,
+            root_run_id,
+            tenant_id,
+            ..
+        } => reply(&(
+            id,
+            at,
+            concurrency_key,
+            dedupe_key,
+            root_run_id.unwrap_or(*id),
+            tenant_id,
+        )),
+    }
+}
+
+/// Definitions and the template row of each (`Engine::run_template`):
+/// `{"definitions":[…],"templates":[tuple…]}`.
+pub fn registered_text<S: jobforge_core::Store>(
+    engine: &jobforge_core::Engine<S>,
+    defs: &[&JobDefinition],
+) -> String {
+    let templates: Vec<String> = defs
+        .iter()
+        .map(|d| engine.run_template(d).to_compact_json())
+        .collect();
+    format!(
+        "{{\"definitions\":{},\"templates\":[{}]}}",
+        reply(&defs),
+        templates.join(",")
+    )
 }
 
 // ── attempts ───────────────────────────────────────────────────────────
@@ -756,15 +820,30 @@ mod tests {
     }
 
     #[test]
-    fn start_lines_carry_any_type_name() {
+    fn start_lines_carry_any_type_name_and_their_options() {
         let id = RunId::new_v4();
         let line = format!("{id}1234,{}:{}{}", "a:b,c".len(), "a:b,c", r#"{"k":"v"}"#);
-        let s = parse_start_line(&line).unwrap();
+        let BufferedStart::Plain(s) = parse_start_line(&line).unwrap() else {
+            panic!("expected a plain start");
+        };
         assert_eq!(
             (s.id, s.at, s.job_type, s.input.get()),
             (id, 1234, "a:b,c", r#"{"k":"v"}"#)
         );
+        let line = format!(
+            "{id}99,1:t{}\x01{}",
+            r#"[1,"\u0001"]"#, r#"{"priority":3,"tenant":null}"#
+        );
+        let BufferedStart::WithOptions(r) = parse_start_line(&line).unwrap() else {
+            panic!("expected options");
+        };
+        assert_eq!(
+            (r.preset, r.job_type.as_str(), r.input.get()),
+            (Some((id, 99)), "t", r#"[1,"\u0001"]"#)
+        );
+        assert_eq!((r.priority, r.tenant.clone()), (Some(3), TenantArg::Null));
         assert!(parse_start_line(&format!("{id}12,9:ab{{}}")).is_err());
+        assert!(parse_start_line(&format!("{id}12,1:t{{}}\x01{{\"priority\":1.5}}")).is_err());
     }
 
     #[test]

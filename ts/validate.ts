@@ -61,7 +61,17 @@ export interface StartOptionsInput {
   tenantId?: string | null | undefined;
 }
 
-/** Start options checked and converted for the engine (`StartOpts` in Rust: Dates as ms, `tenant`). */
+const TRIGGER_SOURCES: ReadonlySet<unknown> = new Set(['manual', 'schedule', 'event', 'parent']);
+const CLOSE_POLICIES: ReadonlySet<unknown> = new Set(['terminate', 'cancel', 'abandon']);
+const I32_MIN = -2147483648;
+const I32_MAX = 2147483647;
+
+/**
+ * Start options checked and converted for the engine (`StartOpts` in Rust:
+ * Dates as ms, `tenant`). Every value is checked here as the engine checks
+ * it, in the engine's words: an in-memory start may be answered before the
+ * engine has it, and must then be one it accepts.
+ */
 export function startOptions(opts: StartOptionsInput | undefined): Record<string, unknown> {
   if (opts !== undefined && (opts === null || typeof opts !== 'object')) {
     throw new JobInputInvalidError('start options must be an object');
@@ -77,6 +87,14 @@ export function startOptions(opts: StartOptionsInput | undefined): Record<string
     }
     if (v !== undefined && v !== null) out[k] = v;
   }
+  if (out.pool === '') throw new JobInputInvalidError('pool must be a non-empty string');
+  if (typeof out.pool === 'string' && out.pool.includes('\n')) throw new JobInputInvalidError('pool must not contain a line break');
+  if (out.triggerSource !== undefined && !TRIGGER_SOURCES.has(out.triggerSource)) {
+    throw new JobInputInvalidError(`triggerSource must be manual, schedule, event or parent, got '${String(out.triggerSource)}'`);
+  }
+  if (out.parentClosePolicy !== undefined && !CLOSE_POLICIES.has(out.parentClosePolicy)) {
+    throw new JobInputInvalidError(`parentClosePolicy must be terminate, cancel or abandon, got '${String(out.parentClosePolicy)}'`);
+  }
   const scope = o.scope as { entityType?: unknown; entityId?: unknown } | null | undefined;
   if (scope !== undefined && scope !== null) {
     if (typeof scope !== 'object' || typeof scope.entityType !== 'string' || typeof scope.entityId !== 'string') {
@@ -86,13 +104,23 @@ export function startOptions(opts: StartOptionsInput | undefined): Record<string
   }
   if (o.runAt !== undefined) out.runAt = requireDate(o.runAt, 'runAt');
   if (o.priority !== undefined) {
-    if (!Number.isInteger(o.priority)) throw new JobInputInvalidError(`priority must be an integer, got ${String(o.priority)}`);
-    out.priority = o.priority;
+    const p = o.priority;
+    if (!Number.isInteger(p)) throw new JobInputInvalidError(`priority must be an integer, got ${String(p)}`);
+    if (p < I32_MIN || p > I32_MAX) {
+      throw new JobInputInvalidError(`priority must be an integer between ${I32_MIN} and ${I32_MAX}, got ${p}`);
+    }
+    out.priority = p === 0 ? 0 : p; // -0 is 0, as the engine stores it
   }
   if (o.tags !== undefined) {
     const j = toJsonText(o.tags, 'tags');
     if (!j.ok) throw new JobInputInvalidError(j.reason);
-    out.tags = o.tags;
+    if (o.tags !== null) {
+      const tags = JSON.parse(j.text) as unknown;
+      if (typeof tags !== 'object' || tags === null || Array.isArray(tags) || Object.values(tags).some((v) => typeof v !== 'string')) {
+        throw new JobInputInvalidError('tags must be an object of string values');
+      }
+      out.tags = tags;
+    }
   }
   return out;
 }

@@ -106,41 +106,57 @@ export function parseRuns(json: string): JobRun[] {
   return (JSON.parse(json) as RunTuple[]).map(fromTuple);
 }
 
-/** What the JS side keeps of a definition to build a new run's row. */
-export interface RunDefaults {
-  version: number;
-  pool: string;
-  priority: number;
+/** What the engine decided of a new run that its start does not say (`started_text` in Rust). */
+export interface Decided {
+  concurrencyKey: string | null;
+  dedupeKey: string | null;
+  rootRunId: string;
+  tenantId: string | null;
 }
 
 /**
- * The row of a run `start` just created with no options and no keys: the
- * engine answered only its id and creation time, everything else follows
- * from the definition (the same values the engine stored).
+ * A new run's row: its type's template (the row the engine's `new_run`
+ * builds for a start with no options, `run_template`) with the start's own
+ * values, `o` as `startOptions` checked them, and what the engine decided.
+ * The defaults of a row are the engine's; this only fills in what the
+ * caller or the engine chose. Used for starts answered here (buffered) and
+ * for a created run the engine answered the short way.
  */
-export function newRun(jobType: string, d: RunDefaults, id: string, at: number, input: Record<string, unknown>): JobRun {
+export function newRun(
+  t: JobRun,
+  id: string,
+  at: number,
+  input: Record<string, unknown>,
+  o: Record<string, unknown> | null,
+  scopeEntityType: string | null,
+  tenantId: string | null,
+  d: Decided | null,
+): JobRun {
+  const scope = o?.scope as { entityType: string; entityId: string } | undefined;
+  const fromMeta = o?.scopeEntityIdFromMeta as string | undefined;
+  const tags = o?.tags as Record<string, string> | null | undefined;
   return {
     id,
-    jobType,
-    jobVersion: d.version,
-    parentRunId: null,
-    rootRunId: id,
-    parentClosePolicy: 'terminate',
-    scopeEntityType: null,
-    scopeEntityId: null,
-    tenantId: null,
-    tags: {},
-    pool: d.pool,
-    priority: d.priority,
-    concurrencyKey: null,
-    dedupeKey: null,
-    status: 'pending',
+    jobType: t.jobType,
+    jobVersion: t.jobVersion,
+    parentRunId: (o?.parentRunId as string | undefined) ?? null,
+    rootRunId: d === null ? id : d.rootRunId,
+    parentClosePolicy: (o?.parentClosePolicy as JobRun['parentClosePolicy'] | undefined) ?? t.parentClosePolicy,
+    scopeEntityType: scope !== undefined ? scope.entityType : fromMeta !== undefined ? scopeEntityType : null,
+    scopeEntityId: scope !== undefined ? scope.entityId : fromMeta ?? null,
+    tenantId: d === null ? tenantId : d.tenantId,
+    tags: tags === undefined || tags === null ? {} : { ...tags },
+    pool: (o?.pool as string | undefined) ?? t.pool,
+    priority: (o?.priority as number | undefined) ?? t.priority,
+    concurrencyKey: d === null ? null : d.concurrencyKey,
+    dedupeKey: d === null ? null : d.dedupeKey,
+    status: t.status,
     input,
     output: null,
     error: null,
-    triggerSource: 'manual',
-    triggerRef: null,
-    runAt: new Date(at),
+    triggerSource: (o?.triggerSource as JobRun['triggerSource'] | undefined) ?? t.triggerSource,
+    triggerRef: (o?.triggerRef as string | undefined) ?? null,
+    runAt: new Date((o?.runAt as number | undefined) ?? at),
     startedAt: null,
     finishedAt: null,
     claimedAt: null,
@@ -151,6 +167,23 @@ export function newRun(jobType: string, d: RunDefaults, id: string, at: number, 
     createdAt: new Date(at),
     updatedAt: new Date(at),
   };
+}
+
+/** `register`'s answer (`registered_text` in Rust): the definitions and each one's template row. */
+export function parseRegistration(json: string): { definitions: JobDefinitionRow[]; templates: JobRun[] } {
+  const r = JSON.parse(json) as { definitions: Raw[]; templates: RunTuple[] };
+  return { definitions: r.definitions.map(decodeDefinition), templates: r.templates.map(fromTuple) };
+}
+
+/**
+ * `start`'s answer when asked for the short form: a new run's `Decided`
+ * (six values), or a whole row (a dedupe hit).
+ */
+export function parseStarted(json: string): { id: string; at: number; decided: Decided } | { row: JobRun } {
+  const a = JSON.parse(json) as unknown[];
+  if (a.length !== 6) return { row: fromTuple(a as RunTuple) };
+  const decided = { concurrencyKey: a[2] as string | null, dedupeKey: a[3] as string | null, rootRunId: a[4] as string, tenantId: a[5] as string | null };
+  return { id: a[0] as string, at: a[1] as number, decided };
 }
 
 /** `{run, children}` nested (root first), decoded without recursion: a chain of runs can be thousands deep. */
@@ -215,10 +248,14 @@ export function decodeSchedule(r: Raw): JobSchedule {
 
 // ── requests ───────────────────────────────────────────────────────────
 
-/** A `start` request around input JSON already written (not written again). */
-export function startRequest(type: string, inputText: string, optsText: string | null): string {
+/**
+ * A `start` request around input JSON already written (not written again).
+ * `short`: the caller holds the type's template and takes a new run's
+ * short answer (`parseStarted`).
+ */
+export function startRequest(type: string, inputText: string, optsText: string | null, short = false): string {
   const opts = optsText === null ? '' : `,"opts":${optsText}`;
-  return `{"type":${JSON.stringify(type)},"input":${inputText}${opts}}`;
+  return `{"type":${JSON.stringify(type)},"input":${inputText}${opts}${short ? ',"short":true' : ''}}`;
 }
 
 // ── errors ─────────────────────────────────────────────────────────────
@@ -343,9 +380,13 @@ export function reportLine(id: string, epoch: number, slot: number, outcome: Out
   return `${id}${epoch},${slot},${text}\n`;
 }
 
-/** One start JS answered itself (`parse_start_line`): `<id><at>,<type byte length>:<type><input>`. */
-export function startLine(id: string, at: number, typeWire: string, inputText: string): string {
-  return `${id}${at},${typeWire}${inputText}\n`;
+/**
+ * One start JS answered itself (`parse_start_line`): `<id><at>,<type byte
+ * length>:<type><input>`, then `\x01<options>` when it has options (JSON
+ * text holds no raw control character).
+ */
+export function startLine(id: string, at: number, typeWire: string, inputText: string, optsText: string | null): string {
+  return optsText === null ? `${id}${at},${typeWire}${inputText}\n` : `${id}${at},${typeWire}${inputText}\x01${optsText}\n`;
 }
 
 /** The `<type byte length>:<type>` part of `startLine` for a job type. */

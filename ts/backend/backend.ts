@@ -177,12 +177,16 @@ export abstract class NativeBackend implements Partial<Backend> {
     if (json === null) return;
     const notices = parseNotices(json);
     this.sink.deliver(notices);
-    // The engine's timer found timeouts due. Applied on this turn of the
-    // event loop: a handler whose result was already queued settled first.
-    if (notices.expire) {
-      void this.mutate('expireAttempts', '{}', () => undefined).catch(() => undefined);
-    }
+    // The engine's timer found timeouts due: applied once the microtasks
+    // queued now have run, as a JS timer would fire (these notices may be
+    // taken inside any call's microtask). A handler whose result is
+    // already on its way settles first and stops its clock.
+    if (notices.expire) setImmediate(this.expireDue);
   }
+
+  private readonly expireDue = (): void => {
+    void this.mutate('expireAttempts', '{}', () => undefined).catch(() => undefined);
+  };
 
   protected callNative(op: OpName, req: string): string {
     try {

@@ -13,11 +13,12 @@ import { NativeEngine, type OpName } from '../native';
 import {
   decodeNativeError,
   newRun,
-  parseDefinitions,
+  parseRegistration,
+  parseStarted,
   startLine,
   startLineType,
+  startRequest,
   TicketReader,
-  type RunDefaults,
 } from '../wire';
 import { NativeBackend, noticeCallback, type Backend, type NoticeSink, type PreparedStart, type WorkerLink } from './backend';
 
@@ -26,6 +27,18 @@ export interface MemoryOptions {
   clock: 'system' | 'manual';
   retention?: { completedMs?: number | undefined; failedMs?: number | undefined } | undefined;
   logger: { error(message: unknown, ...rest: unknown[]): void };
+}
+
+/** A registered type, as a start of it needs it. */
+interface TypeInfo {
+  /** The row the engine builds for a start with no options (`run_template`). */
+  template: JobRun;
+  /** The entity of `meta.scope` (its id comes with the start). */
+  scopeEntityType: string | null;
+  /** No concurrency or dedupe key. */
+  keyless: boolean;
+  /** The type as `startLine` writes it. */
+  wire: string;
 }
 
 /** Buffered starts handed to the engine in one call at most this many at a time. */
@@ -49,8 +62,8 @@ export class MemoryBackend extends NativeBackend implements Backend {
   private idAt = 0;
   /** Last creation time handed out (system clock): never goes backwards. */
   private lastStartAt = 0;
-  /** Types whose runs, started with no options, have a row fully determined by the definition. */
-  private readonly plainTypes = new Map<string, RunDefaults & { wire: string }>();
+  /** What a start of each registered type needs to answer without the engine. */
+  private readonly types = new Map<string, TypeInfo>();
   private readonly multiTenant: boolean;
   private readonly logger: MemoryOptions['logger'];
 
@@ -99,39 +112,61 @@ export class MemoryBackend extends NativeBackend implements Backend {
 
   register(specs: Record<string, unknown>[]): JobDefinitionRow[] {
     if (this.startCount > 0) this.flushStarts();
-    const defs = parseDefinitions(this.callNative('register', JSON.stringify(specs)));
-    for (const d of defs) {
-      if (d.concurrencyKeyTemplate === null && d.dedupeKeyTemplate === null && !this.multiTenant) {
-        this.plainTypes.set(d.type, { version: d.version, pool: d.pool, priority: d.priorityDefault, wire: startLineType(d.type) });
-      } else this.plainTypes.delete(d.type);
-    }
-    return defs;
+    const { definitions, templates } = parseRegistration(this.callNative('register', JSON.stringify(specs)));
+    definitions.forEach((d, i) => {
+      this.types.set(d.type, {
+        template: templates[i]!,
+        scopeEntityType: d.scopeEntityType,
+        // No key: nothing the engine decides depends on other runs.
+        keyless: d.concurrencyKeyTemplate === null && d.dedupeKeyTemplate === null,
+        wire: startLineType(d.type),
+      });
+    });
+    return definitions;
   }
 
+  /**
+   * Answered here, before the engine has the run, when nothing the engine
+   * checks can refuse it: the type is registered and has no key (no dedupe
+   * hit, no lane to join or collide with), there is no parent to look up,
+   * and a multi-tenant start names its tenant; its input and options were
+   * checked as the engine checks them (`prepareStart`). Any other start
+   * goes to the engine at once, which answers a new run the short way.
+   * Both rows come from the engine's template of the type (`newRun`).
+   */
   start(p: PreparedStart): Promise<JobRun> {
     if (p.thrown !== null) return this.preflight(p, p.thrown);
-    if (p.opts === null) {
-      const plain = this.plainTypes.get(p.type);
-      if (plain !== undefined) {
-        try {
-          return Promise.resolve(this.startBuffered(p, plain));
-        } catch (e) {
-          return Promise.reject(e);
-        }
+    const info = this.types.get(p.type);
+    try {
+      if (info !== undefined && info.keyless && !p.hasParent && (!this.multiTenant || p.tenant !== undefined)) {
+        return Promise.resolve(this.startBuffered(p, info));
       }
+    } catch (e) {
+      return Promise.reject(e);
     }
-    const run = this.startInEngine(p);
+    const run = info === undefined ? this.startInEngine(p) : this.startShort(p, info);
     this.feedWorker();
     return run;
   }
 
-  /**
-   * A plain start (no options, no keys, single tenant): nothing the engine
-   * checks can fail once the type is registered and the input is JSON, and
-   * the row follows from the definition. So the id and time are chosen
-   * here and the run is handed to the engine with others in one call.
-   */
-  private startBuffered(p: PreparedStart, plain: RunDefaults & { wire: string }): JobRun {
+  /** The engine's `start`, answered the short way (it holds the type's template). */
+  private startShort(p: PreparedStart, info: TypeInfo): Promise<JobRun> {
+    const optsText = p.opts === null ? null : JSON.stringify(p.opts);
+    const req = startRequest(p.type, p.inputText, optsText, true);
+    return this.mutate('start', req, (text) => {
+      const answer = parseStarted(text);
+      if ('row' in answer) return answer.row; // a dedupe hit: the existing run
+      return newRun(info.template, answer.id, answer.at, this.inputOf(p), p.opts, info.scopeEntityType, null, answer.decided);
+    });
+  }
+
+  /** The row's input: a copy of the caller's (a flat object's shallow copy is one). */
+  private inputOf(p: PreparedStart): Record<string, unknown> {
+    return p.inputCopy ?? (JSON.parse(p.inputText) as Record<string, unknown>);
+  }
+
+  /** A start answered here (see `start`): its id and time are chosen here, the engine gets it with others in one call. */
+  private startBuffered(p: PreparedStart, info: TypeInfo): JobRun {
     const id = this.nextRunId();
     let at: number;
     if (this.clock.kind === 'manual') at = this.native.now();
@@ -140,10 +175,11 @@ export class MemoryBackend extends NativeBackend implements Backend {
       if (at < this.lastStartAt) at = this.lastStartAt;
       else this.lastStartAt = at;
     }
-    this.startBuf += startLine(id, at, plain.wire, p.inputText);
+    const pool = (p.opts?.pool as string | undefined) ?? info.template.pool;
+    this.startBuf += startLine(id, at, info.wire, p.inputText, p.opts === null ? null : JSON.stringify(p.opts));
     this.startCount++;
     const w = this.worker;
-    if (this.startCount >= START_BATCH_MAX || (w !== null && w.running && !w.busy && w.hasIdleSlot(plain.pool))) {
+    if (this.startCount >= START_BATCH_MAX || (w !== null && w.running && !w.busy && w.hasIdleSlot(pool))) {
       // An idle worker takes the run at once. A busy one gets it with the
       // next report of a finishing attempt (or on the next turn of the
       // event loop): one native call for both.
@@ -152,9 +188,8 @@ export class MemoryBackend extends NativeBackend implements Backend {
       this.startFlushArmed = true;
       setImmediate(this.flushLater);
     }
-    // The row's input is a copy: a flat object's shallow copy is one.
-    const input = p.inputCopy ?? (JSON.parse(p.inputText) as Record<string, unknown>);
-    return newRun(p.type, plain, id, at, input);
+    const tenant = this.multiTenant ? ((p.opts?.tenant as string | null | undefined) ?? null) : null;
+    return newRun(info.template, id, at, this.inputOf(p), p.opts, info.scopeEntityType, tenant, null);
   }
 
   /**

@@ -9,7 +9,7 @@ import { EngineClock } from '../clock';
 import { JobInputInvalidError } from '../errors';
 import type { JobDefinitionRow, JobRun } from '../rows';
 import { NativeEngine, OP, type OpName } from '../native';
-import { decodeNativeError, parseDefinitions, TicketReader } from '../wire';
+import { decodeNativeError, parseRegistration, TicketReader } from '../wire';
 import { NativeBackend, noticeCallback, type Backend, type NoticeSink, type PreparedStart, type WorkerLink } from './backend';
 
 export interface PostgresOptions {
@@ -137,7 +137,7 @@ export class PostgresBackend extends NativeBackend implements Backend {
     const text = JSON.stringify(specs);
     let defs: JobDefinitionRow[];
     try {
-      defs = parseDefinitions(this.native.validateDefinitions(text));
+      defs = parseRegistration(this.native.validateDefinitions(text)).definitions;
     } catch (e) {
       throw decodeNativeError(e);
     }

@@ -588,7 +588,7 @@ pub struct StartRequest {
 }
 
 /// A start with no options and a caller-chosen id and time: what JS
-/// buffers for `Engine::start_plain_batch`.
+/// buffers for `Engine::start_batch`.
 #[derive(Debug)]
 pub struct PlainStart<'a> {
     pub id: RunId,
@@ -596,6 +596,14 @@ pub struct PlainStart<'a> {
     pub job_type: &'a str,
     /// Validated JSON text of the input.
     pub input: Box<RawValue>,
+}
+
+/// A start JS answered before the engine had it (see `Engine::start_batch`):
+/// one with no options, or one with options (its `preset` set).
+#[derive(Debug)]
+pub enum BufferedStart<'a> {
+    Plain(PlainStart<'a>),
+    WithOptions(Box<StartRequest>),
 }
 
 /// What became of a handler invocation.

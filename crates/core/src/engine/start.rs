@@ -1,5 +1,5 @@
 //! Starting runs: `start` (every option, every rule, in `start_in`) and
-//! `start_plain_batch` (buffered starts of plain types, the hot path).
+//! `start_batch` (starts JS answered itself, the hot path).
 
 use super::{parse_run_id, Effects, Engine};
 use crate::clock::clamp_time;
@@ -16,11 +16,17 @@ use uuid::Uuid;
 pub enum Started {
     /// The new run, or the dedupe hit (an existing run).
     Row(Box<RunRow>),
-    /// A new run, when the caller did not ask for its row.
+    /// A new run, when the caller did not ask for its row: what the
+    /// request and the definition do not say of it.
     Created {
         id: RunId,
         at: Millis,
         pool: Arc<str>,
+        concurrency_key: Option<Box<str>>,
+        dedupe_key: Option<Box<str>>,
+        /// The tree's root when it is not the run (a child's).
+        root_run_id: Option<RunId>,
+        tenant_id: Option<Arc<str>>,
     },
 }
 
@@ -76,6 +82,20 @@ fn new_run(
 }
 
 impl<S: Store> Engine<S> {
+    /// The row a start of `def` with no options builds, with a nil id, time
+    /// 0 and input `{}`: what a caller that answers starts itself copies
+    /// and fills in (the defaults of a new row are decided here only).
+    pub fn run_template(&self, def: &JobDefinition) -> RunRow {
+        new_run(
+            def,
+            RunId::nil(),
+            0,
+            0,
+            empty_object(),
+            RunOptions::default(),
+        )
+    }
+
     /// Starts a run (or returns the dedupe hit). O(log n): keyed lookups for
     /// the definition, dedupe list and lane, one insert into each index;
     /// `replace` adds O(runs canceled + their descendants).
@@ -116,30 +136,70 @@ impl<S: Store> Engine<S> {
         Ok(started)
     }
 
-    /// Creates runs JS has already answered `start` for: starts with no
-    /// options, each with its preset id and time, in one store transaction
-    /// and one purge. A run of a *plain* type (no dedupe or concurrency
-    /// key, no scope entity, single tenant: nothing to look up or evaluate)
-    /// is built straight from its definition, the row `start` would build;
-    /// any other type goes through the full `start_in` rules. `wake`: wake
-    /// the scheduler for the pools that got runs (not needed when the
-    /// caller claims into the worker's free slots itself right after).
-    /// Answers the failures (by position) and the pools that got runs.
-    /// O(log n) per run.
+    /// `start_batch` of starts with no options.
     #[allow(clippy::type_complexity)]
     pub fn start_plain_batch<'a>(
         &self,
         runs: impl IntoIterator<Item = PlainStart<'a>>,
         wake: bool,
     ) -> Result<(Vec<(usize, JobError)>, Vec<Arc<str>>)> {
+        self.start_batch(runs.into_iter().map(BufferedStart::Plain), wake)
+    }
+
+    /// Creates runs JS has already answered `start` for, each with its
+    /// preset id and time, in one store transaction and one purge. A start
+    /// with no options of a *plain* type (no dedupe or concurrency key, no
+    /// scope entity, single tenant: nothing to look up or evaluate) is
+    /// built straight from its definition, the row `start` would build;
+    /// any other goes through the full `start_in` rules. `wake`: wake the
+    /// scheduler for the pools that got runs (not needed when the caller
+    /// claims into the worker's free slots itself right after). Answers the
+    /// failures (by position) and the pools that got runs. O(log n) per run.
+    #[allow(clippy::type_complexity)]
+    pub fn start_batch<'a>(
+        &self,
+        runs: impl IntoIterator<Item = BufferedStart<'a>>,
+        wake: bool,
+    ) -> Result<(Vec<(usize, JobError)>, Vec<Arc<str>>)> {
         let mut fx = Effects::default();
         let mut failed = Vec::new();
         let mut pools: Vec<Arc<str>> = Vec::new();
+        let mut wake_later: Vec<Arc<str>> = Vec::new();
         let mut latest = Millis::MIN;
         self.write(|tx| {
             // Consecutive starts are usually of one type: look it up once.
             let mut last: Option<Arc<JobDefinition>> = None;
             for (i, run) in runs.into_iter().enumerate() {
+                let run = match run {
+                    BufferedStart::Plain(run) => run,
+                    BufferedStart::WithOptions(req) => {
+                        let Some((_, at)) = req.preset else {
+                            failed.push((
+                                i,
+                                JobError::invalid("a buffered start needs its id and time"),
+                            ));
+                            continue;
+                        };
+                        let at = clamp_time(at);
+                        latest = latest.max(at);
+                        // A run due later: the caller's claim right after
+                        // finds nothing, the scheduler must set its timer.
+                        let later = req.run_at.is_some_and(|t| t > at);
+                        match self.start_in(tx, *req, at, false, &mut fx) {
+                            Ok(Started::Created { pool, .. }) => {
+                                if later && !wake_later.contains(&pool) {
+                                    wake_later.push(pool.clone());
+                                }
+                                if !pools.contains(&pool) {
+                                    pools.push(pool);
+                                }
+                            }
+                            Ok(Started::Row(_)) => {}
+                            Err(e) => failed.push((i, e)),
+                        }
+                        continue;
+                    }
+                };
                 let at = clamp_time(run.at);
                 latest = latest.max(at);
                 let def = match &last {
@@ -202,10 +262,8 @@ impl<S: Store> Engine<S> {
             self.clock.observe(latest);
         }
         self.deliver(fx);
-        if wake {
-            for pool in &pools {
-                self.wake_worker_for(pool);
-            }
+        for pool in if wake { &pools } else { &wake_later } {
+            self.wake_worker_for(pool);
         }
         Ok((failed, pools))
     }
@@ -311,14 +369,19 @@ impl<S: Store> Engine<S> {
             &req.concurrency_key,
             "concurrency",
         )?;
-        let lane: Vec<RunId> = match &concurrency_key {
-            Some(k) => tx.lane(tenant.as_deref(), k),
-            None => Vec::new(),
+        // Only `replace` needs the whole lane; `queue` joins it and
+        // `reject` asks only who holds it (O(log n) either way, not O(lane)).
+        let (lane, head): (Vec<RunId>, Option<RunId>) = match &concurrency_key {
+            Some(k) if def.collision_mode == CollisionMode::Replace => {
+                (tx.lane(tenant.as_deref(), k), None)
+            }
+            Some(k) => (Vec::new(), tx.lane_head(tenant.as_deref(), k)),
+            None => (Vec::new(), None),
         };
         if def.collision_mode == CollisionMode::Reject {
-            if let (Some(k), Some(head)) = (&concurrency_key, lane.first()) {
+            if let (Some(k), Some(head)) = (&concurrency_key, head) {
                 let incumbent = tx
-                    .run(head)
+                    .run(&head)
                     .cloned()
                     .ok_or_else(|| JobError::JobRunNotFound {
                         run_id: head.to_string(),
@@ -401,6 +464,10 @@ impl<S: Store> Engine<S> {
                 id,
                 at: now,
                 pool: row.pool.clone(),
+                concurrency_key: row.concurrency_key().map(Box::from),
+                dedupe_key: row.dedupe_key().map(Box::from),
+                root_run_id: (root_run_id != id).then_some(root_run_id),
+                tenant_id: row.tenant_id.clone(),
             }
         };
         tx.insert_run(row);

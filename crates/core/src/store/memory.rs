@@ -851,6 +851,13 @@ impl StoreTx for MemoryTx<'_> {
             .unwrap_or_default()
     }
 
+    /// O(log k): the lane's first entry, not the whole lane.
+    fn lane_head(&self, tenant: TenantRef<'_>, key: &str) -> Option<RunId> {
+        let s = &*self.0;
+        let k: LaneKey = (tenant.map(Arc::from), Box::from(key));
+        s.lane_head(&k).map(|h| s.runs[h as usize].id)
+    }
+
     fn next_claimable(&mut self, pool: &str, now: Millis) -> Option<RunId> {
         let s = &mut *self.0;
         let c = *s.claim_ids.get(pool)?;

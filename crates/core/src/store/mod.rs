@@ -185,6 +185,13 @@ pub trait StoreTx {
     /// Non-terminal runs of a concurrency lane, in lane order.
     fn lane(&self, tenant: TenantRef<'_>, key: &str) -> Vec<RunId>;
 
+    /// The first of `lane` (what a start into the lane needs: a `queue`
+    /// start only joins it, a `reject` start only asks who holds it). A
+    /// networked store serialises starts on the lane until commit either way.
+    fn lane_head(&self, tenant: TenantRef<'_>, key: &str) -> Option<RunId> {
+        self.lane(tenant, key).first().copied()
+    }
+
     /// The next claimable run of `pool` due at `now`: highest priority,
     /// then earliest `runAt`, then earliest created. Claimable means pending
     /// and either unkeyed or the head of its lane.

@@ -338,7 +338,14 @@ export class JobOrchestrator<Jobs extends object = AnyJobs> {
   start<K extends OptionalInputName<Jobs>>(type: K, input?: Jobs[K] | null, opts?: StartOptions, tx?: unknown): Promise<JobRun>;
   start(type: string, input?: unknown, opts?: StartOptions, tx?: unknown): Promise<JobRun> {
     void tx;
-    return this.whenReady(() => this.store.start(prepareStart(type, input, opts, this.handlers.get(type))));
+    const wait = this.store.ready();
+    if (wait !== null) return wait.then(() => this.store.start(prepareStart(type, input, opts, this.handlers.get(type))));
+    // The hot path: no closure, no extra promise.
+    try {
+      return this.store.start(prepareStart(type, input, opts, this.handlers.get(type)));
+    } catch (e) {
+      return Promise.reject(e);
+    }
   }
 
   // ── cancel / replay / claim / tick ─────────────────────────────────

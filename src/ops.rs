@@ -181,7 +181,7 @@ fn start<S: AnyStore>(e: &Engine<S>, req: &str) -> Result<String> {
         ..StartRequest::default()
     };
     if let Some(o) = r.opts {
-        o.apply(&mut sr)?;
+        o.apply(&mut sr).map_err(to_napi)?;
     }
     if r.short {
         return e

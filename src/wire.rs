@@ -274,35 +274,47 @@ pub struct StartOpts {
 
 /// `runAt` and other instants: an integral ms count inside a JS `Date`'s range.
 pub fn date_ms(t: f64, what: &str) -> Result<i64> {
+    date_ms_checked(t, what).map_err(to_napi)
+}
+
+fn date_ms_checked(t: f64, what: &str) -> std::result::Result<i64, JobError> {
     if t.is_finite() && t.fract() == 0.0 && t.abs() <= 8.64e15 {
         Ok(t as i64)
     } else {
-        Err(invalid(format!("{what} must be a valid Date")))
+        Err(bad(format!("{what} must be a valid Date")))
+    }
+}
+
+/// An input error as the engine words it (no napi: start lines are read
+/// in unit tests too, outside Node).
+fn bad(reason: impl Into<String>) -> JobError {
+    JobError::JobInputInvalid {
+        reason: reason.into(),
     }
 }
 
 impl StartOpts {
     /// Moves the options into `req`, checking each value.
-    pub fn apply(self, req: &mut StartRequest) -> Result<()> {
+    pub fn apply(self, req: &mut StartRequest) -> std::result::Result<(), JobError> {
         let o = self;
         req.tenant = o.tenant;
         req.scope = o.scope.map(|s| (s.entity_type, s.entity_id));
         req.scope_entity_id_from_meta = o.scope_entity_id_from_meta;
         if matches!(&o.pool, Some(p) if p.is_empty()) {
-            return Err(invalid("pool must be a non-empty string"));
+            return Err(bad("pool must be a non-empty string"));
         }
         if matches!(&o.pool, Some(p) if p.contains('\n')) {
-            return Err(invalid("pool must not contain a line break"));
+            return Err(bad("pool must not contain a line break"));
         }
         req.pool = o.pool;
-        req.run_at = o.run_at.map(|t| date_ms(t, "runAt")).transpose()?;
+        req.run_at = o.run_at.map(|t| date_ms_checked(t, "runAt")).transpose()?;
         req.priority = match o.priority {
             None => None,
             Some(p) if p.fract() == 0.0 && p >= i32::MIN as f64 && p <= i32::MAX as f64 => {
                 Some(p as i32)
             }
             Some(p) => {
-                return Err(invalid(format!(
+                return Err(bad(format!(
                     "priority must be an integer between -2147483648 and 2147483647, got {p}"
                 )))
             }
@@ -311,14 +323,14 @@ impl StartOpts {
             let parsed: std::result::Result<std::collections::HashMap<String, String>, _> =
                 serde_json::from_str(tags.get());
             if parsed.is_err() {
-                return Err(invalid("tags must be an object of string values"));
+                return Err(bad("tags must be an object of string values"));
             }
             req.tags = Some(tags);
         }
         req.trigger_source = match o.trigger_source {
             None => None,
             Some(s) => Some(TriggerSource::parse(&s).ok_or_else(|| {
-                invalid(format!(
+                bad(format!(
                     "triggerSource must be manual, schedule, event or parent, got '{s}'"
                 ))
             })?),
@@ -327,7 +339,7 @@ impl StartOpts {
         req.parent_close_policy = match o.parent_close_policy {
             None => None,
             Some(s) => Some(ParentClosePolicy::parse(&s).ok_or_else(|| {
-                invalid(format!(
+                bad(format!(
                     "parentClosePolicy must be terminate, cancel or abandon, got '{s}'"
                 ))
             })?),
@@ -384,8 +396,7 @@ pub fn parse_start_line(line: &str) -> std::result::Result<BufferedStart<'_>, St
         preset: Some((id, at)),
         ..StartRequest::default()
     };
-    opts.apply(&mut req)
-        .map_err(|e| format!("options: {}", e.reason))?;
+    opts.apply(&mut req).map_err(|e| format!("options: {e}"))?;
     Ok(BufferedStart::WithOptions(Box::new(req)))
 }
 

@@ -8,6 +8,7 @@ import type { PreparedStart } from './backend/backend';
 import { JobInputInvalidError } from './errors';
 import type { HandlerRegistration, JobHandler, JobHandlerMeta } from './handler';
 import { flatSnapshot, toJsonText } from './json';
+import { StartWire } from './wire';
 
 /** A real, valid Date (not a look-alike built on Date.prototype): its ms, or null. */
 export function dateMs(d: unknown): number | null {
@@ -72,29 +73,37 @@ const I32_MAX = 2147483647;
  * it, in the engine's words: an in-memory start may be answered before the
  * engine has it, and must then be one it accepts.
  */
-export function startOptions(opts: StartOptionsInput | undefined): Record<string, unknown> {
+export function startOptions(opts: StartOptionsInput | undefined): StartWire {
   if (opts !== undefined && (opts === null || typeof opts !== 'object')) {
     throw new JobInputInvalidError('start options must be an object');
   }
   const o = opts ?? {};
-  const out: Record<string, unknown> = {};
-  const tenant = tenantOf(o);
-  if (tenant !== undefined) out.tenant = tenant;
-  for (const k of ['pool', 'triggerRef', 'parentRunId', 'triggerSource', 'parentClosePolicy'] as const) {
+  const out = new StartWire();
+  out.tenant = tenantOf(o);
+  const str = (k: 'pool' | 'triggerRef' | 'parentRunId' | 'triggerSource' | 'parentClosePolicy'): string | undefined => {
     const v = o[k];
-    if (v !== undefined && v !== null && typeof v !== 'string') {
-      throw new JobInputInvalidError(`${k} must be a string, got ${typeof v}`);
-    }
-    if (v !== undefined && v !== null) out[k] = v;
+    if (v === undefined || v === null) return undefined;
+    if (typeof v !== 'string') throw new JobInputInvalidError(`${k} must be a string, got ${typeof v}`);
+    return v;
+  };
+  const pool = str('pool');
+  const triggerRef = str('triggerRef');
+  const parentRunId = str('parentRunId');
+  const triggerSource = str('triggerSource');
+  const parentClosePolicy = str('parentClosePolicy');
+  if (pool === '') throw new JobInputInvalidError('pool must be a non-empty string');
+  if (pool !== undefined && pool.includes('\n')) throw new JobInputInvalidError('pool must not contain a line break');
+  if (triggerSource !== undefined && !TRIGGER_SOURCES.has(triggerSource)) {
+    throw new JobInputInvalidError(`triggerSource must be manual, schedule, event or parent, got '${triggerSource}'`);
   }
-  if (out.pool === '') throw new JobInputInvalidError('pool must be a non-empty string');
-  if (typeof out.pool === 'string' && out.pool.includes('\n')) throw new JobInputInvalidError('pool must not contain a line break');
-  if (out.triggerSource !== undefined && !TRIGGER_SOURCES.has(out.triggerSource)) {
-    throw new JobInputInvalidError(`triggerSource must be manual, schedule, event or parent, got '${String(out.triggerSource)}'`);
+  if (parentClosePolicy !== undefined && !CLOSE_POLICIES.has(parentClosePolicy)) {
+    throw new JobInputInvalidError(`parentClosePolicy must be terminate, cancel or abandon, got '${parentClosePolicy}'`);
   }
-  if (out.parentClosePolicy !== undefined && !CLOSE_POLICIES.has(out.parentClosePolicy)) {
-    throw new JobInputInvalidError(`parentClosePolicy must be terminate, cancel or abandon, got '${String(out.parentClosePolicy)}'`);
-  }
+  out.pool = pool;
+  out.triggerRef = triggerRef;
+  out.parentRunId = parentRunId;
+  out.triggerSource = triggerSource as StartWire['triggerSource'];
+  out.parentClosePolicy = parentClosePolicy as StartWire['parentClosePolicy'];
   const scope = o.scope as { entityType?: unknown; entityId?: unknown } | null | undefined;
   if (scope !== undefined && scope !== null) {
     if (typeof scope !== 'object' || typeof scope.entityType !== 'string' || typeof scope.entityId !== 'string') {
@@ -111,16 +120,14 @@ export function startOptions(opts: StartOptionsInput | undefined): Record<string
     }
     out.priority = p === 0 ? 0 : p; // -0 is 0, as the engine stores it
   }
-  if (o.tags !== undefined) {
+  if (o.tags !== undefined && o.tags !== null) {
     const j = toJsonText(o.tags, 'tags');
     if (!j.ok) throw new JobInputInvalidError(j.reason);
-    if (o.tags !== null) {
-      const tags = JSON.parse(j.text) as unknown;
-      if (typeof tags !== 'object' || tags === null || Array.isArray(tags) || Object.values(tags).some((v) => typeof v !== 'string')) {
-        throw new JobInputInvalidError('tags must be an object of string values');
-      }
-      out.tags = tags;
+    const tags = JSON.parse(j.text) as unknown;
+    if (typeof tags !== 'object' || tags === null || Array.isArray(tags) || Object.values(tags).some((v) => typeof v !== 'string')) {
+      throw new JobInputInvalidError('tags must be an object of string values');
     }
+    out.tags = tags as Record<string, string>;
   }
   return out;
 }

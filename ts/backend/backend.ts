@@ -23,6 +23,7 @@ import {
   parseTree,
   startRequest,
   type Notices,
+  type StartWire,
   type Ticket,
   type TicketReader,
 } from '../wire';
@@ -37,7 +38,7 @@ export interface PreparedStart {
   /** What `JSON.parse(inputText)` gives, when it came for free. */
   inputCopy: Record<string, unknown> | null;
   /** Options for the engine (`StartOpts`); null when none were given and no JS key applies. */
-  opts: Record<string, unknown> | null;
+  opts: StartWire | null;
   /** A JS key function threw: the engine's earlier checks go first, then this is rethrown. */
   thrown: { error: unknown } | null;
   tenant: Tenant;
@@ -238,7 +239,7 @@ export abstract class NativeBackend implements Partial<Backend> {
 
   /** The engine's `start`: the row of the new run or of the dedupe hit. */
   protected startInEngine(p: PreparedStart): Promise<JobRun> {
-    const opts = p.opts === null ? null : JSON.stringify(p.opts);
+    const opts = p.opts === null ? null : p.opts.json();
     return this.mutate('start', startRequest(p.type, p.inputText, opts), parseRun);
   }
 

@@ -151,7 +151,7 @@ export class MemoryBackend extends NativeBackend implements Backend {
 
   /** The engine's `start`, answered the short way (it holds the type's template). */
   private startShort(p: PreparedStart, info: TypeInfo): Promise<JobRun> {
-    const optsText = p.opts === null ? null : JSON.stringify(p.opts);
+    const optsText = p.opts === null ? null : p.opts.json();
     const req = startRequest(p.type, p.inputText, optsText, true);
     return this.mutate('start', req, (text) => {
       const answer = parseStarted(text);
@@ -175,8 +175,8 @@ export class MemoryBackend extends NativeBackend implements Backend {
       if (at < this.lastStartAt) at = this.lastStartAt;
       else this.lastStartAt = at;
     }
-    const pool = (p.opts?.pool as string | undefined) ?? info.template.pool;
-    this.startBuf += startLine(id, at, info.wire, p.inputText, p.opts === null ? null : JSON.stringify(p.opts));
+    const pool = p.opts?.pool ?? info.template.pool;
+    this.startBuf += startLine(id, at, info.wire, p.inputText, p.opts === null ? null : p.opts.json());
     this.startCount++;
     const w = this.worker;
     if (this.startCount >= START_BATCH_MAX || (w !== null && w.running && !w.busy && w.hasIdleSlot(pool))) {
@@ -188,7 +188,7 @@ export class MemoryBackend extends NativeBackend implements Backend {
       this.startFlushArmed = true;
       setImmediate(this.flushLater);
     }
-    const tenant = this.multiTenant ? ((p.opts?.tenant as string | null | undefined) ?? null) : null;
+    const tenant = this.multiTenant ? (p.opts?.tenant ?? null) : null;
     return newRun(info.template, id, at, this.inputOf(p), p.opts, info.scopeEntityType, tenant, null);
   }
 

@@ -116,4 +116,39 @@ fn main() {
         "start_plain_batch into 1k, caches flushed between batches: {:?}/run",
         total / (rounds * 1000)
     );
+
+    // Buffered starts with an option (`{ priority }`), which take the full
+    // rules of `start_in`.
+    let mut total = std::time::Duration::ZERO;
+    for _ in 0..rounds {
+        let e = engine();
+        let at = e.now();
+        let batches: Vec<Vec<BufferedStart>> = (0..4).map(|_| options_batch(at)).collect();
+        let t0 = Instant::now();
+        for b in batches {
+            std::hint::black_box(e.start_batch(b, false).unwrap());
+        }
+        total += t0.elapsed();
+    }
+    println!(
+        "start_batch of {{ priority }} starts into 1k: {:?}/run",
+        total / (rounds * 1000)
+    );
+}
+
+/// 250 buffered starts with `{ priority }` (what JS hands over for a start
+/// with options).
+fn options_batch(at: i64) -> Vec<BufferedStart<'static>> {
+    (0..250)
+        .map(|i| {
+            BufferedStart::WithOptions(Box::new(StartRequest {
+                job_type: "t".into(),
+                input: RawValue::from_string(format!("{{\"i\":{i}}}")).unwrap(),
+                priority: Some(i % 5),
+                preset: Some((uuid::Uuid::new_v4(), at)),
+                tenant: TenantArg::Missing,
+                ..StartRequest::default()
+            }))
+        })
+        .collect()
 }

@@ -787,7 +787,7 @@ function startAccountingLine(a) {
           `${fmtRatio(a.baselineNs / (a.floorNs + a.handOverNs))} with this native hand-over`
         : '')
     : '';
-  return `start at n = ${fmtN(a.n)}: jobforge ${fmtNs(a.jobforgeNs)}/start (native hand-over ${fmtNs(a.handOverNs)}, JS side alone ${fmtNs(a.jsOnlyNs)})${base}`;
+  return `start${a.shape ? ` ${a.shape}` : ''} at n = ${fmtN(a.n)}: jobforge ${fmtNs(a.jobforgeNs)}/start (native hand-over ${fmtNs(a.handOverNs)}, JS side alone ${fmtNs(a.jsOnlyNs)})${base}`;
 }
 
 function workerSection(results) {
@@ -942,6 +942,13 @@ function renderMarkdown(results, { resultsFile, chartFile }) {
     out.push(`### Unkeyed \`start\` at n = ${fmtN(results.breakdown.start1k.n)}: where the time goes (diagnostic)`);
     out.push('');
     out.push(acct);
+    out.push('');
+  }
+  const acctP = startAccountingSection(results.breakdown?.startPriority1k);
+  if (acctP) {
+    out.push(`### \`start\` with \`${results.breakdown.startPriority1k.shape}\` at n = ${fmtN(results.breakdown.startPriority1k.n)}: where the time goes (diagnostic)`);
+    out.push('');
+    out.push(acctP.replace('the scenario 1 loop', 'the same loop with `{ priority }`').replace(' (three `Date`s,', ' (its priority read, three `Date`s,'));
     out.push('');
   }
   return out.join('\n');

@@ -811,6 +811,8 @@ async function breakdown(impls) {
     out.jobforge = items;
   }
   out.start1k = await startAccounting(impls);
+  // The same for a start with one option (`{ priority }`): the floor reads it too.
+  out.startPriority1k = await startAccounting(impls, 1000, 21, (i) => ({ priority: i % 5 }));
   await fullGc();
   if (impls.baseline) {
     const inst = impls.baseline.create();
@@ -834,7 +836,7 @@ async function breakdown(impls) {
  * below; the runs are never created); the contract floor (below); and the
  * baseline. Medians.
  */
-async function startAccounting(impls, n = 1000, reps = 21) {
+async function startAccounting(impls, n = 1000, reps = 21, opts = null) {
   const kinds = ['jobforge', 'jsOnly', 'floor', ...(impls.baseline ? ['baseline'] : [])];
   const samples = Object.fromEntries(kinds.map((k) => [k, []]));
   const handOver = [];
@@ -860,7 +862,7 @@ async function startAccounting(impls, n = 1000, reps = 21) {
     await fullGc();
     const t0 = now();
     let last = null;
-    for (let i = 0; i < n; i++) last = await o.start(NOOP, { n: i });
+    for (let i = 0; i < n; i++) last = await o.start(NOOP, { n: i }, opts === null ? undefined : opts(i));
     if (kind === 'jobforge' || kind === 'jsOnly') await o.findById(last.id);
     const ns = (now() - t0) / n;
     return { ns, inNative: inNative / n };
@@ -876,6 +878,7 @@ async function startAccounting(impls, n = 1000, reps = 21) {
   return {
     n,
     reps,
+    shape: opts === null ? null : JSON.stringify(opts(1)),
     jobforgeNs: medianOf(samples.jobforge),
     handOverNs: medianOf(handOver),
     jsOnlyNs: medianOf(samples.jsOnly),
@@ -895,7 +898,7 @@ async function startAccounting(impls, n = 1000, reps = 21) {
 function contractFloor(idBlock) {
   let next = 0;
   return {
-    async start(jobType, input) {
+    async start(jobType, input, opts) {
       const at = Date.now();
       const id = idBlock.slice(next, next + 36);
       next = (next + 36) % idBlock.length;
@@ -911,7 +914,7 @@ function contractFloor(idBlock) {
         tenantId: null,
         tags: {},
         pool: POOL,
-        priority: 0,
+        priority: opts?.priority ?? 0,
         concurrencyKey: null,
         dedupeKey: null,
         status: 'pending',
@@ -1154,8 +1157,10 @@ async function main(args) {
     process.stdout.write('per-call breakdown… ');
     results.breakdown = await breakdown(impls);
     console.log('done');
-    const line = report.startAccountingLine(results.breakdown.start1k);
-    if (line) console.log(line);
+    for (const a of [results.breakdown.start1k, results.breakdown.startPriority1k]) {
+      const line = report.startAccountingLine(a);
+      if (line) console.log(line);
+    }
   }
 
   if (on('memory')) {

@@ -677,3 +677,79 @@ postgresOnly('schedules: the workers of two orchestrators start each occurrence 
   t.true(settled);
 });
 
+
+postgresOnly('a process that only cancels runs others execute does not keep their abort notices', async (t, make) => {
+  const [a, b] = await pair(t, make);
+  let running = 0;
+  a.registerHandler('long', {}, async (ctx) => {
+    running++;
+    await new Promise((r) => ctx.signal.addEventListener('abort', r));
+  });
+  b.registerHandler('long', {}, async () => undefined);
+  const w = a.startWorker({ pools: { batch: { concurrency: 20 } } });
+  t.teardown(() => w.stop());
+  const ids: string[] = [];
+  for (let i = 0; i < 20; i++) ids.push((await b.start('long', {})).id);
+  await until('every handler running', async () => running === 20);
+  // b has no worker, no listener and no wait: nobody in b wants notices.
+  for (const id of ids) await b.cancel(id);
+  await sleep(300);
+  const queued = (b as unknown as { store: { native: { takeNotices(): string | null } } }).store.native.takeNotices();
+  t.is(queued === null ? 0 : (JSON.parse(queued) as { aborts: unknown[] }).aborts.length, 0, 'abort notices left in the queue');
+});
+
+postgresOnly('a due timeout against a refusing database is asked for less and less often, one expiry at a time', async (t, make) => {
+  // A proxy in front of the database that forwards until told to refuse.
+  const net = await import('node:net');
+  let refuse = false;
+  let connections = 0;
+  const sockets = new Set<import('node:net').Socket>();
+  const server = net.createServer((c) => {
+    connections++;
+    if (refuse) return void c.destroy();
+    const up = net.connect(Number(new URL(PG_URL).port || 5432), new URL(PG_URL).hostname);
+    sockets.add(c);
+    sockets.add(up);
+    c.pipe(up);
+    up.pipe(c);
+    const end = () => {
+      c.destroy();
+      up.destroy();
+    };
+    for (const s of [c, up]) s.on('error', end).on('close', end);
+  });
+  await new Promise<void>((r) => server.listen(0, '127.0.0.1', () => r()));
+  t.teardown(() => new Promise<void>((r) => server.close(() => r())));
+  const url = new URL(PG_URL);
+  url.host = `127.0.0.1:${(server.address() as { port: number }).port}`;
+  const base = make.options({});
+  const o = new JobOrchestrator({
+    ...base,
+    postgres: { ...base.postgres!, url: url.toString(), maxConnections: 2, pollMs: 200 },
+    logger: silentLogger,
+    loggerFactory: () => silentLogger,
+  });
+  await o.migrate();
+  let started!: () => void;
+  const running = new Promise<void>((r) => (started = r));
+  o.registerHandler('slow', { timeoutMs: 800 }, async () => {
+    started();
+    await new Promise(() => undefined);
+  });
+  const w = o.startWorker({ pools: { batch: { concurrency: 1 } }, shutdownTimeoutMs: 0 });
+  await o.start('slow', {});
+  await running;
+  refuse = true;
+  for (const s of sockets) s.destroy();
+  const before = connections;
+  await sleep(4000);
+  const seen = connections - before;
+  refuse = false;
+  await Promise.race([w.stop(), sleep(3000)]);
+  await o.close();
+  // Asked every 100 ms without backoff, each expiry a new connection: over
+  // 5,000 in 5 s, measured. The worker's own loop and the timer's backoff
+  // (100 ms doubling to 5 s) stay in the tens.
+  t.log(`${seen} connection attempts in 4 s`);
+  t.true(seen <= 60, `${seen} connection attempts in 4 s`);
+});

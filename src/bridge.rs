@@ -66,9 +66,19 @@ pub struct JsObserver {
     pub js_thread: std::thread::ThreadId,
 }
 
+/// Notices raised on the JS thread are taken right after the call that
+/// raised them, but only when JS listens; past this many waiting, JS is
+/// nudged anyway, so a queue nobody wants stays small.
+const NUDGE_ANYWAY: usize = 1024;
+
 impl JsObserver {
     fn nudge(&self) {
-        if std::thread::current().id() != self.js_thread {
+        let waiting = self
+            .queue
+            .lock()
+            .map(|q| q.aborts.len() + q.events.len())
+            .unwrap_or(0);
+        if std::thread::current().id() != self.js_thread || waiting.is_multiple_of(NUDGE_ANYWAY) {
             // NonBlocking on an unbounded queue: only `Closing` (Node
             // shutting down) can fail, and then there is nobody to tell.
             let _ = self

@@ -326,6 +326,14 @@ impl NativeEngine {
             let mut out = String::new();
             if fed {
                 h.fill_into(&mut out, Some(&pools))?;
+                // The worker's loop may hold the free slots' reservations
+                // right now, so this claim can come up short; it was not
+                // woken for these runs (`fed`), so wake it.
+                let created = batch.lines().filter(|l| !l.is_empty()).count().saturating_sub(problems.len());
+                let claimed = out.lines().filter(|l| !l.is_empty()).count();
+                if claimed < created {
+                    h.engine.wake_worker();
+                }
             }
             wire::push_lines(&mut out, &problems);
             Ok(out)

@@ -402,7 +402,8 @@ pub fn parse_start_line(line: &str) -> std::result::Result<BufferedStart<'_>, St
 
 /// A new run as `start` answers it when JS holds its type's template
 /// (`short`): `[id, createdAt, concurrencyKey, dedupeKey, rootRunId,
-/// tenantId]`, what the engine decided and the request does not say (JS
+/// tenantId, parentRunId]`, what the engine decided and the request does
+/// not say (the parent as stored, whatever the spelling it was given in; JS
 /// fills the rest in from the template, `newRun` in TS). A dedupe hit is
 /// the whole row (a tuple of `RUN_FIELDS`' length).
 pub fn started_text(started: &Started) -> String {
@@ -413,6 +414,7 @@ pub fn started_text(started: &Started) -> String {
             at,
             concurrency_key,
             dedupe_key,
+            parent_run_id,
             root_run_id,
             tenant_id,
             ..
@@ -423,6 +425,7 @@ pub fn started_text(started: &Started) -> String {
             dedupe_key,
             root_run_id.unwrap_or(*id),
             tenant_id,
+            parent_run_id,
         )),
     }
 }

@@ -15,7 +15,9 @@ export function dateMs(d: unknown): number | null {
   if (!(d instanceof Date)) return null;
   try {
     const t: unknown = d.getTime(); // throws on a look-alike without a time value
-    return typeof t === 'number' && Number.isFinite(t) ? t : null;
+    // What the engine takes: whole ms inside a Date's range (a subclass's
+    // own getTime may answer anything).
+    return typeof t === 'number' && Number.isInteger(t) && Math.abs(t) <= 8.64e15 ? t : null;
   } catch {
     return null;
   }
@@ -32,6 +34,18 @@ export function checkTenant(t: unknown): void {
   if (t !== undefined && t !== null && typeof t !== 'string') {
     throw new JobInputInvalidError(`tenantId must be a string or null, got ${typeof t}`);
   }
+}
+
+const LONE = /[\uD800-\uDBFF](?![\uDC00-\uDFFF])|(?<![\uD800-\uDBFF])[\uDC00-\uDFFF]/;
+
+/**
+ * A string the engine stores as text: a lone surrogate (a string cut inside
+ * a character) has no UTF-8 form, and the engine refuses it. Checked here so
+ * that a start answered before the engine has it is one it accepts.
+ */
+function checkText(v: string, what: string): string {
+  if (LONE.test(v)) throw new JobInputInvalidError(`${what} must not hold a lone surrogate (a string cut inside a character)`);
+  return v;
 }
 
 /** The `tenantId` of an options object (checked): undefined, null or an id. */
@@ -79,12 +93,13 @@ export function startOptions(opts: StartOptionsInput | undefined): StartWire {
   }
   const o = opts ?? {};
   const out = new StartWire();
-  out.tenant = tenantOf(o);
+  const tenant = tenantOf(o);
+  out.tenant = typeof tenant === 'string' ? checkText(tenant, 'tenantId') : tenant;
   const str = (k: 'pool' | 'triggerRef' | 'parentRunId' | 'triggerSource' | 'parentClosePolicy'): string | undefined => {
     const v = o[k];
     if (v === undefined || v === null) return undefined;
     if (typeof v !== 'string') throw new JobInputInvalidError(`${k} must be a string, got ${typeof v}`);
-    return v;
+    return checkText(v, k);
   };
   const pool = str('pool');
   const triggerRef = str('triggerRef');
@@ -109,7 +124,7 @@ export function startOptions(opts: StartOptionsInput | undefined): StartWire {
     if (typeof scope !== 'object' || typeof scope.entityType !== 'string' || typeof scope.entityId !== 'string') {
       throw new JobInputInvalidError('scope must be { entityType: string, entityId: string }');
     }
-    out.scope = { entityType: scope.entityType, entityId: scope.entityId };
+    out.scope = { entityType: checkText(scope.entityType, 'scope.entityType'), entityId: checkText(scope.entityId, 'scope.entityId') };
   }
   if (o.runAt !== undefined) out.runAt = requireDate(o.runAt, 'runAt');
   if (o.priority !== undefined) {
@@ -126,6 +141,10 @@ export function startOptions(opts: StartOptionsInput | undefined): StartWire {
     const tags = JSON.parse(j.text) as unknown;
     if (typeof tags !== 'object' || tags === null || Array.isArray(tags) || Object.values(tags).some((v) => typeof v !== 'string')) {
       throw new JobInputInvalidError('tags must be an object of string values');
+    }
+    for (const [k, v] of Object.entries(tags as Record<string, string>)) {
+      checkText(k, 'a tag name');
+      checkText(v, `tag '${k}'`);
     }
     out.tags = tags as Record<string, string>;
   }
@@ -242,13 +261,11 @@ export function workerOptions(opts: unknown): { pools: { name: string; concurren
   return { pools, shutdownTimeoutMs };
 }
 
-const LONE_SURROGATE = /[\uD800-\uDBFF](?![\uDC00-\uDFFF])|(?<![\uD800-\uDBFF])[\uDC00-\uDFFF]/;
-
 /** A schedule's name and options as the engine reads them (`putSchedule`). */
 export function scheduleRequest(name: unknown, opts: unknown): Record<string, unknown> {
   if (typeof name !== 'string') throw new JobInputInvalidError('schedule name must be a string');
   // Crossing into Rust, a lone surrogate becomes U+FFFD: two names would be one.
-  if (LONE_SURROGATE.test(name)) throw new JobInputInvalidError('schedule name must not hold a lone surrogate');
+  if (LONE.test(name)) throw new JobInputInvalidError('schedule name must not hold a lone surrogate');
   if (typeof opts !== 'object' || opts === null) throw new JobInputInvalidError('schedule options must be an object');
   const o = opts as { jobType?: unknown; cron?: unknown; everyMs?: unknown; timezone?: unknown; input?: unknown; tenantId?: unknown };
   const { jobType, cron, everyMs, timezone } = o;
@@ -315,9 +332,9 @@ export function prepareStart(type: unknown, input: unknown, opts: StartOptionsIn
   let thrown: { error: unknown } | null = null;
   if (needsJs && m !== undefined) {
     try {
-      if (typeof m.concurrency?.key === 'function') o.concurrencyKey = String(m.concurrency.key(payload));
-      if (typeof m.dedupe?.key === 'function') o.dedupeKey = String(m.dedupe.key(payload));
-      if (fromScope && m.scope !== undefined) o.scopeEntityIdFromMeta = String(m.scope.from(payload));
+      if (typeof m.concurrency?.key === 'function') o.concurrencyKey = checkText(String(m.concurrency.key(payload)), 'the concurrency key');
+      if (typeof m.dedupe?.key === 'function') o.dedupeKey = checkText(String(m.dedupe.key(payload)), 'the dedupe key');
+      if (fromScope && m.scope !== undefined) o.scopeEntityIdFromMeta = checkText(String(m.scope.from(payload)), 'the scope entity id');
     } catch (e) {
       thrown = { error: e };
     }

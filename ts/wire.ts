@@ -112,6 +112,8 @@ export interface Decided {
   dedupeKey: string | null;
   rootRunId: string;
   tenantId: string | null;
+  /** As the engine stores it (canonical, however the caller spelled it). */
+  parentRunId: string | null;
 }
 
 /**
@@ -149,7 +151,7 @@ export function newRun(
     id,
     jobType: t.jobType,
     jobVersion: t.jobVersion,
-    parentRunId: o.parentRunId ?? null,
+    parentRunId: d === null ? null : d.parentRunId,
     rootRunId: d === null ? id : d.rootRunId,
     parentClosePolicy: o.parentClosePolicy ?? t.parentClosePolicy,
     scopeEntityType: scope !== undefined ? scope.entityType : fromMeta !== undefined ? scopeEntityType : null,
@@ -187,12 +189,18 @@ export function parseRegistration(json: string): { definitions: JobDefinitionRow
 
 /**
  * `start`'s answer when asked for the short form: a new run's `Decided`
- * (six values), or a whole row (a dedupe hit).
+ * (seven values), or a whole row (a dedupe hit).
  */
 export function parseStarted(json: string): { id: string; at: number; decided: Decided } | { row: JobRun } {
   const a = JSON.parse(json) as unknown[];
-  if (a.length !== 6) return { row: fromTuple(a as RunTuple) };
-  const decided = { concurrencyKey: a[2] as string | null, dedupeKey: a[3] as string | null, rootRunId: a[4] as string, tenantId: a[5] as string | null };
+  if (a.length !== 7) return { row: fromTuple(a as RunTuple) };
+  const decided = {
+    concurrencyKey: a[2] as string | null,
+    dedupeKey: a[3] as string | null,
+    rootRunId: a[4] as string,
+    tenantId: a[5] as string | null,
+    parentRunId: a[6] as string | null,
+  };
   return { id: a[0] as string, at: a[1] as number, decided };
 }
 
@@ -299,6 +307,19 @@ export class StartWire {
   }
 }
 
+
+/** A lone surrogate's escape in `JSON.stringify`'s output (it writes well-formed pairs raw), not an escaped backslash's. */
+const LONE_ESCAPE = /(?<!\\)((?:\\\\)*)\\ud[89a-f][0-9a-f]{2}/g;
+
+/**
+ * The JSON of a request whose strings are ids and names (not stored
+ * values): a lone surrogate becomes U+FFFD, as napi turns a JS string
+ * argument into UTF-8. (The engine's JSON reader refuses it.)
+ */
+export function requestJson(v: unknown): string {
+  const t = JSON.stringify(v);
+  return t.includes('\\ud') ? t.replace(LONE_ESCAPE, '$1\\ufffd') : t;
+}
 
 /**
  * A `start` request around input JSON already written (not written again).

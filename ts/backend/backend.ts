@@ -21,6 +21,7 @@ import {
   parseRuns,
   parseSteps,
   parseTree,
+  requestJson,
   startRequest,
   type Notices,
   type StartWire,
@@ -73,8 +74,8 @@ export interface Backend extends StepStore {
   advanceTime(ms: number): number | null;
   setEvents(on: boolean): void;
   watchRun(runId: string, on: boolean): void;
-  /** Delivers the engine's queued notices, if anyone listens. */
-  drainNotices(): void;
+  /** Delivers the engine's queued notices, if anyone listens (`always`: take them anyway). */
+  drainNotices(always?: boolean): void;
 
   // ── schema and definitions ──
   /**
@@ -142,7 +143,8 @@ export interface Backend extends StepStore {
  * may hold `this`.
  */
 export function noticeCallback(ref: { backend?: WeakRef<NativeBackend> }): () => void {
-  return () => ref.backend?.deref()?.drainNotices();
+  // Nudged: the queue is taken even when nobody wants it, so it cannot grow.
+  return () => ref.backend?.deref()?.drainNotices(true);
 }
 
 /**
@@ -172,21 +174,39 @@ export abstract class NativeBackend implements Partial<Backend> {
     });
   }
 
-  drainNotices(): void {
-    if (!this.sink.wanted()) return;
+  /**
+   * Delivers the engine's queued notices, if anyone listens (after a call:
+   * saves a native call otherwise). `always`: the engine nudged, take them
+   * whether or not anyone listens, so the queue cannot grow in a process
+   * that only cancels runs others execute.
+   */
+  drainNotices(always = false): void {
+    const wanted = this.sink.wanted();
+    if (!wanted && !always) return;
     const json = this.native.takeNotices();
     if (json === null) return;
     const notices = parseNotices(json);
-    this.sink.deliver(notices);
+    if (wanted) this.sink.deliver(notices);
     // The engine's timer found timeouts due: applied once the microtasks
     // queued now have run, as a JS timer would fire (these notices may be
     // taken inside any call's microtask). A handler whose result is
-    // already on its way settles first and stops its clock.
-    if (notices.expire) setImmediate(this.expireDue);
+    // already on its way settles first and stops its clock. One expiry
+    // at a time: against a failing store the timer asks less and less
+    // often, and calls must not pile up.
+    if (notices.expire && !this.expiring) {
+      this.expiring = true;
+      setImmediate(this.expireDue);
+    }
   }
 
+  private expiring = false;
+
   private readonly expireDue = (): void => {
-    void this.mutate('expireAttempts', '{}', () => undefined).catch(() => undefined);
+    void this.mutate('expireAttempts', '{}', () => undefined)
+      .catch(() => undefined)
+      .finally(() => {
+        this.expiring = false;
+      });
   };
 
   protected callNative(op: OpName, req: string): string {
@@ -234,7 +254,7 @@ export abstract class NativeBackend implements Partial<Backend> {
   }
 
   definition(type: string): Promise<JobDefinitionRow | null> {
-    return this.request('definition', JSON.stringify({ type }), (t) => (t === 'null' ? null : parseDefinitions(`[${t}]`)[0]!));
+    return this.request('definition', requestJson({ type }), (t) => (t === 'null' ? null : parseDefinitions(`[${t}]`)[0]!));
   }
 
   /** The engine's `start`: the row of the new run or of the dedupe hit. */
@@ -245,66 +265,66 @@ export abstract class NativeBackend implements Partial<Backend> {
 
   /** Rejects with the error of a JS key function, after the engine's earlier checks (tenant gate, job type). */
   protected preflight(p: PreparedStart, thrown: { error: unknown }): Promise<never> {
-    const req = JSON.stringify({ type: p.type, tenant: p.tenant, hasParent: p.hasParent });
+    const req = requestJson({ type: p.type, tenant: p.tenant, hasParent: p.hasParent });
     return this.request('startPreflight', req, () => {
       throw thrown.error;
     });
   }
 
   cancel(runId: string, cascade: boolean, tenant: Tenant): Promise<void> {
-    return this.mutate('cancel', JSON.stringify({ runId, cascade, tenant }), () => undefined);
+    return this.mutate('cancel', requestJson({ runId, cascade, tenant }), () => undefined);
   }
 
   replay(runId: string, tenant: Tenant): Promise<JobRun> {
-    return this.mutate('replay', JSON.stringify({ runId, tenant }), parseRun);
+    return this.mutate('replay', requestJson({ runId, tenant }), parseRun);
   }
 
   claimNext(pool: string): Promise<JobRun | null> {
-    return this.request('claimNext', JSON.stringify({ pool }), parseOptRun);
+    return this.request('claimNext', requestJson({ pool }), parseOptRun);
   }
 
   beginAttempt(runId: string): Promise<Ticket> {
-    return this.request('beginAttempt', JSON.stringify({ runId }), (t) => this.tickets.read(t));
+    return this.request('beginAttempt', requestJson({ runId }), (t) => this.tickets.read(t));
   }
 
   finishAttempt(runId: string, epoch: number, outcomeText: string): Promise<boolean> {
-    const req = `{"runId":${JSON.stringify(runId)},"epoch":${epoch},"outcome":${outcomeText}}`;
+    const req = `{"runId":${requestJson(runId)},"epoch":${epoch},"outcome":${outcomeText}}`;
     return this.mutate('finishAttempt', req, (t) => t === 'true');
   }
 
   releaseAttempt(runId: string, epoch: number): Promise<boolean> {
-    return this.request('releaseAttempt', JSON.stringify({ runId, epoch }), (t) => t === 'true');
+    return this.request('releaseAttempt', requestJson({ runId, epoch }), (t) => t === 'true');
   }
 
   attemptLive(runId: string, epoch: number): Promise<boolean> {
-    return this.request('attemptLive', JSON.stringify({ runId, epoch }), (t) => t === 'true');
+    return this.request('attemptLive', requestJson({ runId, epoch }), (t) => t === 'true');
   }
 
   stepBegin(runId: string, epoch: number, stepId: string): Promise<{ memoized: true; output: unknown } | { memoized: false; attempt: number }> {
-    return this.request('stepBegin', JSON.stringify({ runId, epoch, stepId }), (t) => JSON.parse(t) as { memoized: false; attempt: number });
+    return this.request('stepBegin', requestJson({ runId, epoch, stepId }), (t) => JSON.parse(t) as { memoized: false; attempt: number });
   }
 
   stepComplete(runId: string, epoch: number, stepId: string, outputText: string): Promise<void> {
-    const req = `{"runId":${JSON.stringify(runId)},"epoch":${epoch},"stepId":${JSON.stringify(stepId)},"output":${outputText}}`;
+    const req = `{"runId":${requestJson(runId)},"epoch":${epoch},"stepId":${requestJson(stepId)},"output":${outputText}}`;
     return this.request('stepComplete', req, () => undefined);
   }
 
   stepFail(runId: string, epoch: number, stepId: string, failure: string, policyText: string | null): Promise<number | null> {
     const policy = policyText === null ? '' : `,"policy":${policyText}`;
-    const req = `{"runId":${JSON.stringify(runId)},"epoch":${epoch},"stepId":${JSON.stringify(stepId)},"failure":${failure}${policy}}`;
+    const req = `{"runId":${requestJson(runId)},"epoch":${epoch},"stepId":${requestJson(stepId)},"failure":${failure}${policy}}`;
     return this.request('stepFail', req, (t) => (t === 'null' ? null : Number(t)));
   }
 
   findById(runId: string, tenant: Tenant): Promise<JobRun | null> {
-    return this.request('findById', JSON.stringify({ runId, tenant }), parseOptRun);
+    return this.request('findById', requestJson({ runId, tenant }), parseOptRun);
   }
 
   listSteps(runId: string, tenant: Tenant): Promise<JobStep[]> {
-    return this.request('listSteps', JSON.stringify({ runId, tenant }), parseSteps);
+    return this.request('listSteps', requestJson({ runId, tenant }), parseSteps);
   }
 
   findStep(runId: string, stepId: string, tenant: Tenant): Promise<JobStep | null> {
-    return this.request('findStep', JSON.stringify({ runId, stepId, tenant }), parseOptStep);
+    return this.request('findStep', requestJson({ runId, stepId, tenant }), parseOptStep);
   }
 
   recordStep(record: Record<string, unknown>, tenant: Tenant): Promise<JobStep> {
@@ -312,31 +332,31 @@ export abstract class NativeBackend implements Partial<Backend> {
   }
 
   listForScope(entityType: string, entityId: string, query: Record<string, unknown>, tenant: Tenant): Promise<JobRun[]> {
-    return this.request('listForScope', JSON.stringify({ entityType, entityId, query, tenant }), parseRuns);
+    return this.request('listForScope', requestJson({ entityType, entityId, query, tenant }), parseRuns);
   }
 
   cancelForScope(entityType: string, entityId: string, cascade: boolean, tenant: Tenant): Promise<number> {
-    return this.mutate('cancelForScope', JSON.stringify({ entityType, entityId, cascade, tenant }), Number);
+    return this.mutate('cancelForScope', requestJson({ entityType, entityId, cascade, tenant }), Number);
   }
 
   rescheduleForScope(entityType: string, entityId: string, runAt: number, tenant: Tenant): Promise<number> {
-    return this.request('rescheduleForScope', JSON.stringify({ entityType, entityId, runAt, tenant }), Number);
+    return this.request('rescheduleForScope', requestJson({ entityType, entityId, runAt, tenant }), Number);
   }
 
   countByPoolAndStatus(tenant: Tenant): Promise<{ pool: string; status: JobRun['status']; count: number }[]> {
-    return this.request('countByPoolAndStatus', JSON.stringify({ tenant }), (t) => JSON.parse(t) as { pool: string; status: JobRun['status']; count: number }[]);
+    return this.request('countByPoolAndStatus', requestJson({ tenant }), (t) => JSON.parse(t) as { pool: string; status: JobRun['status']; count: number }[]);
   }
 
   listRecentFailed(limit: number | undefined, tenant: Tenant): Promise<JobRun[]> {
-    return this.request('listRecentFailed', JSON.stringify({ limit, tenant }), parseRuns);
+    return this.request('listRecentFailed', requestJson({ limit, tenant }), parseRuns);
   }
 
   listJobRuns(query: Record<string, unknown>, tenant: Tenant): Promise<{ rows: JobRun[]; nextCursor: string | null }> {
-    return this.request('listJobRuns', JSON.stringify({ query, tenant }), parsePage);
+    return this.request('listJobRuns', requestJson({ query, tenant }), parsePage);
   }
 
   getRunTree(rootRunId: string, tenant: Tenant): Promise<RunTreeNode | null> {
-    return this.request('getRunTree', JSON.stringify({ runId: rootRunId, tenant }), parseTree);
+    return this.request('getRunTree', requestJson({ runId: rootRunId, tenant }), parseTree);
   }
 
   putSchedule(request: Record<string, unknown>): Promise<JobSchedule> {
@@ -344,11 +364,11 @@ export abstract class NativeBackend implements Partial<Backend> {
   }
 
   removeSchedule(name: string, tenant: Tenant): Promise<boolean> {
-    return this.request('removeSchedule', JSON.stringify({ name, tenant }), (t) => t === 'true');
+    return this.request('removeSchedule', requestJson({ name, tenant }), (t) => t === 'true');
   }
 
   listSchedules(tenant: Tenant): Promise<JobSchedule[]> {
-    return this.request('listSchedules', JSON.stringify({ tenant }), (t) => (JSON.parse(t) as Record<string, unknown>[]).map(decodeSchedule));
+    return this.request('listSchedules', requestJson({ tenant }), (t) => (JSON.parse(t) as Record<string, unknown>[]).map(decodeSchedule));
   }
 
   fireDueSchedules(): Promise<number> {

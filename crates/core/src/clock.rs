@@ -23,6 +23,8 @@ pub enum ClockKind {
 /// timestamps agree even if the wall clock steps back.
 pub struct Clock {
     kind: ClockKind,
+    /// What `elapsed_now` counts from on the system clock.
+    origin: std::time::Instant,
     last: AtomicI64,
     /// Wakes manual-clock sleepers whenever time is advanced.
     tx: watch::Sender<i64>,
@@ -38,6 +40,7 @@ impl Clock {
         let (tx, _rx) = watch::channel(start);
         Clock {
             kind,
+            origin: std::time::Instant::now(),
             last: AtomicI64::new(start),
             tx,
         }
@@ -63,6 +66,27 @@ impl Clock {
                 let prev = self.last.fetch_max(wall, Ordering::AcqRel);
                 prev.max(wall)
             }
+        }
+    }
+
+    /// A reading for measuring elapsed time (a run's timeout): monotonic ms
+    /// on the system clock, which a step of the wall clock (NTP, a resumed
+    /// VM) does not move; engine time on the manual clock.
+    pub fn elapsed_now(&self) -> i64 {
+        match self.kind {
+            ClockKind::Manual => self.now(),
+            ClockKind::System => self.origin.elapsed().as_millis().min(i64::MAX as u128) as i64,
+        }
+    }
+
+    /// Resolves once `elapsed_now` reaches `deadline`.
+    pub async fn sleep_until_elapsed(&self, deadline: i64) {
+        match self.kind {
+            ClockKind::System => {
+                let at = self.origin + std::time::Duration::from_millis(deadline.max(0) as u64);
+                tokio::time::sleep_until(tokio::time::Instant::from_std(at)).await;
+            }
+            ClockKind::Manual => self.sleep_until(deadline).await,
         }
     }
 

@@ -110,7 +110,7 @@ impl<S: Store> Engine<S> {
             Self::claim_into(tx, pool, max, now, &mut out);
             Ok(out)
         })?;
-        self.open_attempts(&tickets, now, false);
+        self.open_attempts(&tickets, false);
         Ok(tickets)
     }
 
@@ -178,7 +178,7 @@ impl<S: Store> Engine<S> {
             });
             ticket.ok_or_else(not_found)
         })?;
-        self.open_attempts(std::slice::from_ref(&ticket), self.now(), true);
+        self.open_attempts(std::slice::from_ref(&ticket), true);
         Ok(ticket)
     }
 
@@ -277,7 +277,7 @@ impl<S: Store> Engine<S> {
         for end in finished.iter() {
             self.end_in_flight(&end.id, end.epoch);
         }
-        self.open_attempts(&settled.tickets, now, false);
+        self.open_attempts(&settled.tickets, false);
         let wake = fx.wake || wake;
         self.deliver(fx);
         if wake {

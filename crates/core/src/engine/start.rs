@@ -24,7 +24,8 @@ pub enum Started {
         pool: Arc<str>,
         concurrency_key: Option<Box<str>>,
         dedupe_key: Option<Box<str>>,
-        /// The tree's root when it is not the run (a child's).
+        /// A child's parent and the tree's root (`None`: a root run).
+        parent_run_id: Option<RunId>,
         root_run_id: Option<RunId>,
         tenant_id: Option<Arc<str>>,
     },
@@ -466,6 +467,7 @@ impl<S: Store> Engine<S> {
                 pool: row.pool.clone(),
                 concurrency_key: row.concurrency_key().map(Box::from),
                 dedupe_key: row.dedupe_key().map(Box::from),
+                parent_run_id: row.parent_run_id(),
                 root_run_id: (root_run_id != id).then_some(root_run_id),
                 tenant_id: row.tenant_id.clone(),
             }

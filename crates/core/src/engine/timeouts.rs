@@ -97,7 +97,8 @@ impl<S: Store> Engine<S> {
     /// attempt's clock starts when its handler does (`attempt_started`): a
     /// ticket may wait for the JS thread, and that wait is not the
     /// handler's time.
-    pub(super) fn open_attempts(&self, tickets: &[AttemptTicket], now: Millis, started: bool) {
+    pub(super) fn open_attempts(&self, tickets: &[AttemptTicket], started: bool) {
+        let now = self.clock.elapsed_now();
         let mut earlier = false;
         if let Ok(mut open) = self.open.lock() {
             for t in tickets {
@@ -125,7 +126,7 @@ impl<S: Store> Engine<S> {
     /// The handler of attempt `epoch` of `id` started: its timeout counts
     /// from now. No I/O (the attempts open are this process's).
     pub fn attempt_started(&self, id: &RunId, epoch: u32) {
-        let now = self.now();
+        let now = self.clock.elapsed_now();
         let earlier = self
             .open
             .lock()
@@ -166,7 +167,7 @@ impl<S: Store> Engine<S> {
     /// An attempt that ended meanwhile is left alone (its epoch moved on).
     /// O(k log n) for k attempts due.
     pub fn expire_attempts(&self) -> Result<usize> {
-        let now = self.now();
+        let now = self.clock.elapsed_now();
         let due: Vec<AttemptEnd> = {
             let Ok(open) = self.open.lock() else {
                 return Ok(0);
@@ -189,10 +190,11 @@ impl<S: Store> Engine<S> {
         if due.is_empty() {
             return Ok(0);
         }
-        let applied = self.settle(due, &[]).map(|s| s.applied);
-        // The first deadline moved: the timer looks again.
+        let applied = self.settle(due, &[]).map(|s| s.applied)?;
+        // The first deadline moved: the timer looks again. (Not after a
+        // failure: the timer then asks again after its backoff.)
         self.timeouts_changed.notify_one();
-        applied
+        Ok(applied)
     }
 
     /// What the timer waits on besides the first deadline.
@@ -212,14 +214,17 @@ impl<S: Store> Engine<S> {
 }
 
 /// How long the timer waits for the expiry it asked for before asking
-/// again (the JS thread may be busy for a while).
+/// again (the JS thread may be busy for a while), doubling while the same
+/// deadline stays due (the store is failing) up to `ASK_AT_MOST`.
 const ASK_AGAIN: std::time::Duration = std::time::Duration::from_millis(100);
+const ASK_AT_MOST: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// The engine's timer for attempt timeouts, until the engine is dropped:
-/// sleeps until the first deadline (on the engine's clock, so a manual
-/// clock's `advanceTime` wakes it) or until an earlier one is added, then
-/// asks for the expiry (see the module docs). Holds the engine only while
-/// it looks, so a dropped orchestrator's engine goes.
+/// sleeps until the first deadline (elapsed time: a step of the wall clock
+/// does not move it; a manual clock's `advanceTime` does) or until an
+/// earlier one is added, then asks for the expiry (see the module docs).
+/// Holds the engine only while it looks, so a dropped orchestrator's
+/// engine goes.
 pub async fn run_timeouts<S: Store>(engine: Weak<Engine<S>>) {
     let Some((changed, clock)) = engine
         .upgrade()
@@ -227,27 +232,35 @@ pub async fn run_timeouts<S: Store>(engine: Weak<Engine<S>>) {
     else {
         return;
     };
+    // The deadline last asked for and how long to wait before asking again.
+    let mut asked: Option<(Millis, std::time::Duration)> = None;
     loop {
         let next = match engine.upgrade() {
             Some(e) => {
                 let next = e.next_timeout();
-                if next.is_some_and(|t| t <= clock.now()) {
+                if let Some(t) = next.filter(|t| *t <= clock.elapsed_now()) {
+                    let wait = match asked {
+                        Some((a, w)) if a == t => (w * 2).min(ASK_AT_MOST),
+                        _ => ASK_AGAIN,
+                    };
+                    asked = Some((t, wait));
                     e.timeouts_due();
                     drop(e);
                     // Asked: look again once it may have been done.
                     tokio::select! {
                         _ = changed.notified() => {}
-                        _ = tokio::time::sleep(ASK_AGAIN) => {}
+                        _ = tokio::time::sleep(wait) => {}
                     }
                     continue;
                 }
+                asked = None;
                 next
             }
             None => return,
         };
         let timer = async {
             match next {
-                Some(at) => clock.sleep_until(at).await,
+                Some(at) => clock.sleep_until_elapsed(at).await,
                 None => std::future::pending::<()>().await,
             }
         };

@@ -236,7 +236,8 @@ test.serial('timeoutMs: a never-resolving handler times out, its signal aborts, 
   t.is(signals.length, 1);
   t.true(signals[0]!.aborted, 'ctx.signal must abort on timeout');
   t.true(elapsed >= 75 && elapsed < 80 + 500, `timed out after ${elapsed} ms`);
-  // The slot is free again: another run of the pool executes.
+  // Another run of the pool executes (in another of its five slots: the
+  // timed-out handler, still running, holds its own).
   o.registerHandler('ok', {}, async () => ({ ok: 1 }));
   const next = await o.start('ok', {});
   t.is((await o.waitForRun(next.id, { timeoutMs: 2000 })).status, 'completed');
@@ -611,7 +612,7 @@ test('StepOptions.timeoutMs fails a step that never resolves (and retries it whe
 
 // ── cancel ─────────────────────────────────────────────────────────────
 
-test('cancel() of a running run fires its signal, ends it canceled at once and ignores its late result', async (t) => {
+test('cancel() of a running run fires its signal, ends it canceled at once and ignores its late result; its slot frees when the handler settles', async (t) => {
   const o = system();
   const events = recordEvents(o);
   const h = hanging();
@@ -634,10 +635,15 @@ test('cancel() of a running run fires its signal, ends it canceled at once and i
   const after = await row(o, r.id);
   t.is(after.status, 'canceled');
   t.not(after.finishedAt, null);
+  // The handler ignores its signal and runs on: it keeps the only slot.
+  await realSleep(30);
+  t.is((await row(o, queued.id)).status, 'pending', 'the slot is held while the canceled handler runs');
+  const releasedAt = Date.now();
+  a.release({ late: true });
   // The freed slot takes the next run.
   t.is((await o.waitForRun(queued.id, { timeoutMs: 2000 })).status, 'completed');
-  t.true(nextStarted - canceledAt < FEW_MS * 4, `next run started ${nextStarted - canceledAt} ms after the cancel`);
-  a.release({ late: true });
+  t.true(nextStarted - releasedAt < FEW_MS * 4, `next run started ${nextStarted - releasedAt} ms after the handler settled`);
+  t.true(nextStarted - canceledAt >= 30, 'not before the canceled handler settled');
   await realSleep(30);
   const final = await row(o, r.id);
   t.is(final.status, 'canceled');

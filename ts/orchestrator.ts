@@ -116,6 +116,12 @@ export interface WorkerOptions {
   pools?: Record<string, WorkerPoolOptions> | undefined;
   /** How long `stop()` lets in-flight handlers finish before aborting them. Default 10 000. */
   shutdownTimeoutMs?: number | undefined;
+  /**
+   * A handler still running this long (engine time) after its run timed out
+   * or was canceled, ignoring `ctx.signal`, is abandoned: its slot is freed
+   * and a warning logged. Until then it holds its slot. Default 30 000.
+   */
+  abandonAfterMs?: number | undefined;
 }
 
 export interface WaitForRunOptions extends TenantOptions {
@@ -588,9 +594,17 @@ export class JobOrchestrator<Jobs extends object = AnyJobs> {
       // Its in-flight attempts still report to the engine's worker slots.
       throw new JobWorkerStateError('the previous worker is still stopping: await its stop() first');
     }
-    const { pools, shutdownTimeoutMs } = workerOptions(opts);
+    const { pools, shutdownTimeoutMs, abandonAfterMs } = workerOptions(opts);
     const capacity = new Map(pools.map((p) => [p.name, p.concurrency]));
-    const runtime = new WorkerRuntime(this.store, this.executor, this.attempts, this.logger, capacity, shutdownTimeoutMs);
+    const runtime = new WorkerRuntime(
+      this.store,
+      this.executor,
+      this.attempts,
+      this.logger,
+      capacity,
+      shutdownTimeoutMs,
+      abandonAfterMs,
+    );
     const handle = runtime.start(pools);
     this.worker = runtime;
     return handle;

@@ -241,9 +241,13 @@ export function definitionSpec(type: unknown, meta: unknown, handler: unknown, r
   };
 }
 
-/** A worker's pools (`[{name, concurrency}]`, as the engine reads them) and its drain time. */
-export function workerOptions(opts: unknown): { pools: { name: string; concurrency: number }[]; shutdownTimeoutMs: number } {
-  const o = (opts ?? {}) as { pools?: unknown; shutdownTimeoutMs?: unknown };
+/** A worker's pools (`[{name, concurrency}]`, as the engine reads them), its drain time and how long it holds an aborted handler's slot. */
+export function workerOptions(opts: unknown): {
+  pools: { name: string; concurrency: number }[];
+  shutdownTimeoutMs: number;
+  abandonAfterMs: number;
+} {
+  const o = (opts ?? {}) as { pools?: unknown; shutdownTimeoutMs?: unknown; abandonAfterMs?: unknown };
   const poolsIn = o.pools ?? { batch: { concurrency: 5 }, interactive: { concurrency: 20 } };
   if (poolsIn === null || typeof poolsIn !== 'object') throw new JobInputInvalidError('pools must be an object');
   const pools = Object.entries(poolsIn as Record<string, { concurrency?: unknown } | null>).map(([name, p]) => {
@@ -258,7 +262,11 @@ export function workerOptions(opts: unknown): { pools: { name: string; concurren
   if (typeof shutdownTimeoutMs !== 'number' || !(shutdownTimeoutMs >= 0)) {
     throw new JobInputInvalidError('shutdownTimeoutMs must be a non-negative number');
   }
-  return { pools, shutdownTimeoutMs };
+  const abandonAfterMs = o.abandonAfterMs ?? 30_000;
+  if (typeof abandonAfterMs !== 'number' || !(abandonAfterMs >= 0)) {
+    throw new JobInputInvalidError('abandonAfterMs must be a non-negative number');
+  }
+  return { pools, shutdownTimeoutMs, abandonAfterMs };
 }
 
 /** A schedule's name and options as the engine reads them (`putSchedule`). */

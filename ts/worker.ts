@@ -16,11 +16,17 @@ export interface WorkerHandle {
   /**
    * Stops claiming, lets in-flight handlers finish for up to
    * `shutdownTimeoutMs`, then aborts the rest and puts their runs back to
-   * `pending` (nothing is lost). Resolves when no attempt is in flight.
+   * `pending` (nothing is lost). Handlers still running a moment after
+   * that abort (they ignore `ctx.signal`) are abandoned.
+   * Resolves when no attempt is in flight.
    */
   stop(): Promise<void>;
   readonly running: boolean;
-  /** Attempts executing right now. */
+  /**
+   * Handlers running right now, including those whose run already timed
+   * out or was canceled (they hold their slot until they settle); not
+   * those abandoned after `abandonAfterMs`.
+   */
   readonly inFlight: number;
 }
 
@@ -43,10 +49,28 @@ const REPORT_TURNS = 3;
  */
 const WORKER_SLICE_MS = 5;
 
+/**
+ * After stop()'s shutdown abort, how long (wall time, at most
+ * `abandonAfterMs`) the aborted handlers get to settle before stop()
+ * abandons them: one that honours its signal settles within a few ms.
+ */
+const SHUTDOWN_ABORT_GRACE_MS = 1000;
+
 /** An attempt that ended, waiting for the next report. */
 interface Ended {
   ticket: Ticket;
   attempt: Attempt;
+}
+
+/**
+ * An aborted attempt (timed out, canceled, shut down) whose handler still
+ * runs: it keeps its slot until the handler settles or is abandoned.
+ */
+interface Held {
+  ticket: Ticket;
+  attempt: Attempt;
+  /** Cancels the `abandonAfterMs` timer. */
+  cancel: () => void;
 }
 
 export class WorkerRuntime implements WorkerLink {
@@ -57,8 +81,10 @@ export class WorkerRuntime implements WorkerLink {
   private active = 0;
   /** The same, per pool (a hint for feeding idle slots at once). */
   private readonly activeIn = new Map<string, number>();
-  /** Attempts executing. */
+  /** Attempts executing: handlers running, aborted ones too until they settle or are abandoned. */
   private executing = 0;
+  /** Aborted attempts whose handlers still run, holding their slots. */
+  private readonly held = new Set<Held>();
   private readonly releasedRuns = new Set<string>();
   private idle: (() => void)[] = [];
   private stopping: Promise<void> | null = null;
@@ -81,6 +107,7 @@ export class WorkerRuntime implements WorkerLink {
     private readonly logger: JobLogger,
     private readonly capacity: Map<string, number>,
     private readonly shutdownTimeoutMs: number,
+    private readonly abandonAfterMs: number,
   ) {
     this.slotOf = new Map([...capacity.keys()].map((name, i) => [name, i]));
   }
@@ -178,8 +205,9 @@ export class WorkerRuntime implements WorkerLink {
   /**
    * Executes one ticket. Its outcome is queued and reported together with
    * the others that end in the same turn of the microtask queue. A cancel,
-   * the engine's timeout or a stop ends the attempt at once; whatever the
-   * handler does later is ignored.
+   * the engine's timeout or a stop ends the attempt at once (the engine
+   * has applied it; whatever the handler does later is ignored), but the
+   * slot stays taken while the handler runs (see `hold`).
    */
   private execute(ticket: Ticket, checkLive: boolean): void {
     const { id, epoch } = ticket;
@@ -194,6 +222,65 @@ export class WorkerRuntime implements WorkerLink {
   }
 
   private ended(ticket: Ticket, attempt: Attempt, outcome: Outcome | null): void {
+    // Aborted while its handler runs on: the pool's concurrency bounds
+    // handlers running, so the slot is given up only when it settles.
+    if (outcome === null && attempt.handlerRunning) return this.hold(ticket, attempt);
+    this.report(ticket, attempt, outcome);
+  }
+
+  /**
+   * Keeps the slot of an aborted attempt until its handler settles; after
+   * `abandonAfterMs` of engine time (from the abort, as the run's timeout
+   * is counted) frees it anyway and says so, once. A shutdown abort is
+   * stop()'s to abandon.
+   */
+  private hold(ticket: Ticket, attempt: Attempt): void {
+    const held: Held = { ticket, attempt, cancel: () => undefined };
+    this.held.add(held);
+    attempt.onHandlerEnd = () => this.unhold(held);
+    if (attempt.abortReason === 'shutdown') return;
+    const sleep = this.backend.clock.sleep(this.abandonAfterMs);
+    held.cancel = sleep.cancel;
+    void sleep.promise.then(() => this.abandon(held));
+  }
+
+  /** The handler of a held attempt settled: its slot is freed (no outcome: the engine has applied the abort). */
+  private unhold(held: Held): void {
+    if (!this.held.delete(held)) return;
+    held.cancel();
+    try {
+      this.report(held.ticket, held.attempt, null);
+    } catch (e) {
+      this.logger.error('jobforge: freeing the slot of an aborted attempt failed', e);
+    }
+  }
+
+  /** Frees a held attempt's slot while its handler still runs (`atStop`: by stop(), unlogged); a later settle is ignored. */
+  private abandon(held: Held, atStop = false): void {
+    if (!this.held.delete(held)) return;
+    held.cancel();
+    const { ticket, attempt } = held;
+    attempt.onHandlerEnd = undefined;
+    try {
+      if (!atStop) {
+        const what = attempt.abortReason === 'canceled' ? 'was canceled' : 'timed out';
+        this.logger.warn(
+          `jobforge: the handler of run ${ticket.id} (${ticket.jobType}) still runs ${this.abandonAfterMs} ms after its run ${what} ` +
+            `(it ignores ctx.signal): abandoned, its slot in pool '${ticket.pool}' is freed; whatever it does from now on is ignored`,
+        );
+      }
+    } catch {
+      // A logger that throws must not keep the slot taken (nor crash the process).
+    }
+    try {
+      this.report(ticket, attempt, null);
+    } catch (e) {
+      this.logger.error('jobforge: freeing the slot of an abandoned attempt failed', e);
+    }
+  }
+
+  /** Queues the end of an attempt whose handler is done (or abandoned) for the next report, which frees its slot. */
+  private report(ticket: Ticket, attempt: Attempt, outcome: Outcome | null): void {
     // Settled in time: the report below may wait a few turns, the timeout must not.
     if (outcome !== null && ticket.timeoutMs !== null) this.backend.attemptSettled(ticket.id, ticket.epoch);
     if (attempt.worker === this) {
@@ -301,8 +388,9 @@ export class WorkerRuntime implements WorkerLink {
       ]);
       cancelTimer();
       if (timedOut) {
-        // Still running after the grace period: back to pending, then abort.
-        const mine = [...this.attempts.entries()].filter(([, a]) => a.worker === this);
+        // Still running after the grace period: back to pending, then abort
+        // (those already aborted hold their slots: their runs are over).
+        const mine = [...this.attempts.entries()].filter(([, a]) => a.worker === this && !a.aborted);
         for (const [runId, a] of mine) {
           let released = false;
           try {
@@ -313,6 +401,20 @@ export class WorkerRuntime implements WorkerLink {
           if (released) this.releasedRuns.add(runId);
           a.abort('shutdown');
         }
+        // A handler that honours its signal settles at once; one that does
+        // not is abandoned, or stop() would outlast shutdownTimeoutMs by
+        // however long it runs.
+        if (this.held.size > 0) {
+          let cancelGrace = () => undefined as void;
+          await Promise.race([
+            this.drained(),
+            new Promise<void>((r) => (cancelGrace = after(Math.min(SHUTDOWN_ABORT_GRACE_MS, this.abandonAfterMs), r))),
+          ]);
+          cancelGrace();
+        }
+        // Quietly: a process shutting down while handlers wait on
+        // something slow is ordinary, and their runs are back to pending.
+        for (const h of [...this.held]) this.abandon(h, true);
         await this.drained();
       }
       // Batches claimed just before stop() may still be crossing to JS

@@ -17,8 +17,15 @@ export class Attempt {
   private waiters?: (() => void)[] | undefined;
   /** Set while the handler races its abort: ends the race. */
   onAbort?: (() => void) | undefined;
-  /** The worker executing this attempt (worker attempts only; see `WorkerRuntime.track`). */
+  /** The worker executing this attempt (worker attempts only; see `WorkerRuntime.execute`). */
   worker?: object | undefined;
+  /**
+   * The handler was called and has not returned or settled yet: after an
+   * abort it may still be running (one that ignores `ctx.signal`).
+   */
+  handlerRunning = false;
+  /** Set by a worker holding the slot of an aborted attempt: called once the handler settles. */
+  onHandlerEnd?: (() => void) | undefined;
 
   constructor(readonly epoch: number) {}
 
@@ -45,6 +52,14 @@ export class Attempt {
     this.onAbort?.();
     for (const w of this.waiters ?? []) w();
     this.waiters = undefined;
+  }
+
+  /** The handler returned or its promise settled. */
+  handlerEnded(): void {
+    this.handlerRunning = false;
+    const f = this.onHandlerEnd;
+    this.onHandlerEnd = undefined;
+    f?.();
   }
 
   whenAborted(): Promise<void> {

@@ -22,7 +22,9 @@ export class Executor {
   /**
    * Runs the handler of `ticket`; `done` gets the outcome exactly once,
    * null when the attempt was aborted first. Whatever the handler does
-   * later is ignored.
+   * later is ignored, but whether it still runs is not:
+   * `attempt.handlerRunning` says so, and `attempt.handlerEnded()` is
+   * called when it returns or settles (a worker's slot is held till then).
    */
   run(ticket: Ticket, attempt: Attempt, done: (outcome: Outcome | null) => void): void {
     let settled = false;
@@ -37,15 +39,18 @@ export class Executor {
     const reg = this.handlers.get(ticket.jobType);
     if (!reg) return settle(NO_HANDLER);
     let result: unknown;
+    attempt.handlerRunning = true;
     try {
       result = this.invoke(reg, ticket, attempt);
     } catch (e) {
+      attempt.handlerEnded();
       return settle(failedOutcome(e));
     }
     // Promise.resolve: a native promise as is; a thenable (even one whose
     // `then` throws) or a plain value the way `await` would take it.
     Promise.resolve(result).then(
       (value) => {
+        attempt.handlerEnded();
         // Reading the output can throw too (a proxy's trap, a getter).
         let outcome: Outcome;
         try {
@@ -55,7 +60,10 @@ export class Executor {
         }
         settle(outcome);
       },
-      (e) => settle(failedOutcome(e)),
+      (e) => {
+        attempt.handlerEnded();
+        settle(failedOutcome(e));
+      },
     );
   }
 

@@ -463,13 +463,18 @@ impl<S: Store + Coordination> Worker<S> {
         }
     }
 
-    fn slot_freed(&self, slot: usize, id: &RunId) {
+    /// The attempt `epoch` of `id` ended: its slot is free and its lease
+    /// no longer renewed. A newer attempt of the same run held here (a
+    /// retry claimed while a timed-out handler still ran) keeps its lease.
+    fn slot_freed(&self, slot: usize, id: &RunId, epoch: u32) {
         if let Some(p) = self.pools.get(slot) {
             p.release(1);
         }
         if self.shared {
             if let Ok(mut h) = self.held.lock() {
-                h.remove(id);
+                if h.get(id) == Some(&epoch) {
+                    h.remove(id);
+                }
             }
         }
     }
@@ -522,7 +527,7 @@ impl<S: Store + Coordination> Worker<S> {
             };
             // Slots freed by this batch are claimable in the same transaction.
             for d in &batch {
-                self.slot_freed(d.slot, &d.end.id);
+                self.slot_freed(d.slot, &d.end.id, d.end.epoch);
             }
             let starved = self.starved.load(Ordering::SeqCst);
             if !stopping {
@@ -647,7 +652,7 @@ impl<S: Store + Coordination> Worker<S> {
                 for (id, epoch, pool) in dispatched {
                     let _ = self.on_store(move |e| e.release_attempt(&id, epoch)).await;
                     if let Some(slot) = self.pools.iter().position(|p| p.name == pool) {
-                        self.slot_freed(slot, &id);
+                        self.slot_freed(slot, &id, epoch);
                     }
                 }
             }
@@ -668,7 +673,8 @@ impl<S: Store + Coordination> Worker<S> {
             }
             if self.shared {
                 if let Ok(mut h) = self.held.lock() {
-                    h.insert(d.end.id, d.end.epoch);
+                    // Not over a newer attempt of the run held meanwhile.
+                    h.entry(d.end.id).or_insert(d.end.epoch);
                 }
             }
         }

@@ -275,11 +275,15 @@ export class JobOrchestrator<Jobs extends object = AnyJobs> {
   }
 
   /**
-   * Postgres: closes idle database connections (stop the worker first).
-   * The orchestrator reconnects if used again. Memory: a no-op.
+   * Postgres: closes idle database connections (stop the worker first)
+   * and stops listening for other processes' run events (so a process
+   * kept alive by `on()` listeners may exit). The orchestrator reconnects
+   * if used again; a later `on()` or `waitForRun` listens again. Memory: a
+   * no-op.
    */
   async close(): Promise<void> {
     await this.store.close();
+    this.events.closed();
   }
 
   // ── registration ───────────────────────────────────────────────────

@@ -75,8 +75,14 @@ export class RunEvents {
 
   private hold(listening: boolean): void {
     if (listening && this.keepAlive === null) {
-      // A timer that never fires: what keeps the event loop running.
-      this.keepAlive = setInterval(() => undefined, 0x7fffffff);
+      // A timer is what keeps the event loop running. It holds these
+      // events only weakly: an orchestrator dropped without close() is
+      // collected (its engine then stops listening) and the timer goes.
+      const owner = new WeakRef(this);
+      const timer = setInterval(() => {
+        if (owner.deref() === undefined) clearInterval(timer);
+      }, 10_000);
+      this.keepAlive = timer;
     } else if (!listening && this.keepAlive !== null) {
       clearInterval(this.keepAlive);
       this.keepAlive = null;

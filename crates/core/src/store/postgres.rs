@@ -2109,8 +2109,61 @@ impl StoreTx for PgTx<'_> {
 
 #[cfg(test)]
 mod tests {
-    use super::attempt_budget;
+    use super::{
+        announcement_payloads, attempt_budget, events_channel, parse_transition, Transition,
+    };
+    use crate::model::{RunId, RunStatus};
     use std::time::Duration;
+
+    #[test]
+    fn announcements_fit_a_notification_and_read_back_as_sent() {
+        let statuses = [
+            RunStatus::Completed,
+            RunStatus::Failed,
+            RunStatus::TimedOut,
+            RunStatus::Canceled,
+            RunStatus::Pending,
+        ];
+        let sent: Vec<Transition> = (0..1000u32)
+            .map(|i| Transition {
+                run: RunId::new_v4(),
+                status: statuses[i as usize % statuses.len()],
+                epoch: u32::MAX - i,
+                attempts: i,
+            })
+            .collect();
+        let payloads = announcement_payloads("0123456789abcdef", &sent);
+        assert!(payloads.len() > 1, "a thousand take several notifications");
+        let mut back = Vec::new();
+        for p in &payloads {
+            // PostgreSQL refuses a payload of 8000 bytes or more.
+            assert!(p.len() < 8000, "payload of {} bytes", p.len());
+            let mut words = p.split(' ');
+            assert_eq!(words.next(), Some("0123456789abcdef"));
+            back.extend(words.map(|w| parse_transition(w).expect("an entry")));
+        }
+        assert_eq!(back, sent);
+        // A running run is no event: not announced.
+        let running = Transition {
+            status: RunStatus::Running,
+            ..sent[0]
+        };
+        assert!(announcement_payloads("0123456789abcdef", &[running]).is_empty());
+        for bad in ["", "x:c:1:1", "00000000-0000-4000-8000-000000000000:q:1:1", "00000000-0000-4000-8000-000000000000:c:1:1:9"] {
+            assert_eq!(parse_transition(bad), None, "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn the_events_channel_is_no_wake_up_channel_and_fits_a_name() {
+        assert_eq!(events_channel("jobs"), "jobforge:events:jobs");
+        // No schema's wake-up channel (`jobforge_<schema>`) starts this way.
+        assert!(!events_channel("x").starts_with("jobforge_"));
+        let long = "s".repeat(80);
+        let named = events_channel(&long);
+        assert!(named.len() <= 63, "{named}");
+        assert_ne!(named, events_channel(&"t".repeat(80)));
+    }
 
     #[test]
     fn a_connection_attempt_gets_the_timeout_once_per_address_it_may_try() {

@@ -84,9 +84,8 @@ impl EventFeed {
         std::thread::Builder::new()
             .name("jobforge-events".to_owned())
             .spawn(move || {
-                let wanted = || {
-                    engine.events_wanted() && state.lock().map(|s| !s.closed).unwrap_or(false)
-                };
+                let wanted =
+                    || engine.events_wanted() && state.lock().map(|s| !s.closed).unwrap_or(false);
                 let mut failures = 0;
                 loop {
                     {

@@ -792,7 +792,10 @@ fn another_engine_hears_every_transition_of_a_cascade_and_its_own_store_hears_no
     };
     let a = Arc::new(a);
     let b = Arc::new(engine_on(&cfg));
-    let (heard_a, heard_b) = (Arc::new(HeardEvents::default()), Arc::new(HeardEvents::default()));
+    let (heard_a, heard_b) = (
+        Arc::new(HeardEvents::default()),
+        Arc::new(HeardEvents::default()),
+    );
     a.set_observer(heard_a.clone());
     b.set_observer(heard_b.clone());
     a.register(spec("big")).unwrap();
@@ -805,7 +808,9 @@ fn another_engine_hears_every_transition_of_a_cascade_and_its_own_store_hears_no
         a.start(r).unwrap();
     }
     for _ in 0..N / 2 {
-        a.claim_next("batch").unwrap().expect("a pending run to claim");
+        a.claim_next("batch")
+            .unwrap()
+            .expect("a pending run to claim");
     }
     // Both listen; A's events are its own (it reports them itself), so
     // its feed must leave its store's announcements out.
@@ -818,8 +823,12 @@ fn another_engine_hears_every_transition_of_a_cascade_and_its_own_store_hears_no
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
     while heard_b.0.lock().unwrap().is_empty() {
         let probe = a.start(req("big", "{}")).unwrap();
-        a.cancel(&probe.id.to_string(), false, &TenantArg::Missing).unwrap();
-        assert!(std::time::Instant::now() < deadline, "B's feed never heard the probe");
+        a.cancel(&probe.id.to_string(), false, &TenantArg::Missing)
+            .unwrap();
+        assert!(
+            std::time::Instant::now() < deadline,
+            "B's feed never heard the probe"
+        );
         std::thread::sleep(std::time::Duration::from_millis(50));
     }
     heard_b.0.lock().unwrap().clear();
@@ -852,7 +861,8 @@ fn another_engine_hears_every_transition_of_a_cascade_and_its_own_store_hears_no
     };
     assert_eq!(b.report_transitions_elsewhere(&[stale]).unwrap(), 0);
     assert_eq!(
-        b.report_transitions_elsewhere(&[store::Transition::of(&moved)]).unwrap(),
+        b.report_transitions_elsewhere(&[store::Transition::of(&moved)])
+            .unwrap(),
         1
     );
     feed_a.close();

@@ -3,8 +3,8 @@
 //! clock.
 
 use super::{Effects, Engine, EngineObserver};
-use crate::model::*;
 use crate::error::Result;
+use crate::model::*;
 use crate::store::{Store, StoreTx, Transition};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;

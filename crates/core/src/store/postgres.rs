@@ -1100,7 +1100,10 @@ fn events_channel(schema: &str) -> String {
     if name.len() <= 63 {
         name
     } else {
-        format!("jobforge:events:#{:016x}", lock_key(b'e', None, schema, "") as u64)
+        format!(
+            "jobforge:events:#{:016x}",
+            lock_key(b'e', None, schema, "") as u64
+        )
     }
 }
 
@@ -2149,7 +2152,12 @@ mod tests {
             ..sent[0]
         };
         assert!(announcement_payloads("0123456789abcdef", &[running]).is_empty());
-        for bad in ["", "x:c:1:1", "00000000-0000-4000-8000-000000000000:q:1:1", "00000000-0000-4000-8000-000000000000:c:1:1:9"] {
+        for bad in [
+            "",
+            "x:c:1:1",
+            "00000000-0000-4000-8000-000000000000:q:1:1",
+            "00000000-0000-4000-8000-000000000000:c:1:1:9",
+        ] {
             assert_eq!(parse_transition(bad), None, "{bad:?}");
         }
     }

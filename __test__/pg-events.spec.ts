@@ -67,8 +67,8 @@ function onOneSchema(t: ExecutionContext, make: Make, opts: JobOrchestratorOptio
   t.teardown(async () => {
     for (const o of made) await o.close();
   });
-  const orchestrator = () => {
-    const o = new JobOrchestrator(full);
+  const orchestrator = (extra: JobOrchestratorOptions = {}) => {
+    const o = new JobOrchestrator({ ...full, ...extra });
     made.push(o);
     return o;
   };
@@ -284,4 +284,28 @@ postgresOnly('a process that only listens hears a run another process executed, 
   t.is(code, 0, `child: ${String(code)}; stderr: ${err}`);
   t.deepEqual(JSON.parse(out.trim()), { id: run.id, status: 'completed', output: { from: 'parent' } });
   t.is(await eventListeners(admin, schema), 0);
+});
+
+postgresOnly('a listener whose connection the server ends logs it, reconnects, logs that, and hears events again', async (t, make) => {
+  const admin = await adminClient(t);
+  const { orchestrator, schema } = onOneSchema(t, make);
+  const a = orchestrator();
+  await a.migrate();
+  a.registerHandler('ev.ok', { pool: 'ev' }, async () => ({}));
+  const worker = a.startWorker({ pools: { ev: { concurrency: 2 } } });
+  t.teardown(() => worker.stop());
+  const logged: string[] = [];
+  const logger = { ...silentLogger, error: (...m: unknown[]) => void logged.push(m.map(String).join(' ')) };
+  const b = orchestrator({ logger });
+  const seen: string[] = [];
+  b.on('run:completed', (r) => void seen.push(r.id));
+  await until('B to listen', async () => (await eventListeners(admin, schema)) === 1);
+  await admin.query(`SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE query = $1`, [`LISTEN "jobforge:events:${schema}"`]);
+  await until('the loss to be logged', () => logged.some((m) => /not received/.test(m)), 5000);
+  await until('B to listen again', async () => (await eventListeners(admin, schema)) === 1, 10_000);
+  await until('the recovery to be logged', () => logged.some((m) => /received again/.test(m)), 5000);
+  t.is(logged.length, 2, logged.join('\n'));
+  const r = await a.start('ev.ok', {});
+  await until('B to hear a run after the reconnect', () => seen.includes(r.id), 5000);
+  t.pass();
 });

@@ -239,6 +239,7 @@ export class JobOrchestrator<Jobs extends object = AnyJobs> {
       deliver: (n) => {
         for (const { runId, epoch, reason } of n.aborts) attempts.abort(runId, epoch, reason);
         for (const raw of n.events) events.emit(fromTuple(raw));
+        for (const message of n.troubles) this.logger.error(message);
       },
     };
     const core = { multiTenant: this.multiTenant, clock, retention: options.retention };

@@ -15,6 +15,7 @@
 use crate::engine::Engine;
 use crate::store::{Coordination, Store, Transition};
 use crate::worker::backoff;
+use std::cell::Cell;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -87,6 +88,24 @@ impl EventFeed {
                 let wanted =
                     || engine.events_wanted() && state.lock().map(|s| !s.closed).unwrap_or(false);
                 let mut failures = 0;
+                // Whether trouble was reported and not yet its end: one
+                // message when it starts, one when events arrive again.
+                let troubled = Cell::new(false);
+                let trouble = |what: String| {
+                    if !troubled.replace(true) {
+                        engine.report_trouble(format!(
+                            "jobforge: run events of other processes are not received ({what}); \
+                             retrying, and transitions committed meanwhile are not heard"
+                        ));
+                    }
+                };
+                let untroubled = || {
+                    if troubled.replace(false) {
+                        engine.report_trouble(
+                            "jobforge: run events of other processes are received again".to_owned(),
+                        );
+                    }
+                };
                 loop {
                     {
                         // Decided under the lock `sync` takes: a listener
@@ -101,10 +120,17 @@ impl EventFeed {
                     let report = |told: Vec<Transition>| {
                         // A failed read loses these events (best effort,
                         // like a notification missed while reconnecting).
-                        let _ = engine.report_transitions_elsewhere(&told);
+                        match engine.report_transitions_elsewhere(&told) {
+                            Ok(_) => untroubled(),
+                            Err(e) => trouble(format!("reading their rows failed: {e}")),
+                        }
                     };
                     let began = Instant::now();
-                    if engine.store().listen_transitions(&wanted, &report).is_err() {
+                    let listened = engine
+                        .store()
+                        .listen_transitions(&wanted, &untroubled, &report);
+                    if let Err(e) = listened {
+                        trouble(format!("listening failed: {e}"));
                         if began.elapsed() > Duration::from_secs(10) {
                             failures = 0;
                         }

@@ -128,6 +128,15 @@ impl<S: Store> Engine<S> {
         Ok(n)
     }
 
+    /// Tells the observer of trouble outside any call (see
+    /// `EngineObserver::trouble`).
+    pub fn report_trouble(&self, message: String) {
+        let observer = self.observer.read().ok().and_then(|o| o.clone());
+        if let Some(o) = observer {
+            o.trouble(message);
+        }
+    }
+
     pub fn set_observer(&self, observer: Arc<dyn EngineObserver>) {
         if let Ok(mut o) = self.observer.write() {
             *o = Some(observer);

@@ -149,7 +149,7 @@ pub trait Coordination {
     /// Blocks the calling thread, telling `on_transitions` of the run-event
     /// transitions other processes commit ([`StoreTx::announce`]), a batch
     /// at a time, until `keep_going` returns false (asked at least every
-    /// 200 ms). This process's own announcements are left out: it reported
+    /// 200 ms). `on_listening` is called once the store listens. This process's own announcements are left out: it reported
     /// them itself. Nothing is replayed: transitions committed while no one
     /// listened (before the call, or while it reconnects after an error)
     /// are not told. A store no one shares has nothing to tell and returns
@@ -157,6 +157,7 @@ pub trait Coordination {
     fn listen_transitions(
         &self,
         _keep_going: &dyn Fn() -> bool,
+        _on_listening: &dyn Fn(),
         _on_transitions: &dyn Fn(Vec<Transition>),
     ) -> Result<()> {
         Ok(())

@@ -807,12 +807,14 @@ impl PgStore {
     pub fn listen_transitions(
         &self,
         keep_going: &dyn Fn() -> bool,
+        on_listening: &dyn Fn(),
         on_transitions: &dyn Fn(Vec<Transition>),
     ) -> Result<()> {
         let mut client = connect_bounded(&self.pool.config, &self.pool.stuck, self.pool.max)?;
         client
             .batch_execute(&format!("LISTEN {}", quote_ident(&self.events_channel)))
             .map_err(db_err)?;
+        on_listening();
         while keep_going() {
             let mut told = Vec::new();
             let mut n = client.notifications();
@@ -1000,9 +1002,10 @@ impl super::Coordination for PgStore {
     fn listen_transitions(
         &self,
         keep_going: &dyn Fn() -> bool,
+        on_listening: &dyn Fn(),
         on_transitions: &dyn Fn(Vec<Transition>),
     ) -> Result<()> {
-        PgStore::listen_transitions(self, keep_going, on_transitions)
+        PgStore::listen_transitions(self, keep_going, on_listening, on_transitions)
     }
 }
 

@@ -379,6 +379,8 @@ export interface Notices {
   events: RunTuple[];
   /** Attempt timeouts are due: apply them (`expireAttempts`) on this turn. */
   expire: boolean;
+  /** For the orchestrator's logger: trouble outside any call (the listener of other processes' events). */
+  troubles: string[];
 }
 
 export function parseNotices(json: string): Notices {

@@ -31,12 +31,14 @@
 // Modules depend one way, from the leaves up: `clock`, `cron` and
 // `template` use no other; `model` uses those; `error` uses `model` and
 // converts `template`'s errors; `store` uses `model` and `error`;
-// `engine` the store; `worker` the engine.
+// `engine` the store; `worker` the engine. `random` (retry jitter) uses
+// nothing.
 pub mod clock;
 pub mod cron;
 pub mod engine;
 pub mod error;
 pub mod model;
+pub mod random;
 pub mod store;
 pub mod template;
 pub mod worker;

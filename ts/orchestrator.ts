@@ -364,9 +364,16 @@ export class JobOrchestrator<Jobs extends object = AnyJobs> {
     });
   }
 
-  /** Resets a terminal run to pending (contract "replay"). */
-  replay(runId: string): Promise<JobRun> {
-    return this.whenReady(() => this.store.replay(String(runId), undefined));
+  /**
+   * Resets a terminal run to pending (contract "replay"). Multi-tenant: the
+   * gate of `cancel` — `tenantId` is required (null: a null-tenant run), and
+   * another tenant's run is `JobRunNotFoundError`, with nothing changed.
+   */
+  replay(runId: string, opts?: TenantOptions): Promise<JobRun> {
+    return settled(() => {
+      const tenant = tenantOf(opts);
+      return this.whenReady(() => this.store.replay(String(runId), tenant));
+    });
   }
 
   /** Claims the next due, claimable run of `pool`, or null. */

@@ -641,7 +641,7 @@ fn failed_run_of_a(e: &Engine<MemoryStore>) -> RunRow {
     r.tenant = TenantArg::Id("A".into());
     e.start(r).unwrap();
     let c = e.claim_next("batch").unwrap().unwrap();
-    fail(&e, &c, None).unwrap()
+    fail(e, &c, None).unwrap()
 }
 
 #[test]

@@ -378,7 +378,9 @@ function forgeSide(multiTenant: boolean): Side {
     claimNext: (pool) => o.claimNext(pool),
     tick: (id) => o.tick(id),
     cancel: (id, opts) => o.cancel(id, opts as never),
-    replay: (id) => o.replay(id),
+    // replay is tenant-gated (issue 21; the seed's takes no tenant): the
+    // operator replays with the run's own tenant, as it reads rows.
+    replay: (id) => o.replay(id, gate(id)),
     row: (id) => o.findById(id, gate(id)),
     steps: (id) => o.listSteps(id, gate(id)),
     ids: [],

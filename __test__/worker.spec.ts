@@ -881,7 +881,10 @@ test('a malformed ctx.step retry policy is refused before the step runs; no step
   const bad = [
     { attempts: NaN, backoff: 'fixed', baseMs: 10 },
     { attempts: 3, baseMs: 10 },
-    { attempts: 2, backoff: 'linear', baseMs: 0 },
+    { attempts: 2, backoff: 'quadratic', baseMs: 0 },
+    { attempts: 2, backoff: 'fixed', baseMs: 0, jitter: 'sometimes' },
+    { attempts: 2, backoff: 'fixed', baseMs: 0, maxDelayMs: -1 },
+    { attempts: 2, backoff: 'fixed', baseMs: 0, retyr: 1 },
     { attempts: 2, backoff: 'fixed', baseMs: 1.5 },
     { attempts: 2, backoff: 'fixed', baseMs: Infinity },
     { attempts: 0, backoff: 'fixed', baseMs: 0 },

@@ -226,7 +226,7 @@ fn cancel<S: AnyStore>(e: &Engine<S>, req: &str) -> Result<String> {
 
 fn replay<S: AnyStore>(e: &Engine<S>, req: &str) -> Result<String> {
     let r: RunReq = request(req, "replay")?;
-    e.replay(&r.run_id)
+    e.replay(&r.run_id, &r.tenant)
         .map(|r| wire::row_text(&r))
         .map_err(to_napi)
 }

@@ -5,7 +5,7 @@
  * `worker.ts`, events and waits are `events.ts`. The rules (lanes, dedupe,
  * retries, cascade, memoization) are all in the Rust core.
  */
-import { JobClockError, JobInputInvalidError, JobWorkerStateError } from './errors';
+import { JobClockError, JobInputInvalidError, JobWorkerStateError, MissingTenantIdError } from './errors';
 import type { Backend, NoticeSink } from './backend/backend';
 import { MemoryBackend } from './backend/memory';
 import { checkPostgresOptions, PostgresBackend, type PostgresOptions } from './backend/postgres';
@@ -369,9 +369,16 @@ export class JobOrchestrator<Jobs extends object = AnyJobs> {
     });
   }
 
-  /** Resets a terminal run to pending (contract "replay"). */
-  replay(runId: string): Promise<JobRun> {
-    return this.whenReady(() => this.store.replay(String(runId), undefined));
+  /**
+   * Resets a terminal run to pending (contract "replay"). Multi-tenant: the
+   * gate of `cancel` — `tenantId` is required (null: a null-tenant run), and
+   * another tenant's run is `JobRunNotFoundError`, with nothing changed.
+   */
+  replay(runId: string, opts?: TenantOptions): Promise<JobRun> {
+    return settled(() => {
+      const tenant = tenantOf(opts);
+      return this.whenReady(() => this.store.replay(String(runId), tenant));
+    });
   }
 
   /** Claims the next due, claimable run of `pool`, or null. */
@@ -581,7 +588,12 @@ export class JobOrchestrator<Jobs extends object = AnyJobs> {
   waitForRun(runId: string, opts: WaitForRunOptions = {}): Promise<JobRun> {
     return settled(() => {
       const o = opts ?? {};
-      return this.events.waitForRun(runId, o.timeoutMs, (id) => this.findById(id, o));
+      // The engine's findById gate decides; its refusal names the call made.
+      const find = (id: string) =>
+        this.findById(id, o).catch((e: unknown) => {
+          throw e instanceof MissingTenantIdError ? new MissingTenantIdError('waitForRun') : e;
+        });
+      return this.events.waitForRun(runId, o.timeoutMs, find);
     });
   }
 

@@ -20,9 +20,21 @@ export interface JobRunError {
 }
 
 export interface RetryPolicy {
+  /** Attempts in all (the first one included); at least 1. */
   attempts: number;
-  backoff: 'fixed' | 'exponential';
+  /**
+   * How the delay before retry n (after attempt n failed) grows: `fixed` →
+   * `baseMs`; `linear` → `baseMs × n`; `exponential` → `baseMs × 2^(n-1)`.
+   */
+  backoff: 'fixed' | 'linear' | 'exponential';
   baseMs: number;
+  /** Upper bound of that delay (applied before jitter). Default: none (2^53 - 1 ms). */
+  maxDelayMs?: number | undefined;
+  /**
+   * Randomises the delay d: `none` (default) waits d; `full` a uniform
+   * draw in [0, d]; `equal` one in [d/2, d].
+   */
+  jitter?: 'none' | 'full' | 'equal' | undefined;
   /** Errors that are not retried, matched against the thrown error's `name` or `code`. */
   nonRetryableErrors?: string[] | undefined;
 }

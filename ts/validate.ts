@@ -62,6 +62,21 @@ export function checkCount(name: string, v: unknown): void {
   }
 }
 
+/**
+ * Refuses an own key of `o` that is not in `known`, naming it: a misspelt
+ * option (`retyr`, `maxDelayMS`) would otherwise be dropped without a word
+ * and the caller get a behaviour other than the one asked for.
+ */
+export function checkKeys(o: object, known: ReadonlySet<string>, what: string): void {
+  for (const k in o) {
+    if (!known.has(k) && Object.prototype.hasOwnProperty.call(o, k)) unknownKey(k, known, what);
+  }
+}
+
+function unknownKey(k: string, known: Iterable<string>, what: string): never {
+  throw new JobInputInvalidError(`${what}: unknown key '${k}' (known: ${[...known].join(', ')})`);
+}
+
 /** Options of a start as the caller may pass them. */
 export interface StartOptionsInput {
   scope?: { entityType: string; entityId: string } | undefined;
@@ -82,7 +97,10 @@ const I32_MIN = -2147483648;
 const I32_MAX = 2147483647;
 
 /** The start options a caller may give (`StartOptionsInput`'s keys). */
-const START_KEYS = 'scope, pool, runAt, priority, tags, triggerSource, triggerRef, parentClosePolicy, parentRunId, tenantId';
+const START_KEYS: ReadonlySet<string> = new Set([
+  'scope', 'pool', 'runAt', 'priority', 'tags', 'triggerSource', 'triggerRef', 'parentClosePolicy', 'parentRunId', 'tenantId',
+]);
+const own = (o: object, k: string): boolean => Object.prototype.hasOwnProperty.call(o, k);
 
 /** A string start option: absent (undefined or null), or checked text. */
 function optionText(k: string, v: unknown): string | undefined {
@@ -107,7 +125,11 @@ export function startOptions(opts: StartOptionsInput | undefined): StartWire {
   const o = opts as Record<string, unknown>;
   for (const k in o) {
     const v = o[k];
-    if (v === undefined) continue;
+    if (v === undefined) {
+      // Given as undefined is not given, but a misspelt key is still refused.
+      if (!START_KEYS.has(k) && own(o, k)) unknownKey(k, START_KEYS, 'start options');
+      continue;
+    }
     switch (k) {
       case 'priority':
         out.priority = checkPriority(v);
@@ -155,7 +177,8 @@ export function startOptions(opts: StartOptionsInput | undefined): StartWire {
         if (v !== null) out.tags = checkTags(v);
         break;
       default:
-        throw new JobInputInvalidError(`unknown start option '${k}' (known: ${START_KEYS})`);
+        // An inherited key is not the caller's option (as JSON would not write it).
+        if (own(o, k)) unknownKey(k, START_KEYS, 'start options');
     }
   }
   return out;
@@ -193,25 +216,63 @@ function checkTags(v: unknown): Record<string, string> {
   return tags as Record<string, string>;
 }
 
+const RETRY_KEYS: ReadonlySet<string> = new Set(['attempts', 'backoff', 'baseMs', 'maxDelayMs', 'jitter', 'nonRetryableErrors']);
+const BACKOFFS: ReadonlySet<unknown> = new Set(['fixed', 'linear', 'exponential']);
+const JITTERS: ReadonlySet<unknown> = new Set(['none', 'full', 'equal']);
+
 /**
  * A retry policy as the engine reads it (`RetryPolicy`), checked before
  * anything runs: a step's policy is used only once its function failed.
+ * The engine refuses the same policies (unknown keys and words, bad
+ * numbers); this names the option in the caller's terms.
  */
 export function checkRetryPolicy(p: unknown, what: string): void {
   const bad = (why: string) => new JobInputInvalidError(`${what}: ${why}`);
   if (p === null || typeof p !== 'object' || Array.isArray(p)) throw bad('must be an object');
+  checkKeys(p, RETRY_KEYS, what);
   const r = p as Record<string, unknown>;
-  const { attempts, backoff, baseMs, nonRetryableErrors } = r;
+  const { attempts, backoff, baseMs, maxDelayMs, jitter, nonRetryableErrors } = r;
   if (typeof attempts !== 'number' || !Number.isInteger(attempts) || attempts < 1 || attempts > 0xffffffff) {
     throw bad(`attempts must be an integer >= 1, got ${String(attempts)}`);
   }
-  if (backoff !== 'fixed' && backoff !== 'exponential') throw bad(`backoff must be 'fixed' or 'exponential', got ${String(backoff)}`);
+  if (!BACKOFFS.has(backoff)) throw bad(`backoff must be 'fixed', 'linear' or 'exponential', got ${String(backoff)}`);
   if (typeof baseMs !== 'number' || !Number.isSafeInteger(baseMs) || baseMs < 0) {
     throw bad(`baseMs must be an integer >= 0, got ${String(baseMs)}`);
+  }
+  // null is "not given", as everywhere in the meta.
+  if (maxDelayMs !== undefined && maxDelayMs !== null && (typeof maxDelayMs !== 'number' || !Number.isSafeInteger(maxDelayMs) || maxDelayMs < 0)) {
+    throw bad(`maxDelayMs must be an integer >= 0, got ${String(maxDelayMs)}`);
+  }
+  if (jitter !== undefined && jitter !== null && !JITTERS.has(jitter)) {
+    throw bad(`jitter must be 'none', 'full' or 'equal', got ${String(jitter)}`);
   }
   if (nonRetryableErrors !== undefined && nonRetryableErrors !== null && (!Array.isArray(nonRetryableErrors) || nonRetryableErrors.some((e) => typeof e !== 'string'))) {
     throw bad('nonRetryableErrors must be an array of strings');
   }
+}
+
+/** A retry policy as sent to the engine: the keys it reads, nulls (not given) left out. */
+export function retryPolicyWire(p: Record<string, unknown>): Record<string, unknown> {
+  const out: Record<string, unknown> = {};
+  for (const k of RETRY_KEYS) if (p[k] !== undefined && p[k] !== null) out[k] = p[k];
+  return out;
+}
+
+const STEP_KEYS: ReadonlySet<string> = new Set(['retry', 'timeoutMs']);
+const SPAWN_KEYS: ReadonlySet<string> = new Set(['closePolicy', 'runAt', 'priority', 'tags']);
+
+/** `ctx.step`'s options: an object of known keys (its values are checked where they are used). */
+export function checkStepOptions(opts: unknown, stepId: string): void {
+  if (opts === undefined || opts === null) return;
+  if (typeof opts !== 'object' || Array.isArray(opts)) throw new JobInputInvalidError(`step '${stepId}' options must be an object`);
+  checkKeys(opts, STEP_KEYS, `step '${stepId}' options`);
+}
+
+/** `ctx.spawnChild`'s options: an object of known keys (the values are checked as start options). */
+export function checkSpawnOptions(opts: unknown): void {
+  if (opts === undefined || opts === null) return;
+  if (typeof opts !== 'object' || Array.isArray(opts)) throw new JobInputInvalidError('spawnChild options must be an object');
+  checkKeys(opts, SPAWN_KEYS, 'spawnChild options');
 }
 
 /** A handler: a class with `run(ctx)`, a function, or an object with `run(ctx)`. */
@@ -228,13 +289,34 @@ export function isClass(h: unknown): h is new () => { run(ctx: unknown): unknown
   return typeof h === 'function' && typeof (h as { prototype?: { run?: unknown } }).prototype?.run === 'function';
 }
 
+/**
+ * The keys of a handler's meta. `triggers` is the seed's bridge-trigger
+ * list, read by its code generator and never by an orchestrator: accepted
+ * (and ignored) so meta written for the seed registers unchanged.
+ */
+const META_KEYS: ReadonlySet<string> = new Set(['pool', 'scope', 'retry', 'concurrency', 'dedupe', 'timeoutMs', 'replayFrom', 'triggers']);
+const CONCURRENCY_KEYS: ReadonlySet<string> = new Set(['key', 'collisionMode']);
+const DEDUPE_KEYS: ReadonlySet<string> = new Set(['key', 'windowMs']);
+const SCOPE_KEYS: ReadonlySet<string> = new Set(['entity', 'from']);
+
 /** What the engine is told about a job type (`DefinitionSpec` in Rust), from its meta. */
 export function definitionSpec(type: unknown, meta: unknown, handler: unknown, registeredAt: number): Record<string, unknown> & { type: string } {
   if (typeof type !== 'string' || type.length === 0) {
     throw new JobInputInvalidError('job type must be a non-empty string');
   }
   const m = (meta ?? {}) as JobHandlerMeta<unknown>;
-  if (typeof m !== 'object') throw new JobInputInvalidError(`meta of '${type}' must be an object`);
+  if (typeof m !== 'object' || Array.isArray(m)) throw new JobInputInvalidError(`meta of '${type}' must be an object`);
+  checkKeys(m, META_KEYS, `meta of '${type}'`);
+  for (const [v, known, what] of [
+    [m.concurrency, CONCURRENCY_KEYS, 'concurrency'],
+    [m.dedupe, DEDUPE_KEYS, 'dedupe'],
+    [m.scope, SCOPE_KEYS, 'scope'],
+  ] as const) {
+    if (v !== undefined && v !== null) {
+      if (typeof v !== 'object' || Array.isArray(v)) throw new JobInputInvalidError(`${what} of '${type}' must be an object`);
+      checkKeys(v, known, `${what} of '${type}'`);
+    }
+  }
   checkHandler(type, handler as JobHandler<unknown>);
   const key = (k: unknown, what: string): string | undefined => {
     if (k === undefined || k === null) return undefined;
@@ -253,6 +335,7 @@ export function definitionSpec(type: unknown, meta: unknown, handler: unknown, r
   whole(m.dedupe?.windowMs, 'dedupe.windowMs', 0);
   whole(m.retry?.attempts, 'retry.attempts', 1);
   whole(m.retry?.baseMs, 'retry.baseMs', 0);
+  whole(m.retry?.maxDelayMs, 'retry.maxDelayMs', 0);
   // null is "not given" throughout the meta, as in the seed (`meta.pool ?? 'batch'`).
   if (m.retry !== undefined && m.retry !== null) checkRetryPolicy(m.retry, `retry of '${type}'`);
   const strings: [unknown, string][] = [
@@ -272,7 +355,7 @@ export function definitionSpec(type: unknown, meta: unknown, handler: unknown, r
     type,
     pool: m.pool,
     scopeEntityType: m.scope?.entity,
-    retry: m.retry,
+    retry: m.retry === undefined || m.retry === null ? m.retry : retryPolicyWire(m.retry as unknown as Record<string, unknown>),
     timeoutMs: m.timeoutMs,
     concurrencyKey: key(m.concurrency?.key, 'concurrency'),
     collisionMode: m.concurrency?.collisionMode,

@@ -8,7 +8,7 @@ import type { JobContext, JobLogger, SpawnChildOptions, StepOptions } from '../h
 import { toJsonText } from '../json';
 import type { JobRun } from '../rows';
 import type { EngineClock } from '../clock';
-import { checkRetryPolicy, type StartOptionsInput } from '../validate';
+import { checkRetryPolicy, checkSpawnOptions, checkStepOptions, retryPolicyWire, type StartOptionsInput } from '../validate';
 import { describeFailure, type Ticket } from '../wire';
 import { ABORTED_STATUS, type Attempt } from './attempt';
 
@@ -83,6 +83,9 @@ async function spawnChild(
   input: unknown,
   opts: SpawnChildOptions | undefined,
 ): Promise<JobRun> {
+  // Checked before the engine is asked anything: a misspelt option must
+  // not be dropped.
+  checkSpawnOptions(opts);
   // As ctx.step: only the run's current attempt may act for it (a child of
   // a parent already canceled or timed out would escape the cascade).
   const { id, epoch } = ticket;
@@ -114,13 +117,14 @@ async function runStep<T>(
     throw new JobInputInvalidError('step id must be a non-empty string');
   }
   if (typeof fn !== 'function') throw new JobInputInvalidError(`step '${stepId}' needs a function`);
+  checkStepOptions(opts, stepId);
   const timeoutMs = opts?.timeoutMs;
   if (timeoutMs !== undefined && (typeof timeoutMs !== 'number' || !(timeoutMs > 0))) {
     throw new JobInputInvalidError(`step '${stepId}' timeoutMs must be a positive number`);
   }
   const retry = opts?.retry ?? undefined;
   if (retry !== undefined) checkRetryPolicy(retry, `step '${stepId}' retry`);
-  const policyText = retry === undefined ? null : JSON.stringify(retry);
+  const policyText = retry === undefined ? null : JSON.stringify(retryPolicyWire(retry as unknown as Record<string, unknown>));
   const { store, clock } = host;
   for (;;) {
     const begin = await store.stepBegin(runId, epoch, stepId);

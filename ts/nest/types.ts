@@ -13,6 +13,7 @@ import type {
   JobUpsertEntry,
   OptionalInputName,
   StartOptions,
+  TenantOptions,
 } from '../index';
 
 /**
@@ -24,7 +25,8 @@ export interface IJobOrchestrator<Jobs extends object = AnyJobs> {
   start<K extends JobTypeName<Jobs>>(type: K, input: Jobs[K], opts?: StartOptions, tx?: unknown): Promise<JobRun>;
   start<K extends OptionalInputName<Jobs>>(type: K, input?: Jobs[K] | null, opts?: StartOptions, tx?: unknown): Promise<JobRun>;
   cancel(runId: string, opts?: CancelOptions): Promise<void>;
-  replay(runId: string): Promise<JobRun>;
+  /** Multi-tenant: `tenantId` required, as for `cancel` (another tenant's run: `JobRunNotFoundError`). */
+  replay(runId: string, opts?: TenantOptions): Promise<JobRun>;
   upsertJobRows(
     entries: JobUpsertEntry[],
     poolConfig: ReadonlyMap<string, JobPoolDef>,

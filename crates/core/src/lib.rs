@@ -32,13 +32,14 @@
 // `template` use no other; `model` uses those; `error` uses `model` and
 // converts `template`'s errors; `store` uses `model` and `error`;
 // `engine` the store; `worker` the engine; `feed` the engine and the
-// worker's reconnect backoff.
+// worker's reconnect backoff. `random` (retry jitter) uses nothing.
 pub mod clock;
 pub mod cron;
 pub mod engine;
 pub mod error;
 pub mod feed;
 pub mod model;
+pub mod random;
 pub mod store;
 pub mod template;
 pub mod worker;

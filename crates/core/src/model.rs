@@ -59,18 +59,50 @@ impl RunStatus {
 string_enum!(ParentClosePolicy { Terminate = "terminate", Cancel = "cancel", Abandon = "abandon" });
 string_enum!(TriggerSource { Manual = "manual", Schedule = "schedule", Event = "event", Parent = "parent" });
 string_enum!(CollisionMode { Queue = "queue", Reject = "reject", Replace = "replace" });
-string_enum!(Backoff { Fixed = "fixed", Exponential = "exponential" });
+string_enum!(
+    /// How the delay before a retry grows with the attempt number.
+    Backoff { Fixed = "fixed", Linear = "linear", Exponential = "exponential" }
+);
 string_enum!(ReplayFrom { Scratch = "scratch", LastStep = "last_step", LastCheckpoint = "last_checkpoint" });
 string_enum!(StepStatus { Pending = "pending", Running = "running", Completed = "completed", Failed = "failed", Skipped = "skipped" });
+string_enum!(
+    /// How much of a retry's delay is drawn at random, so runs that failed
+    /// together do not all retry at the same instant.
+    Jitter { None = "none", Full = "full", Equal = "equal" }
+);
+
+impl Default for Jitter {
+    /// No jitter: the delays of the contract, exactly.
+    fn default() -> Self {
+        Jitter::None
+    }
+}
+
+impl Jitter {
+    fn is_none(&self) -> bool {
+        *self == Jitter::None
+    }
+}
 
 /// Run-level or step-level retry policy.
+///
+/// Unknown keys are refused (`deny_unknown_fields`): a misspelt option
+/// (`maxDelayMS`) would otherwise be dropped and the policy silently not be
+/// the one asked for. The two options the contract does not have are left
+/// out of the serialised form while unset, so a definition row written for
+/// a seed-shaped policy stays exactly that shape.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct RetryPolicy {
     pub attempts: u32,
     pub backoff: Backoff,
     pub base_ms: i64,
-    #[serde(skip_serializing_if = "Option::is_none")]
+    /// Upper bound of the delay before any retry (applied before jitter).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_delay_ms: Option<i64>,
+    #[serde(default, skip_serializing_if = "Jitter::is_none")]
+    pub jitter: Jitter,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub non_retryable_errors: Option<Vec<String>>,
 }
 
@@ -80,6 +112,8 @@ impl Default for RetryPolicy {
             attempts: 1,
             backoff: Backoff::Fixed,
             base_ms: 0,
+            max_delay_ms: None,
+            jitter: Jitter::None,
             non_retryable_errors: None,
         }
     }
@@ -89,20 +123,67 @@ impl Default for RetryPolicy {
 pub const MAX_SAFE_INTEGER: i64 = 9_007_199_254_740_991;
 
 impl RetryPolicy {
-    /// Delay before the retry that follows attempt number `attempts`
-    /// (1-based): fixed → `baseMs`; exponential → `baseMs * 2^(attempts-1)`,
-    /// capped at `Number.MAX_SAFE_INTEGER`.
+    /// What is wrong with the policy's numbers, if anything (serde has
+    /// already refused unknown keys and unknown `backoff`/`jitter` words).
+    pub fn problem(&self) -> Option<&'static str> {
+        if self.attempts == 0 {
+            return Some("retry.attempts must be at least 1");
+        }
+        if !(0..=MAX_SAFE_INTEGER).contains(&self.base_ms) {
+            return Some("retry.baseMs must be an integer between 0 and 2^53 - 1");
+        }
+        if self
+            .max_delay_ms
+            .is_some_and(|m| !(0..=MAX_SAFE_INTEGER).contains(&m))
+        {
+            return Some("retry.maxDelayMs must be an integer between 0 and 2^53 - 1");
+        }
+        None
+    }
+
+    /// The delay before the retry that follows attempt number `attempts`
+    /// (1-based) before jitter, its upper bound: fixed → `baseMs`; linear →
+    /// `baseMs * attempts`; exponential → `baseMs * 2^(attempts-1)`; then
+    /// capped at `maxDelayMs` and at `Number.MAX_SAFE_INTEGER`.
     pub fn backoff_ms(&self, attempts: u32) -> i64 {
         let base = self.base_ms.max(0);
-        match self.backoff {
+        let grown = match self.backoff {
             Backoff::Fixed => base,
+            Backoff::Linear => base
+                .checked_mul(i64::from(attempts.max(1)))
+                .unwrap_or(MAX_SAFE_INTEGER),
             Backoff::Exponential => {
                 let exp = attempts.saturating_sub(1);
                 if exp >= 53 {
-                    return MAX_SAFE_INTEGER;
+                    MAX_SAFE_INTEGER
+                } else {
+                    base.checked_mul(1i64 << exp).unwrap_or(MAX_SAFE_INTEGER)
                 }
-                base.checked_mul(1i64 << exp)
-                    .map_or(MAX_SAFE_INTEGER, |v| v.min(MAX_SAFE_INTEGER))
+            }
+        };
+        let capped = grown.min(MAX_SAFE_INTEGER);
+        match self.max_delay_ms {
+            Some(max) => capped.min(max.max(0)),
+            None => capped,
+        }
+    }
+
+    /// The delay actually waited before that retry: `backoff_ms` with the
+    /// policy's jitter, where `draw(n)` is a uniform integer in `[0, n]`
+    /// (the engine's random source). With `d = backoff_ms(attempts)`:
+    /// none → `d`; full → uniform in `[0, d]`; equal → `ceil(d/2)` plus
+    /// uniform in `[0, floor(d/2)]`, so in `[d/2, d]`. Never above `d`, so
+    /// `maxDelayMs` bounds it too.
+    pub fn delay_ms(&self, attempts: u32, draw: impl FnOnce(u64) -> u64) -> i64 {
+        let d = self.backoff_ms(attempts);
+        // `d` is in [0, 2^53): the conversions below cannot lose anything.
+        let du = d.max(0) as u64;
+        match self.jitter {
+            Jitter::None => d,
+            Jitter::Full => draw(du).min(du) as i64,
+            Jitter::Equal => {
+                let half = du / 2;
+                ((du - half) + draw(half).min(half)) as i64
             }
         }
     }

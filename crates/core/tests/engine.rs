@@ -191,6 +191,7 @@ fn retries_back_off_and_respect_non_retryable_errors() {
         backoff: Backoff::Exponential,
         base_ms: 100,
         non_retryable_errors: Some(vec!["Fatal".into()]),
+        ..RetryPolicy::default()
     });
     e.register(s).unwrap();
     let run = e.start(req("t", "{}")).unwrap();
@@ -302,7 +303,7 @@ fn steps_memoize_and_replay_clears_per_mode() {
         e.step_begin(&id, c.claim_epoch, "c"),
         Err(JobError::JobRunState { .. })
     ));
-    let replayed = e.replay(&id).unwrap();
+    let replayed = e.replay(&id, &TenantArg::Missing).unwrap();
     assert_eq!(replayed.status, RunStatus::Pending);
     assert_eq!(replayed.attempts, 0);
     let steps = e.list_steps(&id, &TenantArg::Missing).unwrap();
@@ -314,7 +315,7 @@ fn steps_memoize_and_replay_clears_per_mode() {
         other => panic!("expected memoized, got {other:?}"),
     }
     assert!(matches!(
-        e.replay(&id),
+        e.replay(&id, &TenantArg::Missing),
         Err(JobError::JobNotReplayable { .. })
     ));
 }
@@ -464,7 +465,8 @@ fn retention_purges_finished_runs_and_reuses_their_slots() {
     e.store().verify_indexes().unwrap();
     assert_eq!(e.store().live_runs(), 4);
     e.advance_time(50);
-    e.replay(&replayed.id.to_string()).unwrap();
+    e.replay(&replayed.id.to_string(), &TenantArg::Missing)
+        .unwrap();
     e.advance_time(50);
     // Purging happens with the next transition.
     let fresh = e.start(req("t", r#"{"k":"x"}"#)).unwrap();
@@ -628,4 +630,302 @@ fn plain_batch_builds_the_row_start_builds_and_keeps_the_rules_for_other_types()
     assert_eq!(claim_id(&e, "p"), Some(by_start.id));
     assert_eq!(claim_id(&e, "p"), Some(ids[0]));
     assert_eq!(claim_id(&e, "p"), Some(ids[3]));
+}
+
+// ── issue 21: replay's tenant gate ─────────────────────────────────────
+
+/// A failed run of tenant A, replayable.
+fn failed_run_of_a(e: &Engine<MemoryStore>) -> RunRow {
+    e.register(spec("t")).unwrap();
+    let mut r = req("t", "{}");
+    r.tenant = TenantArg::Id("A".into());
+    e.start(r).unwrap();
+    let c = e.claim_next("batch").unwrap().unwrap();
+    fail(e, &c, None).unwrap()
+}
+
+#[test]
+fn replay_takes_the_tenant_gate_of_cancel() {
+    let e = engine(true);
+    let run = failed_run_of_a(&e);
+    let id = run.id.to_string();
+    assert_eq!(run.status, RunStatus::Failed);
+    let row = |e: &Engine<MemoryStore>| e.run_row(&run.id).unwrap().to_json();
+    let before = row(&e);
+    // No tenant: refused before anything is looked at, even for an unknown id.
+    for target in [
+        id.as_str(),
+        "not-a-uuid",
+        "6f1c1a2e-0000-4000-8000-000000000000",
+    ] {
+        match e.replay(target, &TenantArg::Missing) {
+            Err(JobError::MissingTenantId { method }) => assert_eq!(method, "replay"),
+            other => panic!("replay without tenant: {other:?}"),
+        }
+    }
+    // Another tenant (and the null tenant) cannot tell the run exists.
+    for other in [
+        TenantArg::Id("B".into()),
+        TenantArg::Null,
+        TenantArg::Id("a".into()),
+    ] {
+        match e.replay(&id, &other) {
+            Err(JobError::JobRunNotFound { run_id }) => assert_eq!(run_id, id),
+            res => panic!("replay as {other:?}: {:?}", res.map(|r| r.status)),
+        }
+    }
+    assert_eq!(row(&e), before, "the refused replays changed nothing");
+    assert_eq!(claim_id(&e, "batch"), None, "nothing became claimable");
+    // Its own tenant replays it.
+    let replayed = e.replay(&id, &TenantArg::Id("A".into())).unwrap();
+    assert_eq!(replayed.status, RunStatus::Pending);
+    assert_eq!(replayed.tenant_id.as_deref(), Some("A"));
+}
+
+#[test]
+fn replay_in_single_tenant_mode_needs_no_tenant() {
+    let e = engine(false);
+    e.register(spec("t")).unwrap();
+    e.start(req("t", "{}")).unwrap();
+    let c = e.claim_next("batch").unwrap().unwrap();
+    fail(&e, &c, None).unwrap();
+    let r = e.replay(&c.id.to_string(), &TenantArg::Missing).unwrap();
+    assert_eq!(r.status, RunStatus::Pending);
+}
+
+// ── issue 21: retry options ────────────────────────────────────────────
+
+fn policy(backoff: Backoff, base_ms: i64) -> RetryPolicy {
+    RetryPolicy {
+        attempts: 10,
+        backoff,
+        base_ms,
+        ..RetryPolicy::default()
+    }
+}
+
+#[test]
+fn backoff_linear_and_max_delay() {
+    let lin = policy(Backoff::Linear, 100);
+    assert_eq!(
+        (1..=4).map(|a| lin.backoff_ms(a)).collect::<Vec<_>>(),
+        vec![100, 200, 300, 400],
+        "linear: baseMs × the attempt that failed"
+    );
+    let mut exp = policy(Backoff::Exponential, 100);
+    assert_eq!(
+        (1..=4).map(|a| exp.backoff_ms(a)).collect::<Vec<_>>(),
+        vec![100, 200, 400, 800]
+    );
+    exp.max_delay_ms = Some(250);
+    assert_eq!(
+        (1..=4).map(|a| exp.backoff_ms(a)).collect::<Vec<_>>(),
+        vec![100, 200, 250, 250],
+        "maxDelayMs caps the delay"
+    );
+    exp.max_delay_ms = Some(0);
+    assert_eq!(exp.backoff_ms(3), 0);
+    // Huge numbers saturate at 2^53 - 1, then the cap applies.
+    let mut big = policy(Backoff::Linear, MAX_SAFE_INTEGER);
+    assert_eq!(big.backoff_ms(u32::MAX), MAX_SAFE_INTEGER);
+    big.max_delay_ms = Some(150);
+    assert_eq!(big.backoff_ms(u32::MAX), 150);
+    let mut huge = policy(Backoff::Exponential, 1_000);
+    assert_eq!(huge.backoff_ms(200), MAX_SAFE_INTEGER);
+    huge.max_delay_ms = Some(60_000);
+    assert_eq!(huge.backoff_ms(200), 60_000);
+    // No jitter: the delay is the backoff, whatever the source says.
+    assert_eq!(huge.delay_ms(200, |_| 7), 60_000);
+}
+
+#[test]
+fn jittered_delays_stay_in_their_bounds_with_a_seeded_source() {
+    let source = jobforge_core::random::RandomSource::seeded(2024);
+    let draw = |n| source.up_to(n);
+    for (backoff, base, cap) in [
+        (Backoff::Fixed, 1_000, None),
+        (Backoff::Exponential, 100, Some(150)),
+        (Backoff::Exponential, 100, None),
+        (Backoff::Linear, 7, Some(1_000_000)),
+        (Backoff::Fixed, 1, None),
+        (Backoff::Fixed, 0, None),
+    ] {
+        let mut p = policy(backoff, base);
+        p.max_delay_ms = cap;
+        for attempt in 1..=6 {
+            let d = p.backoff_ms(attempt);
+            if let Some(c) = cap {
+                assert!(d <= c);
+            }
+            p.jitter = Jitter::Full;
+            let full: Vec<i64> = (0..500).map(|_| p.delay_ms(attempt, draw)).collect();
+            assert!(
+                full.iter().all(|&x| (0..=d).contains(&x)),
+                "full ⊂ [0, {d}]: {full:?}"
+            );
+            p.jitter = Jitter::Equal;
+            let equal: Vec<i64> = (0..500).map(|_| p.delay_ms(attempt, draw)).collect();
+            assert!(
+                equal.iter().all(|&x| 2 * x >= d && x <= d),
+                "equal ⊂ [{d}/2, {d}]: {equal:?}"
+            );
+            if d >= 100 {
+                // Spread, not a constant: many distinct values, both halves reached.
+                let distinct: std::collections::HashSet<_> = full.iter().collect();
+                assert!(distinct.len() > 50, "full jitter of {d} spreads");
+                assert!(full.iter().any(|&x| x < d / 2) && full.iter().any(|&x| x > d / 2));
+                assert!(
+                    equal.iter().any(|&x| x < d * 3 / 4) && equal.iter().any(|&x| x > d * 3 / 4)
+                );
+            }
+            p.jitter = Jitter::None;
+        }
+    }
+    // The extremes of the source map onto the ends of the range.
+    let mut p = policy(Backoff::Fixed, 1_000);
+    p.jitter = Jitter::Full;
+    assert_eq!(p.delay_ms(1, |_| 0), 0);
+    assert_eq!(p.delay_ms(1, |n| n), 1_000);
+    p.jitter = Jitter::Equal;
+    assert_eq!(p.delay_ms(1, |_| 0), 500);
+    assert_eq!(p.delay_ms(1, |n| n), 1_000);
+    p.base_ms = 1_001;
+    assert_eq!(
+        p.delay_ms(1, |_| 0),
+        501,
+        "equal: at least half, rounded up"
+    );
+}
+
+#[test]
+fn a_run_retry_uses_the_engines_seeded_jitter() {
+    // Two engines with one seed draw the same delays; each within bounds.
+    let delays = |seed: u64| -> Vec<i64> {
+        let e = engine(false);
+        e.seed_jitter(seed);
+        let mut s = spec("t");
+        s.retry = Some(RetryPolicy {
+            attempts: 6,
+            backoff: Backoff::Exponential,
+            base_ms: 1_000,
+            max_delay_ms: Some(3_000),
+            jitter: Jitter::Full,
+            ..RetryPolicy::default()
+        });
+        e.register(s).unwrap();
+        e.start(req("t", "{}")).unwrap();
+        let mut out = Vec::new();
+        for attempt in 1..=5u32 {
+            let now = e.now();
+            let c = e.claim_next("batch").unwrap().unwrap();
+            let after = fail(&e, &c, None).unwrap();
+            assert_eq!(after.status, RunStatus::Pending);
+            let d = after.run_at - now;
+            let ceiling = (1_000i64 << (attempt - 1)).min(3_000);
+            assert!(
+                (0..=ceiling).contains(&d),
+                "attempt {attempt}: {d} in [0, {ceiling}]"
+            );
+            out.push(d);
+            e.advance_time(d);
+        }
+        out
+    };
+    let a = delays(9);
+    assert_eq!(a, delays(9), "a seed makes the delays reproducible");
+    assert_ne!(a, delays(10));
+}
+
+#[test]
+fn a_step_retry_uses_the_policy_and_the_jitter() {
+    let e = engine(false);
+    e.seed_jitter(1);
+    e.register(spec("t")).unwrap();
+    let run = e.start(req("t", "{}")).unwrap();
+    let id = run.id.to_string();
+    let c = e.claim_next("batch").unwrap().unwrap();
+    let mut p = policy(Backoff::Linear, 400);
+    p.max_delay_ms = Some(1_000);
+    p.jitter = Jitter::Equal;
+    let info = || FailureInfo {
+        message: "boom".into(),
+        ..FailureInfo::default()
+    };
+    for attempt in 1..=4 {
+        e.step_begin(&id, c.claim_epoch, "s").unwrap();
+        let d = e
+            .step_fail(&id, c.claim_epoch, "s", info(), Some(&p))
+            .unwrap()
+            .expect("retried");
+        let ceiling = (400 * attempt).min(1_000);
+        assert!(
+            2 * d >= ceiling && d <= ceiling,
+            "attempt {attempt}: {d} in [{ceiling}/2, {ceiling}]"
+        );
+    }
+    // A policy with a bad number is refused, and the step row kept as it was.
+    let before = e.list_steps(&id, &TenantArg::Missing).unwrap();
+    p.max_delay_ms = Some(-1);
+    e.step_begin(&id, c.claim_epoch, "s").unwrap();
+    let running = e.list_steps(&id, &TenantArg::Missing).unwrap();
+    assert!(matches!(
+        e.step_fail(&id, c.claim_epoch, "s", info(), Some(&p)),
+        Err(JobError::JobInputInvalid { .. })
+    ));
+    assert_eq!(
+        serde_json::to_string(&e.list_steps(&id, &TenantArg::Missing).unwrap()).unwrap(),
+        serde_json::to_string(&running).unwrap()
+    );
+    assert_ne!(before.len(), 0);
+}
+
+#[test]
+fn retry_policies_refuse_unknown_keys_and_words_and_bad_numbers() {
+    let parse = |s: &str| serde_json::from_str::<RetryPolicy>(s);
+    let ok =
+        parse(r#"{"attempts":3,"backoff":"linear","baseMs":10,"maxDelayMs":150,"jitter":"full"}"#)
+            .unwrap();
+    assert_eq!(ok.backoff, Backoff::Linear);
+    assert_eq!(ok.max_delay_ms, Some(150));
+    assert_eq!(ok.jitter, Jitter::Full);
+    // Seed-shaped policies parse as before, and serialise unchanged.
+    let seed = r#"{"attempts":2,"backoff":"fixed","baseMs":5}"#;
+    assert_eq!(serde_json::to_string(&parse(seed).unwrap()).unwrap(), seed);
+    for (bad, names) in [
+        (
+            r#"{"attempts":3,"backoff":"fixed","baseMs":1,"retyr":1}"#,
+            "retyr",
+        ),
+        (
+            r#"{"attempts":3,"backoff":"fixed","baseMs":1,"maxDelayMS":1}"#,
+            "maxDelayMS",
+        ),
+        (
+            r#"{"attempts":3,"backoff":"fixed","baseMs":1,"jitter":"sometimes"}"#,
+            "sometimes",
+        ),
+        (
+            r#"{"attempts":3,"backoff":"quadratic","baseMs":1}"#,
+            "quadratic",
+        ),
+    ] {
+        let e = parse(bad).expect_err(bad).to_string();
+        assert!(e.contains(names), "{e}");
+    }
+    let e = engine(false);
+    for (max, base) in [(Some(-1), 0), (None, -1), (Some(MAX_SAFE_INTEGER + 1), 0)] {
+        let mut s = spec("t");
+        s.retry = Some(RetryPolicy {
+            attempts: 2,
+            backoff: Backoff::Fixed,
+            base_ms: base,
+            max_delay_ms: max,
+            ..RetryPolicy::default()
+        });
+        assert!(matches!(
+            e.register(s),
+            Err(JobError::JobInputInvalid { .. })
+        ));
+    }
+    assert!(e.definition("t").is_none(), "nothing was stored");
 }

@@ -868,3 +868,76 @@ fn another_engine_hears_every_transition_of_a_cascade_and_its_own_store_hears_no
     feed_a.close();
     feed_b.close();
 }
+
+/// Issue 21: the retry options live in the `retry_policy` jsonb column (no
+/// schema change), are read back by another process as written, and that
+/// process's retries follow them. A seed-shaped policy is stored unchanged.
+#[test]
+fn retry_options_are_stored_in_the_definition_row_and_applied_by_another_engine() {
+    let Some((e, cfg)) = engine("retryopts") else {
+        return;
+    };
+    let mut s = spec("capped");
+    s.retry = Some(RetryPolicy {
+        attempts: 5,
+        backoff: Backoff::Exponential,
+        base_ms: 1_000_000,
+        max_delay_ms: Some(150),
+        jitter: Jitter::Equal,
+        ..RetryPolicy::default()
+    });
+    e.register(s).unwrap();
+    let mut seed_shaped = spec("seedlike");
+    seed_shaped.retry = Some(RetryPolicy {
+        attempts: 2,
+        backoff: Backoff::Linear,
+        base_ms: 10,
+        ..RetryPolicy::default()
+    });
+    e.register(seed_shaped).unwrap();
+    let mut c = postgres::Client::connect(&cfg.url, postgres::NoTls).unwrap();
+    let stored: Vec<String> = c
+        .query(
+            &format!(
+                "SELECT retry_policy::text FROM \"{}\".job ORDER BY type",
+                cfg.schema
+            ),
+            &[],
+        )
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert_eq!(
+        stored,
+        vec![
+            r#"{"baseMs": 1000000, "jitter": "equal", "backoff": "exponential", "attempts": 5, "maxDelayMs": 150}"#,
+            r#"{"baseMs": 10, "backoff": "linear", "attempts": 2}"#,
+        ]
+    );
+    // Another engine (process) knows the types only from the table.
+    let other = engine_on(&cfg);
+    let def = other.definition("capped").unwrap();
+    assert_eq!(def.retry_policy.max_delay_ms, Some(150));
+    assert_eq!(def.retry_policy.jitter, Jitter::Equal);
+    let run = other.start(req("capped", "{}")).unwrap();
+    let claimed = other.claim_next("batch").unwrap().unwrap();
+    assert_eq!(claimed.id, run.id);
+    let before = other.now();
+    let after = other
+        .finish_attempt(
+            &claimed.id,
+            claimed.claim_epoch,
+            AttemptOutcome::Failed(FailureInfo {
+                message: "boom".into(),
+                ..FailureInfo::default()
+            }),
+        )
+        .unwrap()
+        .unwrap();
+    assert_eq!(after.status, RunStatus::Pending);
+    let delay = after.run_at - before;
+    // Equal jitter of the capped 150 ms: [75, 150] (+ the ms the call took).
+    assert!((75..=150 + 1_000).contains(&delay), "delay {delay}");
+    assert!(delay < 1_000_000, "maxDelayMs capped the exponential delay");
+}

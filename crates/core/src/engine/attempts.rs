@@ -387,7 +387,7 @@ impl<S: Store> Engine<S> {
                     .push((*run_id, Some(epoch), AbortReason::TimedOut));
             }
             if retry {
-                let run_at = clamp_time(now.saturating_add(policy.backoff_ms(attempts)));
+                let run_at = clamp_time(now.saturating_add(self.retry_delay(&policy, attempts)));
                 tx.update_run(run_id, &mut |r| {
                     r.status = RunStatus::Pending;
                     r.attempts = attempts;

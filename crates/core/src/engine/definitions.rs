@@ -75,11 +75,8 @@ impl<S: Store> Engine<S> {
             return Err(JobError::invalid("pool must not contain a line break"));
         }
         let retry = spec.retry.unwrap_or_default();
-        if retry.attempts == 0 {
-            return Err(JobError::invalid("retry.attempts must be at least 1"));
-        }
-        if retry.base_ms < 0 {
-            return Err(JobError::invalid("retry.baseMs must not be negative"));
+        if let Some(problem) = retry.problem() {
+            return Err(JobError::invalid(problem));
         }
         if matches!(spec.timeout_ms, Some(t) if t <= 0) {
             return Err(JobError::invalid("timeoutMs must be a positive number"));

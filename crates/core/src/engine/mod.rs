@@ -40,6 +40,7 @@ pub use timeouts::run_timeouts;
 use crate::clock::{Clock, ClockKind};
 use crate::error::{JobError, Result};
 use crate::model::*;
+use crate::random::RandomSource;
 use crate::store::{Store, StoreTx};
 use serde_json::value::RawValue;
 use std::collections::HashMap;
@@ -118,6 +119,9 @@ pub struct Engine<S: Store> {
     /// A schedule was created, changed or removed: whoever fires schedules
     /// re-reads the earliest next fire.
     schedules_changed: Arc<Notify>,
+    /// Draws the jitter of retry delays; seeded from the clock, reseeded
+    /// by tests (`seed_jitter`) so jittered delays are reproducible.
+    random: RandomSource,
 }
 
 impl<S: Store> Drop for Engine<S> {
@@ -173,7 +177,21 @@ impl<S: Store> Engine<S> {
             watched: Mutex::new(HashMap::new()),
             watched_any: AtomicBool::new(false),
             schedules_changed: Arc::new(Notify::new()),
+            random: RandomSource::from_clock(),
         }
+    }
+
+    /// Restarts the jitter source from `seed`: the retry delays drawn from
+    /// then on are the same on every run (tests).
+    pub fn seed_jitter(&self, seed: u64) {
+        self.random.reseed(seed);
+    }
+
+    /// The delay before the retry that follows attempt `attempts` under
+    /// `policy`, jitter drawn from the engine's source. The one place a
+    /// retry delay is computed, for runs and for steps.
+    fn retry_delay(&self, policy: &RetryPolicy, attempts: u32) -> i64 {
+        policy.delay_ms(attempts, |max| self.random.up_to(max))
     }
 
     /// The store, for inspection (e.g. `MemoryStore::verify_indexes`).

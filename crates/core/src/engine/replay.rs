@@ -8,14 +8,24 @@ use crate::store::{Store, StoreTx};
 
 impl<S: Store> Engine<S> {
     /// Resets a terminal run to pending. O(log n + steps of the run).
-    pub fn replay(&self, run_id: &str) -> Result<RunRow> {
+    ///
+    /// A mutation, so it takes the tenant gate of `cancel`: in multi-tenant
+    /// mode a missing tenant is `MissingTenantId`, and another tenant's run
+    /// is `JobRunNotFound` (as an unknown one: its existence is not told),
+    /// with nothing changed. Unlike cancel it cannot be a silent no-op: its
+    /// answer is the replayed row.
+    pub fn replay(&self, run_id: &str, tenant: &TenantArg) -> Result<RunRow> {
+        let filter = self.gate("replay", tenant)?;
         let not_found = || JobError::JobRunNotFound {
             run_id: run_id.to_owned(),
         };
         let id = parse_run_id(run_id).ok_or_else(not_found)?;
         let now = self.now();
         let row = self.write(|tx| {
-            let run = tx.run(&id).ok_or_else(not_found)?;
+            let run = tx
+                .run(&id)
+                .filter(|r| Self::visible(&filter, r))
+                .ok_or_else(not_found)?;
             if !run.status.is_terminal() {
                 return Err(JobError::JobNotReplayable {
                     run_id: run_id.to_owned(),

@@ -154,6 +154,11 @@ impl<S: Store> Engine<S> {
         let id = parse_run_id(run_id).ok_or_else(|| JobError::JobRunNotFound {
             run_id: run_id.to_owned(),
         })?;
+        // The caller checked the policy before the step ran; a policy that
+        // reaches here unchecked must not turn into a wrong delay.
+        if let Some(problem) = policy.and_then(RetryPolicy::problem) {
+            return Err(JobError::invalid(format!("step '{step_id}': {problem}")));
+        }
         let now = self.now();
         self.write(|tx| {
             // A step of an attempt that is over still gets its failure
@@ -171,7 +176,7 @@ impl<S: Store> Engine<S> {
                 (still_running
                     && p.allows(info.name.as_deref(), info.code.as_deref())
                     && s.attempts < p.attempts)
-                    .then(|| p.backoff_ms(s.attempts))
+                    .then(|| self.retry_delay(p, s.attempts))
             });
             s.status = StepStatus::Failed;
             s.error = Some(Box::new(RunError {

@@ -155,8 +155,8 @@ forBackends('cursors: nextCursor read back pages on; a changed one is refused', 
   const first = await o.listJobRuns({ limit: 2 });
   t.is(typeof first.nextCursor, 'string');
   const second = await o.listJobRuns({ limit: 2, cursor: first.nextCursor! });
-  t.is(second.rows.length, 2);
-  t.false(second.rows.some((r) => first.rows.some((f) => f.id === r.id)));
+  t.is(second.items.length, 2);
+  t.false(second.items.some((r) => first.items.some((f) => f.runId === r.runId)));
   await t.throwsAsync(o.listJobRuns({ cursor: `${first.nextCursor!}0` }), { instanceOf: JobInputInvalidError });
 });
 

@@ -67,7 +67,12 @@ impl<S: Store> Engine<S> {
 
     /// A run behind the tenant gate of `method`: another tenant's run, an
     /// unknown or malformed id are all `None` (existence is not leaked).
-    fn visible_run(&self, method: &str, run_id: &str, tenant: &TenantArg) -> Result<Option<RunRow>> {
+    fn visible_run(
+        &self,
+        method: &str,
+        run_id: &str,
+        tenant: &TenantArg,
+    ) -> Result<Option<RunRow>> {
         let filter = self.gate(method, tenant)?;
         let Some(id) = parse_run_id(run_id) else {
             return Ok(None);

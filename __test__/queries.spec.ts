@@ -16,7 +16,7 @@ import {
   JobRunNotFoundError,
   MissingTenantIdError,
 } from '../dist';
-import type { JobContext, JobRun, JobRunStatus, JobRunSummary, ListJobRunsOptions, PoolStatusCount, RunTreeNode } from '../dist';
+import type { JobContext, JobRun, JobRunStatus, JobRunSummary, ListForScopeOptions, ListJobRunsOptions, PoolStatusCount, RunTreeNode } from '../dist';
 import { UUID_V4, hanging, manual, nextTurn, system, waitFor } from './helpers';
 import { forBackends } from './backends';
 
@@ -1355,6 +1355,9 @@ test('tenant gate: every query throws MissingTenantIdError {method} for an undef
     ['listJobRuns', () => o.listJobRuns()],
     ['listJobRuns', () => o.listJobRuns({ poolId: 'batch' })],
     ['getRunTree', () => o.getRunTree(r.id)],
+    ['getRun', () => o.getRun(r.id)],
+    ['getRun', () => o.getRun(r.id, undefined)],
+    ['countRuns', () => o.countRuns()],
   ];
   for (const [method, call] of calls) await isMissingTenant(t, call(), method);
   // none of those changed anything
@@ -1611,4 +1614,177 @@ test('getRunTree of a chain 5,000 runs deep (each run the parent of the next)', 
   t.is(depth, 5000);
   t.is(last?.run.id, parent.id);
   t.deepEqual(last?.children, []);
+});
+
+// ─── the seed family's run-service shapes (shared/seed-family) ─────────────
+
+/** `JobRunSummary` of `job-run-keyset-cursor.ts` (`toJobRunSummary`), computed from a whole row. */
+const summaryOf = (r: JobRun): JobRunSummary => ({
+  runId: r.id,
+  rootRunId: r.rootRunId,
+  parentRunId: r.parentRunId,
+  triggerSource: r.triggerSource,
+  triggerRef: r.triggerRef,
+  jobType: r.jobType,
+  pool: r.pool,
+  status: r.status,
+  scopeEntityType: r.scopeEntityType,
+  scopeEntityId: r.scopeEntityId,
+  tenantId: r.tenantId,
+  attempts: r.attempts,
+  errorMessage: r.error?.message ?? null,
+  runAt: r.runAt,
+  startedAt: r.startedAt,
+  finishedAt: r.finishedAt,
+  createdAt: r.createdAt,
+});
+
+const SUMMARY_KEYS = [
+  'attempts', 'createdAt', 'errorMessage', 'finishedAt', 'jobType', 'parentRunId', 'pool', 'rootRunId', 'runAt', 'runId',
+  'scopeEntityId', 'scopeEntityType', 'startedAt', 'status', 'tenantId', 'triggerRef', 'triggerSource',
+];
+const FAILURE_KEYS = [
+  'attempts', 'createdAt', 'errorMessage', 'failedAt', 'jobType', 'pool', 'runId', 'scopeEntityId', 'scopeEntityType', 'tenantId',
+];
+
+forBackends('listJobRuns: a page is { items: JobRunSummary[], nextCursor } with exactly the family\'s fields', async (t, make) => {
+  const o = await make.manual({ multiTenant: true });
+  o.registerHandler('fam.ok', {}, ok);
+  o.registerHandler('fam.boom', {}, boom);
+  const scope = { entityType: 'account', entityId: 'a1' };
+  const root = await o.start('fam.ok', { big: 'x'.repeat(1000) }, { tenantId: 'T', scope, triggerSource: 'event', triggerRef: 'evt-1', pool: 'fam' });
+  o.advanceTime(1);
+  const child = await o.start('fam.boom', {}, { tenantId: 'T', parentRunId: root.id, pool: 'fam', runAt: new Date(o.now().getTime() - 5) });
+  o.advanceTime(1);
+  const plain = await o.start('fam.ok', {}, { tenantId: 'T', pool: 'fam' });
+  // child runs (and fails) first: its runAt is the earliest
+  await execRun(o, child, 'T');
+  await execRun(o, root, 'T');
+  const page = await o.listJobRuns({ tenantId: 'T', limit: 2 });
+  t.deepEqual(Object.keys(page).sort(), ['items', 'nextCursor']);
+  t.is(typeof page.nextCursor, 'string');
+  for (const item of page.items) t.deepEqual(Object.keys(item).sort(), SUMMARY_KEYS);
+  const rest = await o.listJobRuns({ tenantId: 'T', cursor: page.nextCursor! });
+  t.is(rest.nextCursor, null);
+  const rows = await Promise.all([plain, child, root].map((r) => row(o, r.id, 'T')));
+  t.deepEqual([...page.items, ...rest.items], rows.map(summaryOf), 'each summary is its row projected');
+  const [, failedChild, doneRoot] = [...page.items, ...rest.items];
+  t.is(failedChild!.errorMessage, 'boom');
+  t.is(failedChild!.parentRunId, root.id);
+  t.is(failedChild!.rootRunId, root.id);
+  t.true(failedChild!.startedAt instanceof Date && failedChild!.finishedAt instanceof Date);
+  t.is(doneRoot!.errorMessage, null);
+  t.deepEqual([doneRoot!.scopeEntityType, doneRoot!.scopeEntityId, doneRoot!.triggerRef], ['account', 'a1', 'evt-1']);
+  t.true(doneRoot!.runAt instanceof Date && doneRoot!.createdAt instanceof Date);
+  t.false('input' in doneRoot! || 'output' in doneRoot! || 'id' in doneRoot!, 'no payload, no row id field');
+});
+
+forBackends('listRecentFailed: resolves JobRunFailure[] (the family\'s fields), failedAt = when the run finished', async (t, make) => {
+  const o = await make.manual({ multiTenant: true });
+  o.registerHandler('fam.boom', {}, boom);
+  o.registerHandler('fam.ok', {}, ok);
+  const scope = { entityType: 'account', entityId: 'a2' };
+  const first = await o.start('fam.boom', {}, { tenantId: null, scope, pool: 'f1' });
+  await execRun(o, first, null);
+  o.advanceTime(7);
+  const second = await o.start('fam.boom', {}, { tenantId: null, pool: 'f2' });
+  await execRun(o, second, null);
+  await execRun(o, await o.start('fam.ok', {}, { tenantId: null, pool: 'f3' }), null);
+  const list = await o.listRecentFailed(10, null);
+  t.deepEqual(ids(list), [second.id, first.id]);
+  for (const f of list) t.deepEqual(Object.keys(f).sort(), FAILURE_KEYS);
+  for (const f of list) {
+    const r = await row(o, f.runId, null);
+    t.is(r.status, 'failed');
+    t.deepEqual(f, {
+      runId: r.id,
+      jobType: r.jobType,
+      pool: r.pool,
+      scopeEntityType: r.scopeEntityType,
+      scopeEntityId: r.scopeEntityId,
+      tenantId: r.tenantId,
+      attempts: r.attempts,
+      errorMessage: r.error!.message,
+      failedAt: r.finishedAt!,
+      createdAt: r.createdAt,
+    });
+  }
+  t.deepEqual([list[1]!.scopeEntityType, list[1]!.scopeEntityId, list[1]!.errorMessage], ['account', 'a2', 'boom']);
+  t.is(list[0]!.failedAt.getTime() - list[1]!.failedAt.getTime(), 7);
+  t.deepEqual(await o.listRecentFailed(10, 'other'), [], "another tenant's failures are not listed");
+});
+
+forBackends('getRun(runId, tenantId?): the whole row behind the tenant gate, like findById', async (t, make) => {
+  const o = await make.manual({ multiTenant: true });
+  o.registerHandler('fam.ok', {}, ok);
+  const a = await o.start('fam.ok', { n: 1 }, { tenantId: 'A' });
+  const shared = await o.start('fam.ok', { n: 2 }, { tenantId: null });
+  t.deepEqual(await o.getRun(a.id, 'A'), await o.findById(a.id, { tenantId: 'A' }));
+  t.deepEqual((await o.getRun(a.id, 'A'))?.input, { n: 1 });
+  t.is(await o.getRun(a.id, 'B'), null, "another tenant's run is null");
+  t.is(await o.getRun(a.id, null), null, 'null is the null-tenant rows only');
+  t.is((await o.getRun(shared.id, null))?.id, shared.id);
+  t.is(await o.getRun(randomUUID(), 'A'), null, 'unknown id');
+  t.is(await o.getRun('not-a-uuid', 'A'), null, 'malformed id');
+  await isMissingTenant(t, o.getRun(a.id), 'getRun');
+  await isInvalid(t, o.getRun(a.id, 5 as unknown as string), 'a tenant that is not a string or null');
+  const single = await make.manual();
+  single.registerHandler('fam.ok', {}, ok);
+  const s = await single.start('fam.ok', {});
+  t.is((await single.getRun(s.id))?.id, s.id, 'single-tenant mode needs no tenant');
+});
+
+forBackends('countRuns(tenantId?): every run of the tenant whatever its status, as countByPoolAndStatus counts them', async (t, make) => {
+  const o = await make.manual({ multiTenant: true });
+  o.registerHandler('fam.ok', {}, ok);
+  o.registerHandler('fam.boom', {}, boom);
+  t.is(await o.countRuns('A'), 0);
+  const started: JobRun[] = [];
+  for (let i = 0; i < 7; i++) started.push(await o.start(i % 3 === 0 ? 'fam.boom' : 'fam.ok', { i }, { tenantId: 'A', pool: `c${i % 2}` }));
+  for (let i = 0; i < 3; i++) await o.start('fam.ok', { i }, { tenantId: 'B' });
+  await o.start('fam.ok', {}, { tenantId: null });
+  await execRun(o, started[0]!, 'A'); // failed
+  await execRun(o, started[1]!, 'A'); // completed
+  await o.cancel(started[2]!.id, { tenantId: 'A' });
+  await claimRun(o, started[3]!); // running
+  t.is(await o.countRuns('A'), 7);
+  t.is(await o.countRuns('B'), 3);
+  t.is(await o.countRuns(null), 1);
+  t.is(await o.countRuns('nobody'), 0);
+  for (const tenant of ['A', 'B', null]) {
+    const total = (await o.countByPoolAndStatus(tenant)).reduce((n, c) => n + c.count, 0);
+    t.is(await o.countRuns(tenant), total, String(tenant));
+  }
+  await isMissingTenant(t, o.countRuns(), 'countRuns');
+  await isInvalid(t, o.countRuns(7 as unknown as string), 'a tenant that is not a string or null');
+  const single = await make.manual();
+  single.registerHandler('fam.ok', {}, ok);
+  await single.start('fam.ok', {});
+  await single.start('fam.ok', { n: 2 });
+  t.is(await single.countRuns(), 2, 'single-tenant mode counts every run');
+});
+
+forBackends("listForScope: the family's orderBy ('created_at desc|asc', 'run_at desc|asc'); ties in created order", async (t, make) => {
+  const o = await make.manual();
+  o.registerHandler('fam.ok', {}, ok);
+  const scope = { entityType: 'order', entityId: 'o-1' };
+  const base = o.now().getTime() + 60_000;
+  const at = async (dt: number): Promise<string> => {
+    const r = await o.start('fam.ok', {}, { scope, runAt: new Date(base + dt) });
+    o.advanceTime(1);
+    return r.id;
+  };
+  // created in this order; runAt +30, +10, +20, +10
+  const [a, b, c, d] = [await at(30), await at(10), await at(20), await at(10)];
+  const list = async (orderBy?: ListForScopeOptions['orderBy'], more: Omit<ListForScopeOptions, 'orderBy'> = {}) =>
+    ids(await o.listForScope('order', 'o-1', { ...more, orderBy }));
+  t.deepEqual(await list(), [d, c, b, a], 'default: newest first');
+  t.deepEqual(await list('created_at desc'), [d, c, b, a]);
+  t.deepEqual(await list('createdAt:desc'), [d, c, b, a]);
+  t.deepEqual(await list('created_at asc'), [a, b, c, d]);
+  t.deepEqual(await list('createdAt:asc'), [a, b, c, d]);
+  t.deepEqual(await list('run_at asc'), [b, d, c, a], 'earliest runAt first, ties oldest first');
+  t.deepEqual(await list('run_at desc'), [a, c, d, b], 'latest runAt first, ties newest first');
+  t.deepEqual(await list('run_at asc', { offset: 1, limit: 2 }), [d, c], 'offset and limit apply after the order');
+  await isInvalid(t, o.listForScope('order', 'o-1', { orderBy: 'runAt:asc' as ListForScopeOptions['orderBy'] }), 'unknown orderBy');
 });

@@ -8,8 +8,9 @@
 //! - errors: `JOBFORGE_ERROR:` + `{"code","message","fields"}`;
 //! - tickets, worker report lines and start-batch lines: hand-written text,
 //!   on every run's path (see each function);
-//! - replies: run tuples, step / definition / schedule objects, pages,
-//!   trees, counts and notices as JSON.
+//! - replies: run tuples, step / definition / schedule objects, pages of
+//!   run summaries and lists of failures (the seed family's `JobRunPage` and
+//!   `JobRunFailure`, keyed objects), trees, counts and notices as JSON.
 
 use jobforge_core::engine::{
     AttemptTicket, JobRunQuery, PageCursor, RecordStep, ScopeOrder, ScopeQuery, Started,

@@ -30,9 +30,17 @@ export declare class NativeEngine {
   validateDefinitions(specs: string): string
   /** Drains queued notices (`wire::notices_text`), or null when none. */
   takeNotices(): string | null
-  /** Turns transition events for every run on or off. */
-  setEvents(enabled: boolean): void
-  /** Watches (or stops watching) one run's transitions, for `waitForRun`. */
+  /**
+   * Turns transition events for every run on or off. Returns whether
+   * they are on and the engine listens for other processes' as well (a
+   * shared store): JS then keeps the process alive, as a listener on a
+   * socket would, until they are turned off or the engine is closed.
+   */
+  setEvents(enabled: boolean): boolean
+  /**
+   * Watches (or stops watching) one run's transitions, for `waitForRun`
+   * (other processes' too, on a shared store).
+   */
   watchRun(runId: string, on: boolean): void
   /** Engine time in epoch ms. */
   now(): number
@@ -58,7 +66,11 @@ export declare class NativeEngine {
    * hands them out to starts it answers itself.
    */
   newRunIds(count: number): string
-  /** Lets idle connections go; a networked store reopens on demand. */
+  /**
+   * Lets idle connections go and stops listening for other processes'
+   * events; a networked store reopens on demand, and the next listener
+   * or wait listens again.
+   */
   close(): void
   /**
    * Creates runs JS has already answered `start` for, one per line

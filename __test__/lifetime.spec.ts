@@ -44,12 +44,15 @@ async function useOne(first) {
     const w = o.startWorker();
     await o.waitForRun(ids[ids.length - 1], { timeoutMs: 20000 });
     await w.stop();
-  } else if (way === 'events') {
+  } else if (way === 'events' || way === 'events-unclosed') {
     const seen = [];
     o.on('run:completed', (r) => seen.push(r.id));
     const run = await o.claimNext('batch');
     await o.tick(run.id);
     if (seen.length !== 1) throw new Error('run:completed not emitted');
+    // Dropped while listening (Postgres: its engine listens to other
+    // processes and keeps Node running for it) without close().
+    if (way === 'events-unclosed') return;
   }
   await o.close();
 }
@@ -96,7 +99,7 @@ function runChild(options: object, way: string, count: number, runs: number, col
   return JSON.parse(runNode(['--expose-gc'], CHILD, arg)) as Report;
 }
 
-for (const way of ['plain', 'tick', 'worker', 'events']) {
+for (const way of ['plain', 'tick', 'worker', 'events', 'events-unclosed']) {
   forBackends(`an orchestrator dropped after use (${way}) is collected, and its engine with it`, async (t, make) => {
     const count = make.backend === 'memory' ? 6 : 3;
     const r = runChild(make.options(), way, count, 50);

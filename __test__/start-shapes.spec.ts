@@ -5,7 +5,7 @@
 // by the engine and a value chosen by the caller must both come out as the
 // engine stores them. Checked against findById after the hand-over.
 import test from 'ava';
-import { JobOrchestrator } from '../dist';
+import { JobInputInvalidError, JobOrchestrator } from '../dist';
 import type { JobRun, StartOptions } from '../dist';
 import { forBackends } from './backends';
 import { silentLogger } from './helpers';
@@ -99,4 +99,23 @@ test('a start answered before the engine has it is run by an idle worker at once
   t.true(started.now! - t0 < 40, `ran ${started.now! - t0} ms after its start`);
   t.true(started.later! >= t0 + 80, 'not before its runAt');
   t.true(started.later! - (t0 + 80) < 60, `ran ${started.later! - (t0 + 80)} ms after its runAt`);
+});
+
+forBackends('an unknown start option (a typo) is a JobInputInvalidError naming it, and nothing is stored', async (t, make) => {
+  const o = await make({ logger: silentLogger });
+  register(o);
+  for (const [type, opts] of [
+    ['plain', { priorty: 3 }],
+    ['plain', { priority: 1, runat: new Date() }],
+    ['laned', { tenant: 'acme' }],
+  ] as [string, Record<string, unknown>][]) {
+    const key = Object.keys(opts).find((k) => k !== 'priority')!;
+    const err = await t.throwsAsync(o.start(type, { k: 1 }, opts as StartOptions), { instanceOf: JobInputInvalidError });
+    t.regex(err!.message, new RegExp(`'${key}'`), `names '${key}'`);
+  }
+  // An option given as undefined is an option not given.
+  const run = await o.start('plain', { n: 1 }, { priority: undefined, runAt: undefined });
+  t.is(run.priority, 0);
+  const page = await o.countByPoolAndStatus();
+  t.is(page.reduce((s, c) => s + c.count, 0), 1, 'only the valid start was stored');
 });

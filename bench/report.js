@@ -777,6 +777,34 @@ function startAccountingSection(a) {
   return lines.join('\n');
 }
 
+/** The keyed start accounting (`keyedAccounting` in run.js) against scenario 2a's baseline at the same n. */
+function keyedAccountingSection(results) {
+  const a = results.breakdown?.keyed20k;
+  if (!a || !Number.isFinite(a.publicNs)) return null;
+  const b = median(results, 'conc', 'baseline', a.n);
+  const rows = [
+    ['jobforge, public `start` with a new key (as scenario 2a)', fmtNs(a.publicNs)],
+    ["  the engine's own call for it (`callSync('start')`, request text built beforehand, answer not read)", fmtNs(a.engineNs)],
+    ["contract floor: an async `start` that only answers with the contract's row", fmtNs(a.floorNs)],
+  ];
+  if (Number.isFinite(b)) rows.push([`baseline, scenario 2a at n = ${fmtN(a.n)} (same run)`, fmtNs(b)]);
+  const lines = [
+    `${fmtN(a.n)} live runs of the concurrency-keyed type (distinct keys), then ${fmtN(a.sample)} starts with new keys each way, ` +
+      `alternating, ${a.reps} repetitions (fresh orchestrators); medians per start.`,
+    '',
+    mdTable(['measurement', 'per start'], rows),
+  ];
+  if (Number.isFinite(b)) {
+    lines.push(
+      '',
+      `jobforge/baseline here: ${fmtRatio(b / a.publicNs)}. The engine decides a keyed start before it is answered, so its call plus the ` +
+        `contract floor bound this design: at most ${fmtRatio(b / (a.engineNs + a.floorNs))} (baseline ÷ (engine call + floor)); ` +
+        `the JS around the call (request text, short answer, row) is ${fmtNs(Math.max(0, a.publicNs - a.engineNs - a.floorNs))} above that.`,
+    );
+  }
+  return lines.join('\n');
+}
+
 /** One console line for the same accounting. */
 function startAccountingLine(a) {
   if (!a || !Number.isFinite(a.jobforgeNs)) return null;
@@ -949,6 +977,13 @@ function renderMarkdown(results, { resultsFile, chartFile }) {
     out.push(`### \`start\` with \`${results.breakdown.startPriority1k.shape}\` at n = ${fmtN(results.breakdown.startPriority1k.n)}: where the time goes (diagnostic)`);
     out.push('');
     out.push(acctP.replace('the scenario 1 loop', 'the same loop with `{ priority }`').replace(' (three `Date`s,', ' (its priority read, three `Date`s,'));
+    out.push('');
+  }
+  const ka = keyedAccountingSection(results);
+  if (ka) {
+    out.push(`### Keyed \`start\` at n = ${fmtN(results.breakdown.keyed20k.n)} live runs: where the time goes (diagnostic)`);
+    out.push('');
+    out.push(ka);
     out.push('');
   }
   return out.join('\n');

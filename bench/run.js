@@ -813,6 +813,12 @@ async function breakdown(impls) {
   out.start1k = await startAccounting(impls);
   // The same for a start with one option (`{ priority }`): the floor reads it too.
   out.startPriority1k = await startAccounting(impls, 1000, 21, (i) => ({ priority: i % 5 }));
+  // Keyed start (target: 50× at 20k live runs): how much of it is the engine's own call.
+  try {
+    out.keyed20k = await keyedAccounting(impls, CONC, 20000);
+  } catch (e) {
+    out.keyed20k = { skipped: String(e.message).split('\n')[0] };
+  }
   await fullGc();
   if (impls.baseline) {
     const inst = impls.baseline.create();
@@ -885,6 +891,46 @@ async function startAccounting(impls, n = 1000, reps = 21, opts = null) {
     floorNs: medianOf(samples.floor),
     baselineNs: impls.baseline ? medianOf(samples.baseline) : null,
   };
+}
+
+/**
+ * Scenario 2a's keyed start at n live runs, three ways, alternating
+ * repetitions: the public `start` (as scenario 2a times it); the engine's
+ * own call for the same start (`callSync('start')` with the request text
+ * built beforehand and the answer not read: napi crossing, request parse,
+ * key, lane, insert, answer text); and the contract floor (answering the
+ * row, no store). The engine must decide a keyed start before it is
+ * answered (a new key may join a lane, hit a dedupe window, collide), so
+ * no keyed start of this design costs less than engine call + floor.
+ */
+async function keyedAccounting(impls, type, n, reps = 5, sample = 1000) {
+  const { startRequest } = require(path.join(ROOT, 'dist/wire'));
+  const { OP } = require(path.join(ROOT, 'dist/native'));
+  const pub = [];
+  const eng = [];
+  const floor = [];
+  const idBlock = Array.from({ length: 256 }, () => randomUUID()).join('');
+  for (let r = 0; r < reps + 1; r++) {
+    const inst = impls.jobforge.create();
+    await impls.jobforge.seedKeyed(inst, type, n);
+    const nat = inst.o.store?.native;
+    if (typeof nat?.callSync !== 'function') throw new Error('internals changed: no engine.callSync');
+    const reqs = Array.from({ length: sample }, (_, i) => startRequest(type, JSON.stringify({ k: `e${r}_${i}` }), null, true));
+    await fullGc();
+    const order = r % 2 ? ['engine', 'public', 'floor'] : ['public', 'engine', 'floor'];
+    for (const k of order) {
+      const t0 = now();
+      if (k === 'public') for (let i = 0; i < sample; i++) await inst.o.start(type, { k: `p${r}_${i}` });
+      else if (k === 'engine') for (let i = 0; i < sample; i++) nat.callSync(OP.start, reqs[i]);
+      else {
+        const f = contractFloor(idBlock);
+        for (let i = 0; i < sample; i++) await f.start(type, { k: `f${r}_${i}` });
+      }
+      const ns = (now() - t0) / sample;
+      if (r > 0) (k === 'public' ? pub : k === 'engine' ? eng : floor).push(ns); // r = 0 warms up
+    }
+  }
+  return { n, reps, sample, type, publicNs: medianOf(pub), engineNs: medianOf(eng), floorNs: medianOf(floor) };
 }
 
 /**

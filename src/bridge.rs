@@ -30,6 +30,8 @@ pub struct Notices {
     events: Vec<String>,
     /// Attempt timeouts are due: JS calls `expireAttempts` on its turn.
     expire: bool,
+    /// Messages for the orchestrator's logger (`EngineObserver::trouble`).
+    troubles: Vec<String>,
 }
 
 pub type NoticeQueue = Arc<Mutex<Notices>>;
@@ -37,20 +39,25 @@ pub type NoticeQueue = Arc<Mutex<Notices>>;
 /// Drains queued notices as `wire::notices_text`; `None` when there are none.
 pub fn take_notices(q: &NoticeQueue) -> Option<String> {
     let taken = std::mem::take(&mut *q.lock().ok()?);
-    if taken.aborts.is_empty() && taken.events.is_empty() && !taken.expire {
+    if taken.aborts.is_empty()
+        && taken.events.is_empty()
+        && !taken.expire
+        && taken.troubles.is_empty()
+    {
         return None;
     }
     Some(wire::notices_text(
         &taken.aborts,
         &taken.events,
         taken.expire,
+        &taken.troubles,
     ))
 }
 
 /// Whether notices wait to be taken (saves JS a call when there are none).
 pub fn has_notices(q: &NoticeQueue) -> bool {
     q.lock()
-        .map(|p| !p.aborts.is_empty() || !p.events.is_empty() || p.expire)
+        .map(|p| !p.aborts.is_empty() || !p.events.is_empty() || p.expire || !p.troubles.is_empty())
         .unwrap_or(false)
 }
 
@@ -106,6 +113,13 @@ impl EngineObserver for JsObserver {
     fn timeouts_due(&self) {
         if let Ok(mut p) = self.queue.lock() {
             p.expire = true;
+        }
+        self.nudge();
+    }
+
+    fn trouble(&self, message: String) {
+        if let Ok(mut p) = self.queue.lock() {
+            p.troubles.push(message);
         }
         self.nudge();
     }

@@ -8,6 +8,7 @@ use crate::bridge::{self, JsBatch, JsFn, JsObserver, NoticeQueue};
 use crate::ops::{self, AnyStore};
 use crate::wire::{self, invalid, to_napi, Result};
 use jobforge_core::engine::{run_timeouts, AttemptEnd, Retention};
+use jobforge_core::feed::EventFeed;
 use jobforge_core::store::postgres::{PgConfig, PgStore};
 use jobforge_core::worker::{Worker, WorkerTimings};
 use jobforge_core::{
@@ -59,6 +60,8 @@ const REPORT_CAP: i64 = 32 << 20;
 struct Hosted<S: AnyStore> {
     engine: Arc<Engine<S>>,
     worker: Mutex<Option<Arc<Worker<S>>>>,
+    /// Other processes' run events, while anyone here hears them.
+    feed: EventFeed,
     timings: WorkerTimings,
     /// Bytes of native memory reported to V8 (`adjust_external_memory`):
     /// without it the collector sees a small JS object, feels no pressure
@@ -240,17 +243,27 @@ impl NativeEngine {
         bridge::take_notices(&self.notices)
     }
 
-    /// Turns transition events for every run on or off.
+    /// Turns transition events for every run on or off. Returns whether
+    /// they are on and the engine listens for other processes' as well (a
+    /// shared store): JS then keeps the process alive, as a listener on a
+    /// socket would, until they are turned off or the engine is closed.
     #[napi(catch_unwind)]
-    pub fn set_events(&self, enabled: bool) {
-        hosted!(self, h => h.engine.set_events(enabled));
+    pub fn set_events(&self, enabled: bool) -> bool {
+        hosted!(self, h => {
+            h.engine.set_events(enabled);
+            h.feed.sync(&h.engine, enabled) && enabled
+        })
     }
 
-    /// Watches (or stops watching) one run's transitions, for `waitForRun`.
+    /// Watches (or stops watching) one run's transitions, for `waitForRun`
+    /// (other processes' too, on a shared store).
     #[napi(catch_unwind)]
     pub fn watch_run(&self, run_id: String, on: bool) {
         if let Ok(id) = run_id.parse::<RunId>() {
-            hosted!(self, h => h.engine.watch_run(id, on));
+            hosted!(self, h => {
+                h.engine.watch_run(id, on);
+                h.feed.sync(&h.engine, on);
+            });
         }
     }
 
@@ -306,10 +319,15 @@ impl NativeEngine {
         out
     }
 
-    /// Lets idle connections go; a networked store reopens on demand.
+    /// Lets idle connections go and stops listening for other processes'
+    /// events; a networked store reopens on demand, and the next listener
+    /// or wait listens again.
     #[napi(catch_unwind)]
     pub fn close(&self) {
-        hosted!(self, h => h.engine.store().close());
+        hosted!(self, h => {
+            h.feed.close();
+            h.engine.store().close();
+        });
     }
 
     // ── hot paths of a store whose transactions run inline ─────────────
@@ -449,6 +467,7 @@ impl<S: AnyStore> Hosted<S> {
         Hosted {
             engine,
             worker: Mutex::new(None),
+            feed: EventFeed::new(),
             timings,
             reported: AtomicI64::new(0),
         }
@@ -600,7 +619,10 @@ impl<S: AnyStore> Hosted<S> {
 
 impl ObjectFinalize for NativeEngine {
     /// Takes back what `report_size` told V8: the runs go with the engine.
+    /// Also ends the event feed's thread, which holds the engine while it
+    /// listens (an orchestrator dropped without `close()`).
     fn finalize(self, env: Env) -> Result<()> {
+        hosted!(self, h => h.feed.close());
         let told = hosted!(self, h => h.reported.load(Ordering::Relaxed));
         if told != 0 {
             env.adjust_external_memory(-told)?;

@@ -628,11 +628,12 @@ pub fn push_lines(out: &mut String, lines: &[String]) {
     }
 }
 
-/// `{"aborts":[{"runId","epoch"?,"reason"}],"events":[row…],"expire":bool}`.
+/// `{"aborts":[{"runId","epoch"?,"reason"}],"events":[row…],"expire":bool,"troubles":[message…]}`.
 pub fn notices_text(
     aborts: &[(RunId, Option<u32>, AbortReason)],
     events: &[String],
     expire: bool,
+    troubles: &[String],
 ) -> String {
     let aborts: Vec<Value> = aborts
         .iter()
@@ -642,9 +643,10 @@ pub fn notices_text(
         })
         .collect();
     format!(
-        "{{\"aborts\":{},\"events\":[{}],\"expire\":{expire}}}",
+        "{{\"aborts\":{},\"events\":[{}],\"expire\":{expire},\"troubles\":{}}}",
         Value::Array(aborts),
-        events.join(",")
+        events.join(","),
+        json!(troubles)
     )
 }
 

@@ -1,7 +1,11 @@
 /**
  * Run events (`on('run:completed', …)`) and `waitForRun`. The engine
  * reports transitions only while someone listens, or for the runs someone
- * waits for; they arrive as notices (see `NoticeSink`).
+ * waits for; they arrive as notices (see `NoticeSink`). On a shared store
+ * (Postgres) the engine also listens for other processes' transitions
+ * meanwhile (`crates/core/src/feed.rs`), and says so: the process is then
+ * kept alive for the listeners, as by a listening socket, until the last
+ * `off()` or `close()`.
  */
 import { after } from './clock';
 import { JobInputInvalidError, JobRunNotFoundError, JobWaitTimeoutError } from './errors';
@@ -19,7 +23,8 @@ export const TERMINAL: ReadonlySet<string> = new Set(['completed', 'failed', 'ti
 export interface EventSource {
   /** Other processes may run the store's runs: a wait also looks at the row now and then. */
   readonly shared: boolean;
-  setEvents(on: boolean): void;
+  /** Returns whether the engine now listens for other processes' events too. */
+  setEvents(on: boolean): boolean;
   watchRun(runId: string, on: boolean): void;
   findById(runId: string): Promise<JobRun | null>;
 }
@@ -28,10 +33,12 @@ export class RunEvents {
   private readonly listeners = new Map<RunEventName, Set<RunEventListener>>();
   private readonly waiters = new Map<string, Set<(run: JobRun) => void>>();
   private eventsOn = false;
+  /** Held while the engine listens to other processes for `on` listeners: keeps Node running. */
+  private keepAlive: NodeJS.Timeout | null = null;
 
   constructor(
     private readonly logger: JobLogger,
-    private readonly source: () => { setEvents(on: boolean): void; watchRun(runId: string, on: boolean): void; readonly shared: boolean },
+    private readonly source: () => Pick<EventSource, 'setEvents' | 'watchRun' | 'shared'>,
   ) {}
 
   /** Whether a transition notice has anyone to reach. */
@@ -45,20 +52,40 @@ export class RunEvents {
     let set = this.listeners.get(event);
     if (!set) this.listeners.set(event, (set = new Set()));
     set.add(listener);
-    this.sync();
+    // Told on every `on`, not only the first: after `close()` a new
+    // listener makes the engine listen again.
+    this.eventsOn = true;
+    this.hold(this.source().setEvents(true));
   }
 
   off(event: RunEventName, listener: RunEventListener): void {
     this.listeners.get(event)?.delete(listener);
-    this.sync();
-  }
-
-  private sync(): void {
     let any = false;
     for (const set of this.listeners.values()) any ||= set.size > 0;
     if (any !== this.eventsOn) {
       this.eventsOn = any;
-      this.source().setEvents(any);
+      this.hold(this.source().setEvents(any));
+    }
+  }
+
+  /** The orchestrator was closed: the engine stopped listening to other processes. */
+  closed(): void {
+    this.hold(false);
+  }
+
+  private hold(listening: boolean): void {
+    if (listening && this.keepAlive === null) {
+      // A timer is what keeps the event loop running. It holds these
+      // events only weakly: an orchestrator dropped without close() is
+      // collected (its engine then stops listening) and the timer goes.
+      const owner = new WeakRef(this);
+      const timer = setInterval(() => {
+        if (owner.deref() === undefined) clearInterval(timer);
+      }, 10_000);
+      this.keepAlive = timer;
+    } else if (!listening && this.keepAlive !== null) {
+      clearInterval(this.keepAlive);
+      this.keepAlive = null;
     }
   }
 
@@ -124,7 +151,10 @@ export class RunEvents {
       const row = await bounded(find(id));
       if (!row) throw new JobRunNotFoundError(id);
       if (TERMINAL.has(row.status)) return row;
-      // Another process may run it: look now and then as well.
+      // Another process may run it: its transition is notified (the engine
+      // listens while the wait is pending), and the row is looked at now
+      // and then as the fallback (a notification missed while the listener
+      // connects or reconnects).
       if (source.shared) stopPolling = pollUntilTerminal(() => find(id), resolveFn);
       return await bounded(done);
     } finally {
@@ -135,10 +165,11 @@ export class RunEvents {
   }
 }
 
-/** Looks at a run's row every 100 ms until it is terminal. */
+/** Looks at a run's row until it is terminal: after 100 ms, then less and less often, at least every second. */
 function pollUntilTerminal(find: () => Promise<JobRun | null>, resolve: (run: JobRun) => void): () => void {
   let stopped = false;
   let cancel = () => undefined as void;
+  let wait = 100;
   const look = async () => {
     if (stopped) return;
     try {
@@ -147,9 +178,10 @@ function pollUntilTerminal(find: () => Promise<JobRun | null>, resolve: (run: Jo
     } catch {
       /* a failed look is retried */
     }
-    if (!stopped) cancel = after(100, () => void look());
+    wait = Math.min(wait * 2, 1000);
+    if (!stopped) cancel = after(wait, () => void look());
   };
-  cancel = after(100, () => void look());
+  cancel = after(wait, () => void look());
   return () => {
     stopped = true;
     cancel();

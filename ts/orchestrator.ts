@@ -254,6 +254,7 @@ export class JobOrchestrator<Jobs extends JobMap = AnyJobs> {
       deliver: (n) => {
         for (const { runId, epoch, reason } of n.aborts) attempts.abort(runId, epoch, reason);
         for (const raw of n.events) events.emit(fromTuple(raw));
+        for (const message of n.troubles) this.logger.error(message);
       },
     };
     const core = { multiTenant: this.multiTenant, clock, retention: options.retention };
@@ -290,11 +291,15 @@ export class JobOrchestrator<Jobs extends JobMap = AnyJobs> {
   }
 
   /**
-   * Postgres: closes idle database connections (stop the worker first).
-   * The orchestrator reconnects if used again. Memory: a no-op.
+   * Postgres: closes idle database connections (stop the worker first)
+   * and stops listening for other processes' run events (so a process
+   * kept alive by `on()` listeners may exit). The orchestrator reconnects
+   * if used again; a later `on()` or `waitForRun` listens again. Memory: a
+   * no-op.
    */
   async close(): Promise<void> {
     await this.store.close();
+    this.events.closed();
   }
 
   // ── registration ───────────────────────────────────────────────────

@@ -81,74 +81,116 @@ const CLOSE_POLICIES: ReadonlySet<unknown> = new Set(['terminate', 'cancel', 'ab
 const I32_MIN = -2147483648;
 const I32_MAX = 2147483647;
 
+/** The start options a caller may give (`StartOptionsInput`'s keys). */
+const START_KEYS = 'scope, pool, runAt, priority, tags, triggerSource, triggerRef, parentClosePolicy, parentRunId, tenantId';
+
+/** A string start option: absent (undefined or null), or checked text. */
+function optionText(k: string, v: unknown): string | undefined {
+  if (v === null) return undefined;
+  if (typeof v !== 'string') throw new JobInputInvalidError(`${k} must be a string, got ${typeof v}`);
+  return checkText(v, k);
+}
+
 /**
  * Start options checked and converted for the engine (`StartOpts` in Rust:
  * Dates as ms, `tenant`). Every value is checked here as the engine checks
  * it, in the engine's words: an in-memory start may be answered before the
- * engine has it, and must then be one it accepts.
+ * engine has it, and must then be one it accepts. One pass over the keys
+ * the caller gave (a start usually names one or two of the ten), so an
+ * option costs only its own check; an unknown key (a typo such as
+ * `priorty`) is refused, not silently ignored.
  */
 export function startOptions(opts: StartOptionsInput | undefined): StartWire {
-  if (opts !== undefined && (opts === null || typeof opts !== 'object')) {
-    throw new JobInputInvalidError('start options must be an object');
-  }
-  const o = opts ?? {};
   const out = new StartWire();
-  const tenant = tenantOf(o);
-  out.tenant = typeof tenant === 'string' ? checkText(tenant, 'tenantId') : tenant;
-  const str = (k: 'pool' | 'triggerRef' | 'parentRunId' | 'triggerSource' | 'parentClosePolicy'): string | undefined => {
+  if (opts === undefined) return out;
+  if (opts === null || typeof opts !== 'object') throw new JobInputInvalidError('start options must be an object');
+  const o = opts as Record<string, unknown>;
+  for (const k in o) {
     const v = o[k];
-    if (v === undefined || v === null) return undefined;
-    if (typeof v !== 'string') throw new JobInputInvalidError(`${k} must be a string, got ${typeof v}`);
-    return checkText(v, k);
-  };
-  const pool = str('pool');
-  const triggerRef = str('triggerRef');
-  const parentRunId = str('parentRunId');
-  const triggerSource = str('triggerSource');
-  const parentClosePolicy = str('parentClosePolicy');
-  if (pool === '') throw new JobInputInvalidError('pool must be a non-empty string');
-  if (pool !== undefined && pool.includes('\n')) throw new JobInputInvalidError('pool must not contain a line break');
-  if (triggerSource !== undefined && !TRIGGER_SOURCES.has(triggerSource)) {
-    throw new JobInputInvalidError(`triggerSource must be manual, schedule, event or parent, got '${triggerSource}'`);
-  }
-  if (parentClosePolicy !== undefined && !CLOSE_POLICIES.has(parentClosePolicy)) {
-    throw new JobInputInvalidError(`parentClosePolicy must be terminate, cancel or abandon, got '${parentClosePolicy}'`);
-  }
-  out.pool = pool;
-  out.triggerRef = triggerRef;
-  out.parentRunId = parentRunId;
-  out.triggerSource = triggerSource as StartWire['triggerSource'];
-  out.parentClosePolicy = parentClosePolicy as StartWire['parentClosePolicy'];
-  const scope = o.scope as { entityType?: unknown; entityId?: unknown } | null | undefined;
-  if (scope !== undefined && scope !== null) {
-    if (typeof scope !== 'object' || typeof scope.entityType !== 'string' || typeof scope.entityId !== 'string') {
-      throw new JobInputInvalidError('scope must be { entityType: string, entityId: string }');
+    if (v === undefined) continue;
+    switch (k) {
+      case 'priority':
+        out.priority = checkPriority(v);
+        break;
+      case 'runAt':
+        out.runAt = requireDate(v, 'runAt');
+        break;
+      case 'tenantId':
+        checkTenant(v);
+        out.tenant = v === null ? null : checkText(v as string, 'tenantId');
+        break;
+      case 'scope':
+        out.scope = checkScope(v);
+        break;
+      case 'pool': {
+        const pool = optionText(k, v);
+        if (pool === '') throw new JobInputInvalidError('pool must be a non-empty string');
+        if (pool !== undefined && pool.includes('\n')) throw new JobInputInvalidError('pool must not contain a line break');
+        out.pool = pool;
+        break;
+      }
+      case 'triggerRef':
+        out.triggerRef = optionText(k, v);
+        break;
+      case 'parentRunId':
+        out.parentRunId = optionText(k, v);
+        break;
+      case 'triggerSource': {
+        const t = optionText(k, v);
+        if (t !== undefined && !TRIGGER_SOURCES.has(t)) {
+          throw new JobInputInvalidError(`triggerSource must be manual, schedule, event or parent, got '${t}'`);
+        }
+        out.triggerSource = t as StartWire['triggerSource'];
+        break;
+      }
+      case 'parentClosePolicy': {
+        const c = optionText(k, v);
+        if (c !== undefined && !CLOSE_POLICIES.has(c)) {
+          throw new JobInputInvalidError(`parentClosePolicy must be terminate, cancel or abandon, got '${c}'`);
+        }
+        out.parentClosePolicy = c as StartWire['parentClosePolicy'];
+        break;
+      }
+      case 'tags':
+        if (v !== null) out.tags = checkTags(v);
+        break;
+      default:
+        throw new JobInputInvalidError(`unknown start option '${k}' (known: ${START_KEYS})`);
     }
-    out.scope = { entityType: checkText(scope.entityType, 'scope.entityType'), entityId: checkText(scope.entityId, 'scope.entityId') };
-  }
-  if (o.runAt !== undefined) out.runAt = requireDate(o.runAt, 'runAt');
-  if (o.priority !== undefined) {
-    const p = o.priority;
-    if (!Number.isInteger(p)) throw new JobInputInvalidError(`priority must be an integer, got ${String(p)}`);
-    if (p < I32_MIN || p > I32_MAX) {
-      throw new JobInputInvalidError(`priority must be an integer between ${I32_MIN} and ${I32_MAX}, got ${p}`);
-    }
-    out.priority = p === 0 ? 0 : p; // -0 is 0, as the engine stores it
-  }
-  if (o.tags !== undefined && o.tags !== null) {
-    const j = toJsonText(o.tags, 'tags');
-    if (!j.ok) throw new JobInputInvalidError(j.reason);
-    const tags = JSON.parse(j.text) as unknown;
-    if (typeof tags !== 'object' || tags === null || Array.isArray(tags) || Object.values(tags).some((v) => typeof v !== 'string')) {
-      throw new JobInputInvalidError('tags must be an object of string values');
-    }
-    for (const [k, v] of Object.entries(tags as Record<string, string>)) {
-      checkText(k, 'a tag name');
-      checkText(v, `tag '${k}'`);
-    }
-    out.tags = tags as Record<string, string>;
   }
   return out;
+}
+
+function checkPriority(p: unknown): number {
+  if (!Number.isInteger(p)) throw new JobInputInvalidError(`priority must be an integer, got ${String(p)}`);
+  const n = p as number;
+  if (n < I32_MIN || n > I32_MAX) {
+    throw new JobInputInvalidError(`priority must be an integer between ${I32_MIN} and ${I32_MAX}, got ${n}`);
+  }
+  return n === 0 ? 0 : n; // -0 is 0, as the engine stores it
+}
+
+function checkScope(v: unknown): { entityType: string; entityId: string } | undefined {
+  if (v === null) return undefined;
+  const scope = v as { entityType?: unknown; entityId?: unknown };
+  if (typeof scope !== 'object' || typeof scope.entityType !== 'string' || typeof scope.entityId !== 'string') {
+    throw new JobInputInvalidError('scope must be { entityType: string, entityId: string }');
+  }
+  return { entityType: checkText(scope.entityType, 'scope.entityType'), entityId: checkText(scope.entityId, 'scope.entityId') };
+}
+
+function checkTags(v: unknown): Record<string, string> {
+  const j = toJsonText(v, 'tags');
+  if (!j.ok) throw new JobInputInvalidError(j.reason);
+  const tags = JSON.parse(j.text) as unknown;
+  if (typeof tags !== 'object' || tags === null || Array.isArray(tags) || Object.values(tags).some((x) => typeof x !== 'string')) {
+    throw new JobInputInvalidError('tags must be an object of string values');
+  }
+  for (const [k, x] of Object.entries(tags as Record<string, string>)) {
+    checkText(k, 'a tag name');
+    checkText(x, `tag '${k}'`);
+  }
+  return tags as Record<string, string>;
 }
 
 /**
@@ -347,5 +389,5 @@ export function prepareStart(type: unknown, input: unknown, opts: StartOptionsIn
       thrown = { error: e };
     }
   }
-  return { type, inputText, inputCopy, opts: o, thrown, tenant: tenantOf(opts), hasParent: typeof opts?.parentRunId === 'string' };
+  return { type, inputText, inputCopy, opts: o, thrown, tenant: o.tenant, hasParent: o.parentRunId !== undefined };
 }

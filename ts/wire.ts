@@ -319,22 +319,25 @@ export class StartWire {
   dedupeKey: string | undefined = undefined;
 
   json(): string {
+    // Each field after the first is preceded by a comma (`c`): trimming a
+    // leading one off the built string would flatten and copy it.
     const q = JSON.stringify;
-    let s = '';
-    if (this.tenant !== undefined) s += `,"tenant":${this.tenant === null ? 'null' : q(this.tenant)}`;
-    if (this.scope !== undefined) s += `,"scope":{"entityType":${q(this.scope.entityType)},"entityId":${q(this.scope.entityId)}}`;
-    if (this.scopeEntityIdFromMeta !== undefined) s += `,"scopeEntityIdFromMeta":${q(this.scopeEntityIdFromMeta)}`;
-    if (this.pool !== undefined) s += `,"pool":${q(this.pool)}`;
-    if (this.runAt !== undefined) s += `,"runAt":${this.runAt}`;
-    if (this.priority !== undefined) s += `,"priority":${this.priority}`;
-    if (this.tags !== undefined) s += `,"tags":${q(this.tags)}`;
-    if (this.triggerSource !== undefined) s += `,"triggerSource":"${this.triggerSource}"`;
-    if (this.triggerRef !== undefined) s += `,"triggerRef":${q(this.triggerRef)}`;
-    if (this.parentClosePolicy !== undefined) s += `,"parentClosePolicy":"${this.parentClosePolicy}"`;
-    if (this.parentRunId !== undefined) s += `,"parentRunId":${q(this.parentRunId)}`;
-    if (this.concurrencyKey !== undefined) s += `,"concurrencyKey":${q(this.concurrencyKey)}`;
-    if (this.dedupeKey !== undefined) s += `,"dedupeKey":${q(this.dedupeKey)}`;
-    return s.length === 0 ? '{}' : `{${s.slice(1)}}`;
+    let s = '{';
+    let c = '';
+    if (this.tenant !== undefined) { s += `"tenant":${this.tenant === null ? 'null' : q(this.tenant)}`; c = ','; }
+    if (this.scope !== undefined) { s += `${c}"scope":{"entityType":${q(this.scope.entityType)},"entityId":${q(this.scope.entityId)}}`; c = ','; }
+    if (this.scopeEntityIdFromMeta !== undefined) { s += `${c}"scopeEntityIdFromMeta":${q(this.scopeEntityIdFromMeta)}`; c = ','; }
+    if (this.pool !== undefined) { s += `${c}"pool":${q(this.pool)}`; c = ','; }
+    if (this.runAt !== undefined) { s += `${c}"runAt":${this.runAt}`; c = ','; }
+    if (this.priority !== undefined) { s += `${c}"priority":${this.priority}`; c = ','; }
+    if (this.tags !== undefined) { s += `${c}"tags":${q(this.tags)}`; c = ','; }
+    if (this.triggerSource !== undefined) { s += `${c}"triggerSource":"${this.triggerSource}"`; c = ','; }
+    if (this.triggerRef !== undefined) { s += `${c}"triggerRef":${q(this.triggerRef)}`; c = ','; }
+    if (this.parentClosePolicy !== undefined) { s += `${c}"parentClosePolicy":"${this.parentClosePolicy}"`; c = ','; }
+    if (this.parentRunId !== undefined) { s += `${c}"parentRunId":${q(this.parentRunId)}`; c = ','; }
+    if (this.concurrencyKey !== undefined) { s += `${c}"concurrencyKey":${q(this.concurrencyKey)}`; c = ','; }
+    if (this.dedupeKey !== undefined) s += `${c}"dedupeKey":${q(this.dedupeKey)}`;
+    return s + '}';
   }
 }
 
@@ -407,6 +410,8 @@ export interface Notices {
   events: RunTuple[];
   /** Attempt timeouts are due: apply them (`expireAttempts`) on this turn. */
   expire: boolean;
+  /** For the orchestrator's logger: trouble outside any call (the listener of other processes' events). */
+  troubles: string[];
 }
 
 export function parseNotices(json: string): Notices {

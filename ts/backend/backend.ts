@@ -73,7 +73,8 @@ export interface Backend extends StepStore {
 
   // ── time and notices (no I/O) ──
   advanceTime(ms: number): number | null;
-  setEvents(on: boolean): void;
+  /** Returns whether the engine now listens for other processes' events too (a shared store). */
+  setEvents(on: boolean): boolean;
   watchRun(runId: string, on: boolean): void;
   /** Delivers the engine's queued notices, if anyone listens (`always`: take them anyway). */
   drainNotices(always?: boolean): void;
@@ -232,8 +233,8 @@ export abstract class NativeBackend implements Partial<Backend> {
     return t;
   }
 
-  setEvents(on: boolean): void {
-    this.native.setEvents(on);
+  setEvents(on: boolean): boolean {
+    return this.native.setEvents(on);
   }
 
   watchRun(runId: string, on: boolean): void {

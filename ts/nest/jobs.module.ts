@@ -18,6 +18,7 @@ import {
   type Provider,
   type Type,
 } from '@nestjs/common';
+import { randomUUID } from 'node:crypto';
 import { ContextIdFactory, ModuleRef, ModulesContainer } from '@nestjs/core';
 import { JobInputInvalidError, JobOrchestrator } from '../index';
 import type {
@@ -178,11 +179,10 @@ export function moduleRefResolver(moduleRef: ModuleRef): HandlerResolver & {
 /** How one registration's lifecycle module reaches its worker. */
 interface WorkerLink {
   /** Distinct per registration, so module ids hashed from metadata differ too. */
-  readonly id: number;
+  readonly id: string;
   worker: JobsWorker | null;
 }
 const WORKER_LINK = Symbol('jobforge.nest.worker-link');
-let linkCount = 0;
 
 /**
  * Owns the worker of the module's orchestrator: upserts the registered
@@ -392,7 +392,8 @@ function registration(
   imports: NonNullable<ModuleMetadata['imports']> = [],
   extra: Provider[] = [],
 ): DynamicModule {
-  const link: WorkerLink = { id: ++linkCount, worker: null };
+  // A random id, not a module-level counter: no state outlives a registration.
+  const link: WorkerLink = { id: randomUUID(), worker: null };
   return {
     module: JobsModule,
     global: reg.isGlobal ?? reg.global ?? true,

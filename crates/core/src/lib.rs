@@ -31,11 +31,13 @@
 // Modules depend one way, from the leaves up: `clock`, `cron` and
 // `template` use no other; `model` uses those; `error` uses `model` and
 // converts `template`'s errors; `store` uses `model` and `error`;
-// `engine` the store; `worker` the engine.
+// `engine` the store; `worker` the engine; `feed` the engine and the
+// worker's reconnect backoff.
 pub mod clock;
 pub mod cron;
 pub mod engine;
 pub mod error;
+pub mod feed;
 pub mod model;
 pub mod store;
 pub mod template;

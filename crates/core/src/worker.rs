@@ -166,7 +166,7 @@ pub struct Worker<S: Store + Coordination> {
 /// How long to wait after `failures` failed attempts in a row: doubling
 /// from `first` up to `cap`, minus up to a fifth at random, so a fleet of
 /// workers does not reconnect in step to a database that just came back.
-fn backoff(first: Duration, cap: Duration, failures: u32) -> Duration {
+pub(crate) fn backoff(first: Duration, cap: Duration, failures: u32) -> Duration {
     let full = first.saturating_mul(1u32 << failures.min(16)).min(cap);
     let nanos = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)

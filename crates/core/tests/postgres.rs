@@ -772,3 +772,99 @@ fn a_schedule_time_zone_is_stored_and_read_back() {
         .unwrap();
     assert_eq!(again.anchor, put.anchor);
 }
+
+/// Run events an observer was told of, in order.
+#[derive(Default)]
+struct HeardEvents(std::sync::Mutex<Vec<RunRow>>);
+
+impl engine::EngineObserver for HeardEvents {
+    fn run_aborted(&self, _run_id: RunId, _epoch: Option<u32>, _reason: AbortReason) {}
+
+    fn run_events(&self, rows: Vec<RunRow>) {
+        self.0.lock().unwrap().extend(rows);
+    }
+}
+
+#[test]
+fn another_engine_hears_every_transition_of_a_cascade_and_its_own_store_hears_none() {
+    let Some((a, cfg)) = engine("feed") else {
+        return;
+    };
+    let a = Arc::new(a);
+    let b = Arc::new(engine_on(&cfg));
+    let (heard_a, heard_b) = (
+        Arc::new(HeardEvents::default()),
+        Arc::new(HeardEvents::default()),
+    );
+    a.set_observer(heard_a.clone());
+    b.set_observer(heard_b.clone());
+    a.register(spec("big")).unwrap();
+    // More transitions than one notification holds (~150 each), in one
+    // transaction: A's cancel of the scope.
+    const N: usize = 700;
+    for _ in 0..N {
+        let mut r = req("big", "{}");
+        r.scope = Some(("batch".to_owned(), "b1".to_owned()));
+        a.start(r).unwrap();
+    }
+    for _ in 0..N / 2 {
+        a.claim_next("batch")
+            .unwrap()
+            .expect("a pending run to claim");
+    }
+    // Both listen; A's events are its own (it reports them itself), so
+    // its feed must leave its store's announcements out.
+    let (feed_a, feed_b) = (feed::EventFeed::new(), feed::EventFeed::new());
+    a.set_events(true);
+    b.set_events(true);
+    assert!(feed_a.sync(&a, true) && feed_b.sync(&b, true));
+    // The LISTENs are in place once a probe transition reaches B (a new
+    // probe each time: one made before B listened is not replayed).
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while heard_b.0.lock().unwrap().is_empty() {
+        let probe = a.start(req("big", "{}")).unwrap();
+        a.cancel(&probe.id.to_string(), false, &TenantArg::Missing)
+            .unwrap();
+        assert!(
+            std::time::Instant::now() < deadline,
+            "B's feed never heard the probe"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    heard_b.0.lock().unwrap().clear();
+    heard_a.0.lock().unwrap().clear();
+
+    let canceled = a
+        .cancel_for_scope(&TenantArg::Missing, "batch", "b1", true)
+        .unwrap();
+    assert_eq!(canceled as usize, N);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while heard_b.0.lock().unwrap().len() < N && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    let b_rows = heard_b.0.lock().unwrap().clone();
+    assert_eq!(b_rows.len(), N, "B hears each canceled run once");
+    assert!(b_rows.iter().all(|r| r.status == RunStatus::Canceled));
+    let distinct: std::collections::HashSet<RunId> = b_rows.iter().map(|r| r.id).collect();
+    assert_eq!(distinct.len(), N);
+    // A: its own N events (from its transaction), not N more echoes.
+    assert_eq!(heard_a.0.lock().unwrap().len(), N);
+
+    // A transition the row no longer shows (the run moved on) is skipped.
+    let moved = a.start(req("big", "{}")).unwrap();
+    let stale = store::Transition {
+        run: moved.id,
+        status: RunStatus::Completed,
+        epoch: 0,
+        attempts: 1,
+    };
+    assert_eq!(b.report_transitions_elsewhere(&[stale]).unwrap(), 0);
+    assert_eq!(
+        b.report_transitions_elsewhere(&[store::Transition::of(&moved)])
+            .unwrap(),
+        1
+    );
+    feed_a.close();
+    feed_b.close();
+}

@@ -7,7 +7,7 @@ use super::{parse_run_id, Effects, Engine};
 use crate::clock::clamp_time;
 use crate::error::{JobError, Result};
 use crate::model::*;
-use crate::store::{Store, StoreTx};
+use crate::store::{Store, StoreTx, Transition};
 use std::sync::Arc;
 
 /// An attempt as it is handed to whoever runs its handler.
@@ -328,6 +328,14 @@ impl<S: Store> Engine<S> {
                             out = Some(r.clone());
                         }
                     });
+                    // Other processes' listeners hear of it whoever listens
+                    // here (this process cannot know who listens there).
+                    tx.announce(Transition {
+                        run: *run_id,
+                        status: RunStatus::Completed,
+                        epoch,
+                        attempts,
+                    });
                     if self.wants_event(run_id) {
                         fx.transitions.extend(out.clone());
                     }
@@ -401,6 +409,12 @@ impl<S: Store> Engine<S> {
                     r.executing = false;
                     out = Some(r.clone());
                 });
+                tx.announce(Transition {
+                    run: *run_id,
+                    status: final_status,
+                    epoch,
+                    attempts,
+                });
                 if self.wants_event(run_id) {
                     fx.transitions.extend(out.clone());
                 }
@@ -408,6 +422,13 @@ impl<S: Store> Engine<S> {
                 self.cancel_tree(tx, *run_id, true, false, now, fx);
                 return Ok(out.map(Finished::of));
             }
+            // Put back for a retry (`run:retrying`).
+            tx.announce(Transition {
+                run: *run_id,
+                status: RunStatus::Pending,
+                epoch,
+                attempts,
+            });
             if self.wants_event(run_id) {
                 fx.transitions.extend(out.clone());
             }

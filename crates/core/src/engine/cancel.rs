@@ -5,7 +5,7 @@ use super::{parse_run_id, Effects, Engine};
 use crate::clock::clamp_time;
 use crate::error::Result;
 use crate::model::*;
-use crate::store::{Store, StoreTx};
+use crate::store::{Store, StoreTx, Transition};
 
 impl<S: Store> Engine<S> {
     /// Cancels a run and (with cascade) its descendants. O(affected rows):
@@ -71,6 +71,12 @@ impl<S: Store> Engine<S> {
             if run.status.is_terminal() {
                 continue;
             }
+            let announced = Transition {
+                run: id,
+                status: RunStatus::Canceled,
+                epoch: run.claim_epoch,
+                attempts: run.attempts,
+            };
             if run.status == RunStatus::Running {
                 fx.aborted
                     .push((id, Some(run.claim_epoch), AbortReason::Canceled));
@@ -86,6 +92,7 @@ impl<S: Store> Engine<S> {
                     fx.transitions.push(r.clone());
                 }
             });
+            tx.announce(announced);
         }
     }
 

@@ -84,6 +84,11 @@ pub trait EngineObserver: Send + Sync {
     /// Attempt timeouts fell due: whoever runs the handlers calls
     /// `Engine::expire_attempts` on its next turn (see `timeouts.rs`).
     fn timeouts_due(&self) {}
+
+    /// Something went wrong outside any call, for the operator's log (the
+    /// listener of other processes' run events lost its connection, and
+    /// when it is back).
+    fn trouble(&self, _message: String) {}
 }
 
 pub struct Engine<S: Store> {

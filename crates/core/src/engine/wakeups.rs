@@ -3,8 +3,9 @@
 //! clock.
 
 use super::{Effects, Engine, EngineObserver};
+use crate::error::Result;
 use crate::model::*;
-use crate::store::Store;
+use crate::store::{Store, StoreTx, Transition};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use tokio::sync::Notify;
@@ -89,6 +90,51 @@ impl<S: Store> Engine<S> {
                 .lock()
                 .map(|w| w.contains_key(id))
                 .unwrap_or(false)
+    }
+
+    /// Whether anyone in this process hears transitions: a listener of run
+    /// events or a `waitForRun` (so a shared store's other processes are
+    /// worth listening to).
+    pub fn events_wanted(&self) -> bool {
+        self.events_enabled.load(Ordering::SeqCst) || self.watched_any.load(Ordering::SeqCst)
+    }
+
+    /// Reports transitions other processes committed (their store told of
+    /// them, see `Coordination::listen_transitions`) as run events, for
+    /// the runs someone here wants to hear of. Each row is read back in
+    /// one read; a run that has moved on since (claimed again, replayed,
+    /// purged) is skipped rather than reported in a state its event does
+    /// not name: its later transition is told in its turn. Returns how
+    /// many were reported.
+    pub fn report_transitions_elsewhere(&self, told: &[Transition]) -> Result<usize> {
+        let wanted: Vec<&Transition> = told.iter().filter(|t| self.wants_event(&t.run)).collect();
+        if wanted.is_empty() {
+            return Ok(0);
+        }
+        let ids: Vec<RunId> = wanted.iter().map(|t| t.run).collect();
+        let rows = self.read(|tx| {
+            tx.prefetch(&ids);
+            Ok(wanted
+                .iter()
+                .filter_map(|t| tx.run(&t.run).filter(|r| t.shown_by(r)).cloned())
+                .collect::<Vec<RunRow>>())
+        })?;
+        let n = rows.len();
+        self.deliver(Effects {
+            aborted: Vec::new(),
+            transitions: rows,
+            wake: false,
+        });
+        Ok(n)
+    }
+
+    /// Tells the observer of trouble outside any call (see
+    /// `EngineObserver::trouble`).
+    pub fn report_trouble(&self, message: String) {
+        let observer = self.observer.read().ok().and_then(|o| o.clone());
+        if let Some(o) = observer {
+            o.trouble(message);
+        }
     }
 
     pub fn set_observer(&self, observer: Arc<dyn EngineObserver>) {

@@ -16,8 +16,41 @@ pub mod memory;
 pub mod postgres;
 
 use crate::error::Result;
-use crate::model::{JobDefinition, Millis, RunId, RunRow, ScheduleRow, StepRow};
+use crate::model::{JobDefinition, Millis, RunId, RunRow, RunStatus, ScheduleRow, StepRow};
 use std::sync::Arc;
+
+/// A transition run events report (a run ended, or went back to `pending`
+/// for a retry), as a shared store tells other processes of it: enough to
+/// find the run and to tell this transition from a later one of the same
+/// run (the next attempt of a retry, a replay).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Transition {
+    pub run: RunId,
+    /// The status the run took.
+    pub status: RunStatus,
+    /// The run's claim epoch after the transition.
+    pub epoch: u32,
+    /// The run's attempts after the transition.
+    pub attempts: u32,
+}
+
+impl Transition {
+    /// The transition a row shows (its current state).
+    pub fn of(row: &RunRow) -> Self {
+        Transition {
+            run: row.id,
+            status: row.status,
+            epoch: row.claim_epoch,
+            attempts: row.attempts,
+        }
+    }
+
+    /// Whether `row` still shows this transition, or the run has moved on
+    /// (claimed again, replayed) since it was made.
+    pub fn shown_by(&self, row: &RunRow) -> bool {
+        Transition::of(row) == *self
+    }
+}
 
 pub trait Store: Send + Sync + 'static {
     type Tx<'a>: StoreTx
@@ -112,6 +145,23 @@ pub trait Coordination {
     ) -> Result<()> {
         Ok(())
     }
+
+    /// Blocks the calling thread, telling `on_transitions` of the run-event
+    /// transitions other processes commit ([`StoreTx::announce`]), a batch
+    /// at a time, until `keep_going` returns false (asked at least every
+    /// 200 ms). `on_listening` is called once the store listens. This process's own announcements are left out: it reported
+    /// them itself. Nothing is replayed: transitions committed while no one
+    /// listened (before the call, or while it reconnects after an error)
+    /// are not told. A store no one shares has nothing to tell and returns
+    /// at once.
+    fn listen_transitions(
+        &self,
+        _keep_going: &dyn Fn() -> bool,
+        _on_listening: &dyn Fn(),
+        _on_transitions: &dyn Fn(Vec<Transition>),
+    ) -> Result<()> {
+        Ok(())
+    }
 }
 
 /// What an operator does to a store beside its runs.
@@ -171,6 +221,11 @@ pub trait StoreTx {
     fn update_run(&mut self, id: &RunId, f: &mut dyn FnMut(&mut RunRow));
     /// Created order counter (monotonic).
     fn next_seq(&mut self) -> u64;
+
+    /// Tells other processes' run-event listeners of `transition` once this
+    /// transaction commits (nothing if it rolls back). A store no one
+    /// shares has no one to tell: the default does nothing.
+    fn announce(&mut self, _transition: Transition) {}
 
     /// Newest run of `job_type` with `dedupe_key` for this tenant, created
     /// strictly after `created_after`, whose status is not canceled/failed.

@@ -34,7 +34,7 @@
 
 use crate::error::{JobError, Result};
 use crate::model::*;
-use crate::store::{PageQuery, Store, StoreTx, TenantRef};
+use crate::store::{PageQuery, Store, StoreTx, TenantRef, Transition};
 use crate::template::KeyTemplate;
 use bytes::{BufMut, BytesMut};
 use elsa::FrozenMap;
@@ -464,6 +464,13 @@ pub struct PgStore {
     channel: String,
     /// The channel as an SQL string literal.
     channel_literal: String,
+    /// The channel of run-event transitions (see [`events_channel`]), as an
+    /// identifier and as an SQL string literal.
+    events_channel: String,
+    events_channel_literal: String,
+    /// Names this store in the transitions it announces, so its own
+    /// listener can leave them out: this process reported them itself.
+    origin: String,
     /// Definitions are process-local (each process registers its handlers)
     /// and mirrored to the `job` table; a miss reads the table.
     defs: RwLock<HashMap<Arc<str>, Arc<JobDefinition>>>,
@@ -658,6 +665,8 @@ impl PgStore {
         }
         let schema_sql = quote_ident(&config.schema);
         let channel = format!("jobforge_{}", config.schema);
+        let events_channel = events_channel(&config.schema);
+        let origin = Uuid::new_v4().simple().to_string()[..ORIGIN_LEN].to_owned();
         Ok(PgStore {
             pool: Pool {
                 config: pg,
@@ -673,6 +682,9 @@ impl PgStore {
             schema_sql,
             channel_literal: format!("'{}'", channel.replace('\'', "''")),
             channel,
+            events_channel_literal: format!("'{}'", events_channel.replace('\'', "''")),
+            events_channel,
+            origin,
             defs: RwLock::new(HashMap::new()),
         })
     }
@@ -788,6 +800,52 @@ impl PgStore {
         Ok(())
     }
 
+    /// Blocks the calling thread listening for other processes' run-event
+    /// transitions until `keep_going` returns false (see
+    /// `Coordination::listen_transitions`). Its connection is its own, outside
+    /// the pool, and closes when this returns.
+    pub fn listen_transitions(
+        &self,
+        keep_going: &dyn Fn() -> bool,
+        on_listening: &dyn Fn(),
+        on_transitions: &dyn Fn(Vec<Transition>),
+    ) -> Result<()> {
+        let mut client = connect_bounded(&self.pool.config, &self.pool.stuck, self.pool.max)?;
+        client
+            .batch_execute(&format!("LISTEN {}", quote_ident(&self.events_channel)))
+            .map_err(db_err)?;
+        on_listening();
+        while keep_going() {
+            let mut told = Vec::new();
+            let mut n = client.notifications();
+            let first = fallible_next(&mut n.timeout_iter(Duration::from_millis(200)));
+            match first.map_err(db_err)? {
+                Some(payload) => self.read_announcement(&payload, &mut told),
+                None => continue,
+            }
+            // What else has arrived goes in the same batch (one read).
+            let mut more = n.iter();
+            while let Some(payload) = fallible_next(&mut more).map_err(db_err)? {
+                self.read_announcement(&payload, &mut told);
+            }
+            if !told.is_empty() {
+                on_transitions(told);
+            }
+        }
+        Ok(())
+    }
+
+    /// Adds the transitions of one announcement (`<origin> <entry>...`, see
+    /// [`announcement_payloads`]) to `told`, unless this store sent it.
+    /// Entries that do not parse are skipped.
+    fn read_announcement(&self, payload: &str, told: &mut Vec<Transition>) {
+        let mut words = payload.split(' ');
+        if words.next().is_none_or(|origin| origin == self.origin) {
+            return;
+        }
+        told.extend(words.filter_map(parse_transition));
+    }
+
     /// One transaction (`lock`) or one autocommit read on a pooled
     /// connection. `dead`: set when the call failed because the server had
     /// ended the connection (restart, failover, `pg_terminate_backend`, an
@@ -832,12 +890,14 @@ impl PgStore {
             claim_hint: 1,
             notify: false,
             stopped_running: Vec::new(),
+            announced: Vec::new(),
             failure: RefCell::new(None),
         };
         let out = f(&mut tx);
         tx.flush();
         let notify = tx.notify;
         let stopped = std::mem::take(&mut tx.stopped_running);
+        let announced = std::mem::take(&mut tx.announced);
         let failure = tx.failure.take();
         let PgTx { conn, .. } = tx;
         let conn = conn.into_inner();
@@ -868,8 +928,11 @@ impl PgStore {
                 // One statement per notification (a select list holds at
                 // most 1,664 entries, fewer than the runs a cascade can
                 // stop); the statements of one query string share one
-                // implicit transaction, and so the setting.
-                if notify || !stopped.is_empty() {
+                // implicit transaction, and so the setting. Run-event
+                // transitions go on the events channel, many to a
+                // notification: one more statement per ~150 transitions,
+                // in the same round trip.
+                if notify || !stopped.is_empty() || !announced.is_empty() {
                     let mut sql =
                         String::from("SELECT set_config('synchronous_commit', 'off', true);");
                     if notify {
@@ -879,6 +942,14 @@ impl PgStore {
                         sql.push_str(&format!(
                             "SELECT pg_notify({}, 'c:{id}:{epoch}');",
                             self.channel_literal
+                        ));
+                    }
+                    // Payloads hold hex digits, hyphens, colons, letters and
+                    // spaces only: no quote to escape.
+                    for payload in announcement_payloads(&self.origin, &announced) {
+                        sql.push_str(&format!(
+                            "SELECT pg_notify({}, '{payload}');",
+                            self.events_channel_literal
                         ));
                     }
                     let _ = conn.client.batch_execute(&sql);
@@ -926,6 +997,15 @@ impl super::Coordination for PgStore {
         on_change: &dyn Fn(Option<(RunId, Option<u32>)>),
     ) -> Result<()> {
         PgStore::listen(self, keep_going, on_change)
+    }
+
+    fn listen_transitions(
+        &self,
+        keep_going: &dyn Fn() -> bool,
+        on_listening: &dyn Fn(),
+        on_transitions: &dyn Fn(Vec<Transition>),
+    ) -> Result<()> {
+        PgStore::listen_transitions(self, keep_going, on_listening, on_transitions)
     }
 }
 
@@ -984,12 +1064,110 @@ fn parse_stopped(text: &str) -> Option<(RunId, Option<u32>)> {
     }
 }
 
-/// The next notification's payload, if one arrives before the timeout.
-fn fallible_next(
-    it: &mut postgres::notifications::TimeoutIter<'_>,
-) -> std::result::Result<Option<String>, postgres::Error> {
-    use postgres::fallible_iterator::FallibleIterator;
+/// The next notification's payload, if one arrives before the timeout
+/// (or, for a non-blocking iterator, if one has arrived).
+fn fallible_next<I>(it: &mut I) -> std::result::Result<Option<String>, postgres::Error>
+where
+    I: postgres::fallible_iterator::FallibleIterator<
+        Item = postgres::Notification,
+        Error = postgres::Error,
+    >,
+{
     Ok(it.next()?.map(|n| n.payload().to_owned()))
+}
+
+// ── run-event announcements ────────────────────────────────────────────
+//
+// Why a channel of their own rather than the wake-up channel with a prefix:
+// a worker's listener takes any payload it does not know for "something may
+// be claimable" (older versions on the same schema too), so every finished
+// run would wake every idle worker of every process into a claim query; and
+// a process that only listens for events would be sent every start's
+// wake-up. On their own channel, a connection that does not LISTEN to it is
+// sent nothing (the server skips the entry).
+
+/// Characters of the store's origin tag (hex).
+const ORIGIN_LEN: usize = 16;
+
+/// Bytes of transitions per notification: PostgreSQL refuses payloads of
+/// 8000 bytes or more; an entry is about 45.
+const ANNOUNCEMENT_BYTES: usize = 7000;
+
+/// The schema's run-event channel, `jobforge:events:<schema>`: no schema
+/// makes it equal another schema's wake-up channel (`jobforge_<schema>`).
+/// A channel name holds at most 63 bytes (longer ones are cut by `LISTEN`
+/// and refused by `pg_notify`): a schema too long for that is named by its
+/// hash.
+fn events_channel(schema: &str) -> String {
+    let name = format!("jobforge:events:{schema}");
+    if name.len() <= 63 {
+        name
+    } else {
+        format!(
+            "jobforge:events:#{:016x}",
+            lock_key(b'e', None, schema, "") as u64
+        )
+    }
+}
+
+/// A transition's status as one letter.
+fn status_code(status: RunStatus) -> Option<char> {
+    Some(match status {
+        RunStatus::Completed => 'c',
+        RunStatus::Failed => 'f',
+        RunStatus::TimedOut => 't',
+        RunStatus::Canceled => 'x',
+        RunStatus::Pending => 'r',
+        RunStatus::Running | RunStatus::Waiting => return None,
+    })
+}
+
+fn status_of_code(code: &str) -> Option<RunStatus> {
+    Some(match code {
+        "c" => RunStatus::Completed,
+        "f" => RunStatus::Failed,
+        "t" => RunStatus::TimedOut,
+        "x" => RunStatus::Canceled,
+        "r" => RunStatus::Pending,
+        _ => return None,
+    })
+}
+
+/// The payloads announcing `transitions`: `<origin> <id>:<status>:<epoch>:<attempts> ...`,
+/// as many to a payload as fit in [`ANNOUNCEMENT_BYTES`].
+fn announcement_payloads(origin: &str, transitions: &[Transition]) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut payload = String::new();
+    for t in transitions {
+        let Some(code) = status_code(t.status) else {
+            continue;
+        };
+        let entry = format!("{}:{code}:{}:{}", t.run, t.epoch, t.attempts);
+        if !payload.is_empty() && payload.len() + 1 + entry.len() > ANNOUNCEMENT_BYTES {
+            out.push(std::mem::take(&mut payload));
+        }
+        if payload.is_empty() {
+            payload.push_str(origin);
+        }
+        payload.push(' ');
+        payload.push_str(&entry);
+    }
+    if !payload.is_empty() {
+        out.push(payload);
+    }
+    out
+}
+
+/// One `<id>:<status>:<epoch>:<attempts>` entry of an announcement.
+fn parse_transition(entry: &str) -> Option<Transition> {
+    let mut parts = entry.split(':');
+    let t = Transition {
+        run: parts.next()?.parse().ok()?,
+        status: status_of_code(parts.next()?)?,
+        epoch: parts.next()?.parse().ok()?,
+        attempts: parts.next()?.parse().ok()?,
+    };
+    parts.next().is_none().then_some(t)
 }
 
 // ── SQL ────────────────────────────────────────────────────────────────
@@ -998,6 +1176,7 @@ fn fallible_next(
 
 const SQL_RUN: &str = "SELECT {R} FROM {S}.job_run WHERE id = $1";
 const SQL_RUN_LOCK: &str = "SELECT {R} FROM {S}.job_run WHERE id = $1 FOR UPDATE";
+const SQL_RUNS: &str = "SELECT {R} FROM {S}.job_run WHERE id = ANY($1)";
 const SQL_RUNS_LOCK: &str = "SELECT {R} FROM {S}.job_run WHERE id = ANY($1) ORDER BY id FOR UPDATE";
 /// Writes many changed rows in one statement.
 const SQL_UPDATE_RUNS: &str = "UPDATE {S}.job_run r SET status=u.status, output=u.output, error=u.error, \
@@ -1174,6 +1353,8 @@ pub struct PgTx<'a> {
     /// is told on commit (it fires their `ctx.signal`).
     /// Running attempts this transaction canceled: run, claim epoch.
     stopped_running: Vec<(RunId, u32)>,
+    /// Run-event transitions to announce on commit.
+    announced: Vec<Transition>,
     failure: RefCell<Option<postgres::Error>>,
 }
 
@@ -1537,6 +1718,10 @@ impl StoreTx for PgTx<'_> {
         }
     }
 
+    fn announce(&mut self, transition: Transition) {
+        self.announced.push(transition);
+    }
+
     fn next_seq(&mut self) -> u64 {
         let rows = self.query(SQL_NEXTVAL, &[], None);
         rows.first()
@@ -1582,12 +1767,13 @@ impl StoreTx for PgTx<'_> {
             .filter(|id| self.runs.get(id).is_none())
             .copied()
             .collect();
-        if missing.len() < 2 || !self.lock {
+        if missing.len() < 2 {
             return;
         }
         self.flush();
-        let rows = self.query(SQL_RUNS_LOCK, &[&missing], None);
-        self.absorb(&rows, true);
+        let tpl = if self.lock { SQL_RUNS_LOCK } else { SQL_RUNS };
+        let rows = self.query(tpl, &[&missing], None);
+        self.absorb(&rows, self.lock);
     }
 
     fn expect_claims(&mut self, n: usize) {
@@ -1929,8 +2115,66 @@ impl StoreTx for PgTx<'_> {
 
 #[cfg(test)]
 mod tests {
-    use super::attempt_budget;
+    use super::{
+        announcement_payloads, attempt_budget, events_channel, parse_transition, Transition,
+    };
+    use crate::model::{RunId, RunStatus};
     use std::time::Duration;
+
+    #[test]
+    fn announcements_fit_a_notification_and_read_back_as_sent() {
+        let statuses = [
+            RunStatus::Completed,
+            RunStatus::Failed,
+            RunStatus::TimedOut,
+            RunStatus::Canceled,
+            RunStatus::Pending,
+        ];
+        let sent: Vec<Transition> = (0..1000u32)
+            .map(|i| Transition {
+                run: RunId::new_v4(),
+                status: statuses[i as usize % statuses.len()],
+                epoch: u32::MAX - i,
+                attempts: i,
+            })
+            .collect();
+        let payloads = announcement_payloads("0123456789abcdef", &sent);
+        assert!(payloads.len() > 1, "a thousand take several notifications");
+        let mut back = Vec::new();
+        for p in &payloads {
+            // PostgreSQL refuses a payload of 8000 bytes or more.
+            assert!(p.len() < 8000, "payload of {} bytes", p.len());
+            let mut words = p.split(' ');
+            assert_eq!(words.next(), Some("0123456789abcdef"));
+            back.extend(words.map(|w| parse_transition(w).expect("an entry")));
+        }
+        assert_eq!(back, sent);
+        // A running run is no event: not announced.
+        let running = Transition {
+            status: RunStatus::Running,
+            ..sent[0]
+        };
+        assert!(announcement_payloads("0123456789abcdef", &[running]).is_empty());
+        for bad in [
+            "",
+            "x:c:1:1",
+            "00000000-0000-4000-8000-000000000000:q:1:1",
+            "00000000-0000-4000-8000-000000000000:c:1:1:9",
+        ] {
+            assert_eq!(parse_transition(bad), None, "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn the_events_channel_is_no_wake_up_channel_and_fits_a_name() {
+        assert_eq!(events_channel("jobs"), "jobforge:events:jobs");
+        // No schema's wake-up channel (`jobforge_<schema>`) starts this way.
+        assert!(!events_channel("x").starts_with("jobforge_"));
+        let long = "s".repeat(80);
+        let named = events_channel(&long);
+        assert!(named.len() <= 63, "{named}");
+        assert_ne!(named, events_channel(&"t".repeat(80)));
+    }
 
     #[test]
     fn a_connection_attempt_gets_the_timeout_once_per_address_it_may_try() {

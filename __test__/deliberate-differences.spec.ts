@@ -361,3 +361,71 @@ forBackends("DD9: a start never sees another tenant's run as its parent", async 
   const child = await o.start('dd9.node', {}, { tenantId: 'A', parentRunId: a.id });
   t.is(child.rootRunId, a.id);
 });
+
+// ─── the seed family's run service (README "Deliberate differences") ──────
+//
+// `shared/seed-family/job-run-keyset-cursor.ts` forgives bad paging input:
+// `decodeKeysetCursor` returns null for a malformed cursor and the backend
+// starts again from the first page; `clampLimit` turns a limit below 1 into
+// 1, floors a fractional one, replaces a non-number with 50 and caps at
+// 200. jobforge refuses each with a JobInputInvalidError, so a caller's bug
+// (a truncated cursor, a limit of 0) is seen instead of silently answered
+// with another page, and it changes nothing.
+
+/** Asserts `p` rejects with JobInputInvalidError (code JOB_INPUT_INVALID). */
+async function invalid(t: import('ava').ExecutionContext, p: Promise<unknown>, what: string): Promise<void> {
+  const e = await t.throwsAsync(p, { instanceOf: JobInputInvalidError }, what);
+  t.is(e?.code, 'JOB_INPUT_INVALID', what);
+}
+
+forBackends('DF1: a malformed listJobRuns cursor is JobInputInvalidError, not a restart from the first page (the family restarts)', async (t, make) => {
+  const o = await make.manual();
+  o.registerHandler('df1.ok', {}, ok);
+  for (let i = 0; i < 5; i++) {
+    await o.start('df1.ok', { i });
+    o.advanceTime(1);
+  }
+  const first = await o.listJobRuns({ limit: 2 });
+  const cursor = first.nextCursor!;
+  // The family's own cursor format (base64url of [createdAt ISO, id]) is not jobforge's either.
+  const familyCursor = Buffer.from(JSON.stringify([first.items[1]!.createdAt.toISOString(), first.items[1]!.runId]), 'utf8').toString('base64url');
+  for (const bad of ['', 'garbage', cursor.slice(0, -1), `${cursor}0`, familyCursor]) {
+    await invalid(t, o.listJobRuns({ cursor: bad, limit: 2 }), `cursor ${JSON.stringify(bad)}`);
+  }
+  t.is(await o.countRuns(), 5, 'nothing changed');
+  const second = await o.listJobRuns({ cursor, limit: 2 });
+  t.deepEqual(
+    second.items.map((r) => r.runId).filter((id) => first.items.some((f) => f.runId === id)),
+    [],
+    'the real cursor still pages on',
+  );
+});
+
+forBackends('DF2: a non-positive, fractional or non-number limit is JobInputInvalidError, not clamped (the family clamps to 1..200)', async (t, make) => {
+  const o = await make.manual();
+  o.registerHandler('df2.boom', {}, async () => {
+    throw new Error('boom');
+  });
+  for (let i = 0; i < 3; i++) {
+    await o.start('df2.boom', { i });
+    await runNext(o);
+  }
+  for (const limit of [0, -1, 1.5, Number.NaN, '5' as unknown as number]) {
+    await invalid(t, o.listJobRuns({ limit }), `listJobRuns limit ${String(limit)}`);
+    await invalid(t, o.listRecentFailed(limit), `listRecentFailed limit ${String(limit)}`);
+    await invalid(t, o.listForScope('E', '1', { limit }), `listForScope limit ${String(limit)}`);
+  }
+  t.is(await o.countRuns(), 3, 'nothing changed');
+  t.is((await o.listRecentFailed(3)).length, 3);
+  t.is((await o.listJobRuns({ limit: 1 })).items.length, 1);
+});
+
+forBackends('DF2: pages hold up to 500 (the family caps at 200); more is clamped to 500', async (t, make) => {
+  const o = await make.manual();
+  o.registerHandler('df2.ok', {}, ok);
+  for (let i = 0; i < 501; i++) await o.start('df2.ok', { i });
+  t.is((await o.listJobRuns({ limit: 250 })).items.length, 250);
+  const max = await o.listJobRuns({ limit: 10_000 });
+  t.is(max.items.length, 500);
+  t.is(typeof max.nextCursor, 'string');
+});

@@ -27,7 +27,7 @@ forBackends('a lone surrogate in any start option is refused with its name, and 
     const err = await t.throwsAsync(o.start(type, {}, opts), { instanceOf: JobInputInvalidError }, name);
     t.regex(err!.message, message, name);
   }
-  t.deepEqual((await o.listJobRuns({})).rows, [], 'no run was stored');
+  t.deepEqual((await o.listJobRuns({})).items, [], 'no run was stored');
   t.deepEqual(errors, [], 'nothing was refused behind the caller’s back');
 });
 
@@ -50,7 +50,7 @@ test('a Date whose class answers a time the engine cannot take is refused, not a
   const o = new JobOrchestrator({ logger: silentLogger });
   o.registerHandler('t', {}, async () => undefined);
   await t.throwsAsync(o.start('t', {}, { runAt: new Shifty() }), { instanceOf: JobInputInvalidError, message: /runAt/ });
-  t.deepEqual((await o.listJobRuns({})).rows, []);
+  t.deepEqual((await o.listJobRuns({})).items, []);
 });
 
 forBackends('a child answered the short way names its parent as stored, however the caller spelled the id', async (t, make) => {

@@ -656,7 +656,7 @@ test('unknown and hostile run ids in the other run-service calls: null / [] / 0 
     const label = `id ${JSON.stringify(id.slice(0, 40))}${id.length > 40 ? '…' : ''}`;
     t.is(await f.o.getRunTree(id), null, `getRunTree ${label}`);
     t.is(await f.o.findStep(id, 's'), null, `findStep ${label}`);
-    t.deepEqual((await f.o.listJobRuns({ rootRunId: id })).rows, [], `listJobRuns rootRunId ${label}`);
+    t.deepEqual((await f.o.listJobRuns({ rootRunId: id })).items, [], `listJobRuns rootRunId ${label}`);
     const e = await rejects<JobRunNotFoundError>(
       t,
       () => f.o.recordStep({ jobRunId: id, stepId: 's', status: 'completed', output: { x: 1 } }),
@@ -728,7 +728,7 @@ test('wrong tenants: waitForRun, findStep, getRunTree, cursors and cancel of a r
     await rejects(t, () => o.waitForRun(a.id, { tenantId: other, timeoutMs: 10 }), JobRunNotFoundError, 'JOB_RUN_NOT_FOUND', `waitForRun as ${label}`);
     t.is(await o.findStep(a.id, 's', { tenantId: other }), null, `findStep as ${label}`);
     t.is(await o.getRunTree(a.id, { tenantId: other }), null, `getRunTree as ${label}`);
-    t.deepEqual((await o.listJobRuns({ tenantId: other })).rows, [], `listJobRuns as ${label}`);
+    t.deepEqual((await o.listJobRuns({ tenantId: other })).items, [], `listJobRuns as ${label}`);
     await o.cancel(a.id, { tenantId: other });
     await o.cancel(a2.id, { tenantId: other });
     t.is(await o.cancelForScope('run', a.id, { tenantId: other }), 0);
@@ -736,9 +736,9 @@ test('wrong tenants: waitForRun, findStep, getRunTree, cursors and cancel of a r
   }
   // A's cursor, replayed by B, still shows B nothing.
   const pageA = await o.listJobRuns({ tenantId: 'A', limit: 1 });
-  t.is(pageA.rows.length, 1);
+  t.is(pageA.items.length, 1);
   t.truthy(pageA.nextCursor);
-  t.deepEqual((await o.listJobRuns({ tenantId: 'B', cursor: pageA.nextCursor! })).rows, []);
+  t.deepEqual((await o.listJobRuns({ tenantId: 'B', cursor: pageA.nextCursor! })).items, []);
   t.deepEqual(await o.countByPoolAndStatus('A'), countsA, "A's counts changed");
   t.is((await o.findById(a2.id, { tenantId: 'A' }))?.status, 'pending');
   gate.resolve();

@@ -338,7 +338,7 @@ postgresOnly('a missing schedule table (a database not migrated since schedules)
   restore();
   const t0 = Date.now();
   await o.schedule('after', { jobType: 'n', everyMs: 50 });
-  const ran = await until('a scheduled run', async () => (await o.listJobRuns({})).rows.find((r) => r.triggerRef === 'after'));
+  const ran = await until('a scheduled run', async () => (await o.listJobRuns({})).items.find((r) => r.triggerRef === 'after'));
   t.true(ran.runAt.getTime() - t0 < 1_000);
 });
 
@@ -662,7 +662,7 @@ postgresOnly('schedules: the workers of two orchestrators start each occurrence 
   });
   await b.unschedule('fast');
   await sleep(300);
-  const { rows } = await a.listJobRuns({ limit: 500 });
+  const { items: rows } = await a.listJobRuns({ limit: 500 });
   t.true(rows.length >= 20);
   const times = rows.map((r) => r.runAt.getTime());
   t.is(new Set(times).size, times.length, 'an occurrence started twice');
@@ -672,7 +672,7 @@ postgresOnly('schedules: the workers of two orchestrators start each occurrence 
   }
   const settled = await until('every run to finish', async () => {
     const live = await a.listJobRuns({ status: ['pending', 'running'] });
-    return live.rows.length === 0;
+    return live.items.length === 0;
   });
   t.true(settled);
 });

@@ -16,7 +16,7 @@ import {
   JobRunNotFoundError,
   MissingTenantIdError,
 } from '../dist';
-import type { JobContext, JobRun, JobRunStatus, ListJobRunsOptions, PoolStatusCount, RunTreeNode } from '../dist';
+import type { JobContext, JobRun, JobRunStatus, JobRunSummary, ListForScopeOptions, ListJobRunsOptions, PoolStatusCount, RunTreeNode } from '../dist';
 import { UUID_V4, hanging, manual, nextTurn, system, waitFor } from './helpers';
 import { forBackends } from './backends';
 
@@ -56,23 +56,27 @@ async function execRun(o: JobOrchestrator, run: JobRun, tenant?: Tenant): Promis
   return row(o, run.id, tenant);
 }
 
+/** A run's row, or a run as a list shows it (`JobRunSummary`, `JobRunFailure`: `runId`). */
+type Listed = { id: string } | { runId: string };
+const idOf = (r: Listed): string => ('runId' in r ? r.runId : r.id);
+
 /** (createdAt, id) keyset comparison: > 0 when a is newer than b. */
-function cmpKey(a: JobRun, b: JobRun): number {
+function cmpKey(a: Listed & { createdAt: Date }, b: Listed & { createdAt: Date }): number {
   const d = a.createdAt.getTime() - b.createdAt.getTime();
   if (d !== 0) return d;
-  return a.id < b.id ? -1 : a.id > b.id ? 1 : 0;
+  return idOf(a) < idOf(b) ? -1 : idOf(a) > idOf(b) ? 1 : 0;
 }
 
 /** Newest first by (createdAt, id). */
 const newestFirst = (rows: JobRun[]): JobRun[] => [...rows].sort((a, b) => cmpKey(b, a));
 
 /** Index of the first pair that is not strictly newest-first, or -1. */
-function firstOrderViolation(rows: JobRun[]): number {
+function firstOrderViolation(rows: (Listed & { createdAt: Date })[]): number {
   for (let i = 1; i < rows.length; i++) if (cmpKey(rows[i - 1]!, rows[i]!) <= 0) return i;
   return -1;
 }
 
-const ids = (rows: { id: string }[]): string[] => rows.map((r) => r.id);
+const ids = (rows: Listed[]): string[] => rows.map(idOf);
 
 /** Every page of a listJobRuns walk; `between` runs after each fetched page. */
 async function walkPages(
@@ -80,13 +84,13 @@ async function walkPages(
   opts: ListJobRunsOptions,
   between?: (page: number) => Promise<void>,
   maxPages = 100_000,
-): Promise<{ pages: JobRun[][]; rows: JobRun[] }> {
-  const pages: JobRun[][] = [];
+): Promise<{ pages: JobRunSummary[][]; items: JobRunSummary[] }> {
+  const pages: JobRunSummary[][] = [];
   let cursor: string | undefined;
   for (let i = 0; i < maxPages; i++) {
     const page = await o.listJobRuns({ ...opts, cursor });
-    pages.push(page.rows);
-    if (page.nextCursor === null) return { pages, rows: pages.flat() };
+    pages.push(page.items);
+    if (page.nextCursor === null) return { pages, items: pages.flat() };
     if (typeof page.nextCursor !== 'string') throw new Error('nextCursor must be a string or null');
     cursor = page.nextCursor;
     if (between) await between(i);
@@ -124,8 +128,8 @@ async function isInvalid(t: ExecutionContext, p: Promise<unknown>, what: string)
     (error: unknown) => ({ resolved: false as const, error }),
   );
   if (outcome.resolved) {
-    const v = outcome.value as { rows?: unknown[] } | unknown[] | null;
-    const size = Array.isArray(v) ? `${v.length} rows` : v && Array.isArray(v.rows) ? `${v.rows.length} rows` : String(v);
+    const v = outcome.value as { items?: unknown[] } | unknown[] | null;
+    const size = Array.isArray(v) ? `${v.length} rows` : v && Array.isArray(v.items) ? `${v.items.length} rows` : String(v);
     t.fail(`${what}: resolved (${size}) instead of rejecting with JobInputInvalidError`);
     return;
   }
@@ -636,9 +640,9 @@ test('listRecentFailed: failed runs only, most recently finished first (ties by 
   const expected = [f3.id, ...tie, f4.id];
   const list = await o.listRecentFailed();
   t.deepEqual(ids(list), expected);
-  for (const r of list) t.is(r.status, 'failed');
+  for (const r of list) t.is((await row(o, r.runId)).status, 'failed');
   for (let i = 1; i < list.length; i++) {
-    t.true(list[i - 1]!.finishedAt!.getTime() >= list[i]!.finishedAt!.getTime());
+    t.true(list[i - 1]!.failedAt.getTime() >= list[i]!.failedAt.getTime());
   }
   t.deepEqual(ids(await o.listRecentFailed(2)), expected.slice(0, 2));
   t.deepEqual(ids(await o.listRecentFailed(1)), expected.slice(0, 1));
@@ -685,11 +689,11 @@ test('listJobRuns: newest first by (createdAt, id) — runs of one millisecond a
   const byIdDesc = (rs: JobRun[]) => ids(rs).sort().reverse();
   const expected = [...byIdDesc(newer), ...byIdDesc(older)];
   const all = await o.listJobRuns({ limit: 500 });
-  t.deepEqual(ids(all.rows), expected);
+  t.deepEqual(ids(all.items), expected);
   t.is(all.nextCursor, null);
   for (const limit of [1, 3, 4, 24, 25, 26, 49]) {
     const w = await walkPages(o, { limit });
-    t.deepEqual(ids(w.rows), expected, `pages of ${limit}`);
+    t.deepEqual(ids(w.items), expected, `pages of ${limit}`);
     t.true(w.pages.slice(0, -1).every((p) => p.length === limit));
   }
 });
@@ -703,8 +707,8 @@ test('listJobRuns: system clock — many runs share a millisecond and the order 
   for (const r of runs) perMs.set(r.createdAt.getTime(), (perMs.get(r.createdAt.getTime()) ?? 0) + 1);
   t.true([...perMs.values()].some((n) => n > 1), 'some runs share a millisecond');
   const w = await walkPages(o, { limit: 97 });
-  t.deepEqual(ids(w.rows), ids(newestFirst(runs)));
-  t.is(firstOrderViolation(w.rows), -1);
+  t.deepEqual(ids(w.items), ids(newestFirst(runs)));
+  t.is(firstOrderViolation(w.items), -1);
 });
 
 test('listJobRuns: poolId, status (one or a set), since and rootRunId filters, alone and combined, with paging', async (t) => {
@@ -771,8 +775,8 @@ test('listJobRuns: poolId, status (one or a set), since and rootRunId filters, a
           const label = JSON.stringify({ poolId, status, rootRunId, since });
           const limit = 1 + (combos % 9);
           const w = await walkPages(o, { poolId, status, rootRunId, since, limit });
-          if (ids(w.rows).join() !== ids(expected).join()) {
-            t.deepEqual(ids(w.rows), ids(expected), label);
+          if (ids(w.items).join() !== ids(expected).join()) {
+            t.deepEqual(ids(w.items), ids(expected), label);
             return;
           }
           if (!w.pages.slice(0, -1).every((p) => p.length === limit)) {
@@ -784,7 +788,7 @@ test('listJobRuns: poolId, status (one or a set), since and rootRunId filters, a
   t.is(combos, poolOpts.length * statusOpts.length * rootOpts.length * sinceOpts.length);
   // one explicit spot-check of inclusive since
   const exact = rows.filter((r) => r.createdAt.getTime() === mid.getTime());
-  const got = (await o.listJobRuns({ since: mid, limit: 500 })).rows;
+  const got = (await o.listJobRuns({ since: mid, limit: 500 })).items;
   for (const r of exact) t.true(ids(got).includes(r.id), 'since is inclusive');
 });
 
@@ -813,7 +817,7 @@ forBackends('listJobRuns: a status set lists the runs in any of its statuses, ne
     for (const poolId of [undefined, 'qs1']) {
       const want = newestFirst(rows.filter((r) => status.includes(r.status) && (poolId === undefined || r.pool === poolId)));
       const w = await walkPages(o, { status, poolId, limit: 4 });
-      t.deepEqual(ids(w.rows), ids(want), JSON.stringify({ status, poolId }));
+      t.deepEqual(ids(w.items), ids(want), JSON.stringify({ status, poolId }));
     }
   await isInvalid(t, o.listJobRuns({ status: ['running', 'nope' as JobRunStatus] }), 'unknown status in a set');
 });
@@ -828,25 +832,25 @@ test('listJobRuns: limit default 50 and maximum 500; nextCursor null on the last
   }
   const desc = ids(newestFirst(runs));
   const d = await o.listJobRuns();
-  t.deepEqual(ids(d.rows), desc.slice(0, 50), 'default limit 50');
+  t.deepEqual(ids(d.items), desc.slice(0, 50), 'default limit 50');
   t.is(typeof d.nextCursor, 'string');
   const big = await o.listJobRuns({ limit: 1e9 });
-  t.deepEqual(ids(big.rows), desc.slice(0, 500), 'clamped to 500');
+  t.deepEqual(ids(big.items), desc.slice(0, 500), 'clamped to 500');
   const max = await o.listJobRuns({ limit: 501 });
-  t.is(max.rows.length, 500);
+  t.is(max.items.length, 500);
   const rest = await o.listJobRuns({ limit: 501, cursor: max.nextCursor! });
-  t.deepEqual(ids(rest.rows), desc.slice(500));
+  t.deepEqual(ids(rest.items), desc.slice(500));
   t.is(rest.nextCursor, null);
   // 600 = 6 pages of exactly 100: the sixth page is full and has no next cursor.
   const w = await walkPages(o, { limit: 100 });
   t.is(w.pages.length, 6);
   t.true(w.pages.every((p) => p.length === 100));
-  t.deepEqual(ids(w.rows), desc);
+  t.deepEqual(ids(w.items), desc);
   const one = await o.listJobRuns({ limit: 600 });
-  t.is(one.rows.length, 500);
+  t.is(one.items.length, 500);
   // Empty result
   const none = await o.listJobRuns({ poolId: 'nope' });
-  t.deepEqual(none, { rows: [], nextCursor: null });
+  t.deepEqual(none, { items: [], nextCursor: null });
   await isInvalid(t, o.listJobRuns({ limit: 0 }), 'limit 0');
   await isInvalid(t, o.listJobRuns({ limit: -3 }), 'limit -3');
   await isInvalid(t, o.listJobRuns({ limit: 2.5 }), 'limit 2.5');
@@ -867,7 +871,7 @@ test('listJobRuns: NaN and Infinity limits are rejected (or clamped), never sile
   await isInvalid(t, o.listJobRuns({ limit: NaN }), 'listJobRuns NaN');
   await isInvalid(t, o.listForScope('E', '1', { limit: NaN }), 'listForScope NaN');
   for (const [label, p] of [
-    ['listJobRuns Infinity', o.listJobRuns({ limit: Infinity }).then((r) => r.rows.length)],
+    ['listJobRuns Infinity', o.listJobRuns({ limit: Infinity }).then((r) => r.items.length)],
     ['listForScope Infinity', o.listForScope('E', '1', { limit: Infinity }).then((r) => r.length)],
   ] as const) {
     const n = await p.catch((e: unknown) => (e instanceof JobInputInvalidError ? 'invalid' : e));
@@ -899,7 +903,7 @@ test('listJobRuns: a malformed cursor is JobInputInvalidError', async (t) => {
   await isInvalid(t, o.listJobRuns({ cursor: 42 as unknown as string }), 'numeric cursor');
   await isInvalid(t, o.listJobRuns({ cursor: {} as unknown as string }), 'object cursor');
   // The real cursor still works afterwards.
-  t.is((await o.listJobRuns({ cursor: c, limit: 500 })).rows.length, 3);
+  t.is((await o.listJobRuns({ cursor: c, limit: 500 })).items.length, 3);
 });
 
 test('listJobRuns: a cursor with a sign character is malformed too', async (t) => {
@@ -944,10 +948,10 @@ test('listJobRuns: rootRunId returns only runs whose rootRunId is that id (a chi
   const child = await o.start('q.ok', {}, { parentRunId: root.id });
   o.advanceTime(1);
   const grandchild = await o.start('q.ok', {}, { parentRunId: child.id });
-  t.deepEqual(ids((await o.listJobRuns({ rootRunId: root.id })).rows), [grandchild.id, child.id, root.id]);
+  t.deepEqual(ids((await o.listJobRuns({ rootRunId: root.id })).items), [grandchild.id, child.id, root.id]);
   const page = await o.listJobRuns({ rootRunId: child.id });
-  for (const r of page.rows) t.is(r.rootRunId, child.id, `row ${r.id} has rootRunId ${r.rootRunId}`);
-  t.deepEqual(ids(page.rows), []);
+  for (const r of page.items) t.is(r.rootRunId, child.id, `run ${r.runId} has rootRunId ${r.rootRunId}`);
+  t.deepEqual(ids(page.items), []);
 });
 
 test('listJobRuns: walking 10,000 runs in pages of 100 while new runs start — each earlier run exactly once, no gap (system clock)', async (t) => {
@@ -969,18 +973,18 @@ test('listJobRuns: walking 10,000 runs in pages of 100 while new runs start — 
     await nextTurn();
   });
   const seen = new Map<string, number>();
-  for (const r of w.rows) seen.set(r.id, (seen.get(r.id) ?? 0) + 1);
-  t.is(seen.size, w.rows.length, 'no row appears twice');
+  for (const r of w.items) seen.set(r.runId, (seen.get(r.runId) ?? 0) + 1);
+  t.is(seen.size, w.items.length, 'no row appears twice');
   const missing = before.filter((r) => seen.get(r.id) !== 1);
   t.is(missing.length, 0, `runs not seen exactly once: ${missing.length}`);
-  t.is(firstOrderViolation(w.rows), -1, 'strictly newest first across pages');
+  t.is(firstOrderViolation(w.items), -1, 'strictly newest first across pages');
   t.true(w.pages.slice(0, -1).every((p) => p.length === 100), 'every page but the last is full');
   t.true(w.pages.length >= 100);
   t.true(w.pages[w.pages.length - 1]!.length <= 100);
   t.true(startedDuring.length >= 99 * 5);
   // After the walk, everything (earlier + new) is listed newest-first.
   const after = await walkPages(o, { limit: 500 });
-  t.is(after.rows.length, 10_000 + startedDuring.length);
+  t.is(after.items.length, 10_000 + startedDuring.length);
 });
 
 test('listJobRuns: walking 10,000 runs (three tenants, pool filter, manual clock) while new runs start — each earlier run of the tenant exactly once', async (t) => {
@@ -1011,14 +1015,14 @@ test('listJobRuns: walking 10,000 runs (three tenants, pool filter, manual clock
     const expected = before.filter((r) => r.tenantId === tenantId && (poolId === undefined || r.pool === poolId));
     const w = await walkPages(o, { tenantId, poolId, limit: 100 }, between);
     const seen = new Map<string, number>();
-    for (const r of w.rows) seen.set(r.id, (seen.get(r.id) ?? 0) + 1);
-    t.is(seen.size, w.rows.length, `${label}: no duplicates`);
+    for (const r of w.items) seen.set(r.runId, (seen.get(r.runId) ?? 0) + 1);
+    t.is(seen.size, w.items.length, `${label}: no duplicates`);
     t.is(expected.filter((r) => seen.get(r.id) !== 1).length, 0, `${label}: every earlier run exactly once`);
     t.true(
-      w.rows.every((r) => r.tenantId === tenantId && (poolId === undefined || r.pool === poolId)),
+      w.items.every((r) => r.tenantId === tenantId && (poolId === undefined || r.pool === poolId)),
       `${label}: only matching rows`,
     );
-    t.is(firstOrderViolation(w.rows), -1, `${label}: strictly newest first`);
+    t.is(firstOrderViolation(w.items), -1, `${label}: strictly newest first`);
     t.true(w.pages.slice(0, -1).every((p) => p.length === 100), `${label}: full pages`);
   }
   t.true(extra > 0);
@@ -1351,6 +1355,9 @@ test('tenant gate: every query throws MissingTenantIdError {method} for an undef
     ['listJobRuns', () => o.listJobRuns()],
     ['listJobRuns', () => o.listJobRuns({ poolId: 'batch' })],
     ['getRunTree', () => o.getRunTree(r.id)],
+    ['getRun', () => o.getRun(r.id)],
+    ['getRun', () => o.getRun(r.id, undefined)],
+    ['countRuns', () => o.countRuns()],
   ];
   for (const [method, call] of calls) await isMissingTenant(t, call(), method);
   // none of those changed anything
@@ -1549,7 +1556,7 @@ test('tenant isolation: countByPoolAndStatus and listRecentFailed count and list
 
 test('tenant isolation: listJobRuns filters (pool, status, rootRunId, since, cursor) never return another tenant\'s runs', async (t) => {
   const { o, w } = await tenantWorld();
-  const allOf = async (tenantId: string | null) => (await walkPages(o, { tenantId, limit: 2 })).rows;
+  const allOf = async (tenantId: string | null) => (await walkPages(o, { tenantId, limit: 2 })).items;
   for (const me of ['A', 'B', null] as const) {
     const mine = await allOf(me);
     t.is(mine.length, 6, `${String(me)} has 6 runs`);
@@ -1558,19 +1565,19 @@ test('tenant isolation: listJobRuns filters (pool, status, rootRunId, since, cur
     for (const them of ['A', 'B', null] as const) {
       if (them === me) continue;
       const theirs = w(them);
-      t.deepEqual((await o.listJobRuns({ tenantId: me, rootRunId: theirs.root.id })).rows, [], 'rootRunId of another tenant');
-      t.deepEqual((await o.listJobRuns({ tenantId: me, poolId: theirs.pending.pool })).rows, [], 'pool of another tenant');
+      t.deepEqual((await o.listJobRuns({ tenantId: me, rootRunId: theirs.root.id })).items, [], 'rootRunId of another tenant');
+      t.deepEqual((await o.listJobRuns({ tenantId: me, poolId: theirs.pending.pool })).items, [], 'pool of another tenant');
     }
-    t.deepEqual(ids((await o.listJobRuns({ tenantId: me, rootRunId: w(me).root.id })).rows), [w(me).child.id, w(me).root.id]);
-    t.deepEqual(ids((await o.listJobRuns({ tenantId: me, status: 'failed' })).rows), [w(me).failed.id]);
+    t.deepEqual(ids((await o.listJobRuns({ tenantId: me, rootRunId: w(me).root.id })).items), [w(me).child.id, w(me).root.id]);
+    t.deepEqual(ids((await o.listJobRuns({ tenantId: me, status: 'failed' })).items), [w(me).failed.id]);
     const since = w(me).pending.createdAt;
-    t.true((await o.listJobRuns({ tenantId: me, since, limit: 500 })).rows.every((r) => r.tenantId === me));
+    t.true((await o.listJobRuns({ tenantId: me, since, limit: 500 })).items.every((r) => r.tenantId === me));
   }
   // A cursor obtained by A does not reveal B's rows when B uses it (it is only a position).
   const aPage = await o.listJobRuns({ tenantId: 'A', limit: 1 });
   const bRest = await walkPages(o, { tenantId: 'B', cursor: aPage.nextCursor!, limit: 3 });
-  t.true(bRest.rows.every((r) => r.tenantId === 'B'));
-  t.deepEqual((await o.listJobRuns({ tenantId: 'C' })).rows, []);
+  t.true(bRest.items.every((r) => r.tenantId === 'B'));
+  t.deepEqual((await o.listJobRuns({ tenantId: 'C' })).items, []);
 });
 
 test('single-tenant mode: queries need no tenant and see every run', async (t) => {
@@ -1583,7 +1590,7 @@ test('single-tenant mode: queries need no tenant and see every run', async (t) =
   t.is(a.tenantId, null);
   t.is((await o.findById(a.id))?.id, a.id);
   t.is((await o.listForScope('E', '1')).length, 2);
-  t.is((await o.listJobRuns()).rows.length, 2);
+  t.is((await o.listJobRuns()).items.length, 2);
   t.deepEqual(ids(await o.listRecentFailed()), [b.id]);
   t.is((await o.countByPoolAndStatus()).reduce((s, c) => s + c.count, 0), 2);
   t.truthy(await o.getRunTree(a.id));
@@ -1607,4 +1614,177 @@ test('getRunTree of a chain 5,000 runs deep (each run the parent of the next)', 
   t.is(depth, 5000);
   t.is(last?.run.id, parent.id);
   t.deepEqual(last?.children, []);
+});
+
+// ─── the seed family's run-service shapes (shared/seed-family) ─────────────
+
+/** `JobRunSummary` of `job-run-keyset-cursor.ts` (`toJobRunSummary`), computed from a whole row. */
+const summaryOf = (r: JobRun): JobRunSummary => ({
+  runId: r.id,
+  rootRunId: r.rootRunId,
+  parentRunId: r.parentRunId,
+  triggerSource: r.triggerSource,
+  triggerRef: r.triggerRef,
+  jobType: r.jobType,
+  pool: r.pool,
+  status: r.status,
+  scopeEntityType: r.scopeEntityType,
+  scopeEntityId: r.scopeEntityId,
+  tenantId: r.tenantId,
+  attempts: r.attempts,
+  errorMessage: r.error?.message ?? null,
+  runAt: r.runAt,
+  startedAt: r.startedAt,
+  finishedAt: r.finishedAt,
+  createdAt: r.createdAt,
+});
+
+const SUMMARY_KEYS = [
+  'attempts', 'createdAt', 'errorMessage', 'finishedAt', 'jobType', 'parentRunId', 'pool', 'rootRunId', 'runAt', 'runId',
+  'scopeEntityId', 'scopeEntityType', 'startedAt', 'status', 'tenantId', 'triggerRef', 'triggerSource',
+];
+const FAILURE_KEYS = [
+  'attempts', 'createdAt', 'errorMessage', 'failedAt', 'jobType', 'pool', 'runId', 'scopeEntityId', 'scopeEntityType', 'tenantId',
+];
+
+forBackends('listJobRuns: a page is { items: JobRunSummary[], nextCursor } with exactly the family\'s fields', async (t, make) => {
+  const o = await make.manual({ multiTenant: true });
+  o.registerHandler('fam.ok', {}, ok);
+  o.registerHandler('fam.boom', {}, boom);
+  const scope = { entityType: 'account', entityId: 'a1' };
+  const root = await o.start('fam.ok', { big: 'x'.repeat(1000) }, { tenantId: 'T', scope, triggerSource: 'event', triggerRef: 'evt-1', pool: 'fam' });
+  o.advanceTime(1);
+  const child = await o.start('fam.boom', {}, { tenantId: 'T', parentRunId: root.id, pool: 'fam', runAt: new Date(o.now().getTime() - 5) });
+  o.advanceTime(1);
+  const plain = await o.start('fam.ok', {}, { tenantId: 'T', pool: 'fam' });
+  // child runs (and fails) first: its runAt is the earliest
+  await execRun(o, child, 'T');
+  await execRun(o, root, 'T');
+  const page = await o.listJobRuns({ tenantId: 'T', limit: 2 });
+  t.deepEqual(Object.keys(page).sort(), ['items', 'nextCursor']);
+  t.is(typeof page.nextCursor, 'string');
+  for (const item of page.items) t.deepEqual(Object.keys(item).sort(), SUMMARY_KEYS);
+  const rest = await o.listJobRuns({ tenantId: 'T', cursor: page.nextCursor! });
+  t.is(rest.nextCursor, null);
+  const rows = await Promise.all([plain, child, root].map((r) => row(o, r.id, 'T')));
+  t.deepEqual([...page.items, ...rest.items], rows.map(summaryOf), 'each summary is its row projected');
+  const [, failedChild, doneRoot] = [...page.items, ...rest.items];
+  t.is(failedChild!.errorMessage, 'boom');
+  t.is(failedChild!.parentRunId, root.id);
+  t.is(failedChild!.rootRunId, root.id);
+  t.true(failedChild!.startedAt instanceof Date && failedChild!.finishedAt instanceof Date);
+  t.is(doneRoot!.errorMessage, null);
+  t.deepEqual([doneRoot!.scopeEntityType, doneRoot!.scopeEntityId, doneRoot!.triggerRef], ['account', 'a1', 'evt-1']);
+  t.true(doneRoot!.runAt instanceof Date && doneRoot!.createdAt instanceof Date);
+  t.false('input' in doneRoot! || 'output' in doneRoot! || 'id' in doneRoot!, 'no payload, no row id field');
+});
+
+forBackends('listRecentFailed: resolves JobRunFailure[] (the family\'s fields), failedAt = when the run finished', async (t, make) => {
+  const o = await make.manual({ multiTenant: true });
+  o.registerHandler('fam.boom', {}, boom);
+  o.registerHandler('fam.ok', {}, ok);
+  const scope = { entityType: 'account', entityId: 'a2' };
+  const first = await o.start('fam.boom', {}, { tenantId: null, scope, pool: 'f1' });
+  await execRun(o, first, null);
+  o.advanceTime(7);
+  const second = await o.start('fam.boom', {}, { tenantId: null, pool: 'f2' });
+  await execRun(o, second, null);
+  await execRun(o, await o.start('fam.ok', {}, { tenantId: null, pool: 'f3' }), null);
+  const list = await o.listRecentFailed(10, null);
+  t.deepEqual(ids(list), [second.id, first.id]);
+  for (const f of list) t.deepEqual(Object.keys(f).sort(), FAILURE_KEYS);
+  for (const f of list) {
+    const r = await row(o, f.runId, null);
+    t.is(r.status, 'failed');
+    t.deepEqual(f, {
+      runId: r.id,
+      jobType: r.jobType,
+      pool: r.pool,
+      scopeEntityType: r.scopeEntityType,
+      scopeEntityId: r.scopeEntityId,
+      tenantId: r.tenantId,
+      attempts: r.attempts,
+      errorMessage: r.error!.message,
+      failedAt: r.finishedAt!,
+      createdAt: r.createdAt,
+    });
+  }
+  t.deepEqual([list[1]!.scopeEntityType, list[1]!.scopeEntityId, list[1]!.errorMessage], ['account', 'a2', 'boom']);
+  t.is(list[0]!.failedAt.getTime() - list[1]!.failedAt.getTime(), 7);
+  t.deepEqual(await o.listRecentFailed(10, 'other'), [], "another tenant's failures are not listed");
+});
+
+forBackends('getRun(runId, tenantId?): the whole row behind the tenant gate, like findById', async (t, make) => {
+  const o = await make.manual({ multiTenant: true });
+  o.registerHandler('fam.ok', {}, ok);
+  const a = await o.start('fam.ok', { n: 1 }, { tenantId: 'A' });
+  const shared = await o.start('fam.ok', { n: 2 }, { tenantId: null });
+  t.deepEqual(await o.getRun(a.id, 'A'), await o.findById(a.id, { tenantId: 'A' }));
+  t.deepEqual((await o.getRun(a.id, 'A'))?.input, { n: 1 });
+  t.is(await o.getRun(a.id, 'B'), null, "another tenant's run is null");
+  t.is(await o.getRun(a.id, null), null, 'null is the null-tenant rows only');
+  t.is((await o.getRun(shared.id, null))?.id, shared.id);
+  t.is(await o.getRun(randomUUID(), 'A'), null, 'unknown id');
+  t.is(await o.getRun('not-a-uuid', 'A'), null, 'malformed id');
+  await isMissingTenant(t, o.getRun(a.id), 'getRun');
+  await isInvalid(t, o.getRun(a.id, 5 as unknown as string), 'a tenant that is not a string or null');
+  const single = await make.manual();
+  single.registerHandler('fam.ok', {}, ok);
+  const s = await single.start('fam.ok', {});
+  t.is((await single.getRun(s.id))?.id, s.id, 'single-tenant mode needs no tenant');
+});
+
+forBackends('countRuns(tenantId?): every run of the tenant whatever its status, as countByPoolAndStatus counts them', async (t, make) => {
+  const o = await make.manual({ multiTenant: true });
+  o.registerHandler('fam.ok', {}, ok);
+  o.registerHandler('fam.boom', {}, boom);
+  t.is(await o.countRuns('A'), 0);
+  const started: JobRun[] = [];
+  for (let i = 0; i < 7; i++) started.push(await o.start(i % 3 === 0 ? 'fam.boom' : 'fam.ok', { i }, { tenantId: 'A', pool: `c${i % 2}` }));
+  for (let i = 0; i < 3; i++) await o.start('fam.ok', { i }, { tenantId: 'B' });
+  await o.start('fam.ok', {}, { tenantId: null });
+  await execRun(o, started[0]!, 'A'); // failed
+  await execRun(o, started[1]!, 'A'); // completed
+  await o.cancel(started[2]!.id, { tenantId: 'A' });
+  await claimRun(o, started[3]!); // running
+  t.is(await o.countRuns('A'), 7);
+  t.is(await o.countRuns('B'), 3);
+  t.is(await o.countRuns(null), 1);
+  t.is(await o.countRuns('nobody'), 0);
+  for (const tenant of ['A', 'B', null]) {
+    const total = (await o.countByPoolAndStatus(tenant)).reduce((n, c) => n + c.count, 0);
+    t.is(await o.countRuns(tenant), total, String(tenant));
+  }
+  await isMissingTenant(t, o.countRuns(), 'countRuns');
+  await isInvalid(t, o.countRuns(7 as unknown as string), 'a tenant that is not a string or null');
+  const single = await make.manual();
+  single.registerHandler('fam.ok', {}, ok);
+  await single.start('fam.ok', {});
+  await single.start('fam.ok', { n: 2 });
+  t.is(await single.countRuns(), 2, 'single-tenant mode counts every run');
+});
+
+forBackends("listForScope: the family's orderBy ('created_at desc|asc', 'run_at desc|asc'); ties in created order", async (t, make) => {
+  const o = await make.manual();
+  o.registerHandler('fam.ok', {}, ok);
+  const scope = { entityType: 'order', entityId: 'o-1' };
+  const base = o.now().getTime() + 60_000;
+  const at = async (dt: number): Promise<string> => {
+    const r = await o.start('fam.ok', {}, { scope, runAt: new Date(base + dt) });
+    o.advanceTime(1);
+    return r.id;
+  };
+  // created in this order; runAt +30, +10, +20, +10
+  const [a, b, c, d] = [await at(30), await at(10), await at(20), await at(10)];
+  const list = async (orderBy?: ListForScopeOptions['orderBy'], more: Omit<ListForScopeOptions, 'orderBy'> = {}) =>
+    ids(await o.listForScope('order', 'o-1', { ...more, orderBy }));
+  t.deepEqual(await list(), [d, c, b, a], 'default: newest first');
+  t.deepEqual(await list('created_at desc'), [d, c, b, a]);
+  t.deepEqual(await list('createdAt:desc'), [d, c, b, a]);
+  t.deepEqual(await list('created_at asc'), [a, b, c, d]);
+  t.deepEqual(await list('createdAt:asc'), [a, b, c, d]);
+  t.deepEqual(await list('run_at asc'), [b, d, c, a], 'earliest runAt first, ties oldest first');
+  t.deepEqual(await list('run_at desc'), [a, c, d, b], 'latest runAt first, ties newest first');
+  t.deepEqual(await list('run_at asc', { offset: 1, limit: 2 }), [d, c], 'offset and limit apply after the order');
+  await isInvalid(t, o.listForScope('order', 'o-1', { orderBy: 'runAt:asc' as ListForScopeOptions['orderBy'] }), 'unknown orderBy');
 });

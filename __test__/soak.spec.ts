@@ -148,15 +148,23 @@ function startW(t: ExecutionContext, o: JobOrchestrator, opts: WorkerOptions): W
   return w;
 }
 
+/** Every run listed by listJobRuns pages, each then read whole (a page shows a summary). */
 async function allRuns(o: JobOrchestrator): Promise<JobRun[]> {
-  const rows: JobRun[] = [];
+  const ids: string[] = [];
   let cursor: string | undefined;
   for (;;) {
     const page = await o.listJobRuns({ limit: 500, cursor });
-    rows.push(...page.rows);
-    if (page.nextCursor === null) return rows;
+    ids.push(...page.items.map((r) => r.runId));
+    if (page.nextCursor === null) break;
     cursor = page.nextCursor;
   }
+  return Promise.all(
+    ids.map(async (id) => {
+      const r = await o.getRun(id);
+      if (r === null) throw new Error(`listed run ${id} not found`);
+      return r;
+    }),
+  );
 }
 
 const total = async (o: JobOrchestrator) => (await o.countByPoolAndStatus()).reduce((s, c) => s + c.count, 0);

@@ -26,19 +26,25 @@ function startW(t: ExecutionContext, o: JobOrchestrator, opts: WorkerOptions): W
   return w;
 }
 
-/** Every run, through listJobRuns pages (newest first), checking the page order. */
+/** Every run, through listJobRuns pages (newest first), each then read whole (a page shows a summary). */
 async function allRuns(t: ExecutionContext, o: JobOrchestrator): Promise<JobRun[]> {
-  const rows: JobRun[] = [];
+  const ids: string[] = [];
   let cursor: string | undefined;
   for (let pages = 0; ; pages++) {
     if (pages > 10_000) throw new Error('listJobRuns did not terminate');
     const page = await o.listJobRuns({ limit: 500, cursor });
-    rows.push(...page.rows);
+    ids.push(...page.items.map((r) => r.runId));
     if (page.nextCursor === null) break;
     cursor = page.nextCursor;
   }
-  t.is(new Set(rows.map((r) => r.id)).size, rows.length, 'listJobRuns returned a run twice');
-  return rows;
+  t.is(new Set(ids).size, ids.length, 'listJobRuns returned a run twice');
+  return Promise.all(
+    ids.map(async (id) => {
+      const r = await o.getRun(id);
+      if (r === null) throw new Error(`listed run ${id} not found`);
+      return r;
+    }),
+  );
 }
 
 /** countByPoolAndStatus must equal the counts recomputed from the rows. */

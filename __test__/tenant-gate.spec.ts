@@ -110,7 +110,9 @@ forBackends('issue 21: every tenant-scoped call takes the gate (the README table
     ['rescheduleForScope', 'rescheduleForScope', (x) => o.rescheduleForScope('acct', '1', at, x), 0],
     ['countByPoolAndStatus', 'countByPoolAndStatus', (x) => o.countByPoolAndStatus(x?.tenantId), []],
     ['listRecentFailed', 'listRecentFailed', (x) => o.listRecentFailed(10, x?.tenantId), []],
-    ['listJobRuns', 'listJobRuns', (x) => o.listJobRuns({ ...x }).then((p) => p.rows), []],
+    ['listJobRuns', 'listJobRuns', (x) => o.listJobRuns({ ...x }).then((p) => p.items), []],
+    ['getRun', 'getRun', (x) => o.getRun(failed.id, x?.tenantId), null],
+    ['countRuns', 'countRuns', (x) => o.countRuns(x?.tenantId), 0],
     ['listSchedules', 'listSchedules', (x) => o.listSchedules(x), []],
     // B's schedule namespace is B's own: removing 'nightly' there removes nothing of A's.
     ['unschedule', 'unschedule', (x) => o.unschedule('nightly', x), false],

@@ -148,6 +148,30 @@ forBackends('errors: a collision crosses with its fields and the incumbent as a 
   t.true(err?.incumbent.createdAt instanceof Date);
 });
 
+forBackends('summaries and failures: strings of any kind cross intact, times as Dates, absent values as null', async (t, make) => {
+  const o = await make.manual({ multiTenant: true });
+  // Job types and pools hold anything but a line break.
+  const name = ODD.replace('\n', ' ');
+  o.registerHandler(`wire.${name}`, {}, async () => {
+    throw new Error(`bad ${ODD}`);
+  });
+  const run = await o.start(`wire.${name}`, {}, { tenantId: ODD, pool: `p${name}`, scope: { entityType: ODD, entityId: ODD }, triggerRef: ODD });
+  const [pending] = (await o.listJobRuns({ tenantId: ODD })).items;
+  t.deepEqual(
+    [pending!.runId, pending!.jobType, pending!.pool, pending!.tenantId, pending!.scopeEntityType, pending!.triggerRef],
+    [run.id, `wire.${name}`, `p${name}`, ODD, ODD, ODD],
+  );
+  t.deepEqual([pending!.startedAt, pending!.finishedAt, pending!.errorMessage, pending!.parentRunId], [null, null, null, null]);
+  t.true(pending!.runAt instanceof Date && pending!.createdAt instanceof Date);
+  t.is(pending!.createdAt.getTime(), run.createdAt.getTime());
+  const claimed = await o.claimNext(`p${name}`);
+  await o.tick(claimed!.id);
+  const [failure] = await o.listRecentFailed(1, ODD);
+  t.is(failure!.errorMessage, `bad ${ODD}`);
+  t.true(failure!.failedAt instanceof Date && failure!.createdAt instanceof Date);
+  t.is(failure!.failedAt.getTime(), (await o.getRun(run.id, ODD))!.finishedAt!.getTime());
+});
+
 forBackends('cursors: nextCursor read back pages on; a changed one is refused', async (t, make) => {
   const o = await make();
   o.registerHandler('wire.page', {}, async () => undefined);
@@ -155,8 +179,8 @@ forBackends('cursors: nextCursor read back pages on; a changed one is refused', 
   const first = await o.listJobRuns({ limit: 2 });
   t.is(typeof first.nextCursor, 'string');
   const second = await o.listJobRuns({ limit: 2, cursor: first.nextCursor! });
-  t.is(second.rows.length, 2);
-  t.false(second.rows.some((r) => first.rows.some((f) => f.id === r.id)));
+  t.is(second.items.length, 2);
+  t.false(second.items.some((r) => first.items.some((f) => f.runId === r.runId)));
   await t.throwsAsync(o.listJobRuns({ cursor: `${first.nextCursor!}0` }), { instanceOf: JobInputInvalidError });
 });
 

@@ -126,8 +126,8 @@ async function main() {
   await new Promise((r) => setTimeout(r, 350));
   await jobs.unschedule('stock.sync');
   await worker.stop();
-  const synced = (await jobs.listJobRuns({ limit: 500 })).rows.filter((r) => r.triggerRef === 'stock.sync').reverse();
-  synced.forEach((r, i) => label(r, `stock.sync #${i + 1}`));
+  const synced = (await jobs.listJobRuns({ limit: 500 })).items.filter((r) => r.triggerRef === 'stock.sync').reverse();
+  synced.forEach((r, i) => names.set(r.runId, `stock.sync #${i + 1}`));
   const gaps = synced.slice(1).map((r, i) => r.runAt.getTime() - synced[i].runAt.getTime());
   console.log(`schedule: stock.sync fired ${synced.length} times by the worker, ${gaps.join(' / ')} ms apart`);
 

@@ -60,6 +60,8 @@ operations!(
     step_complete,
     step_fail,
     find_by_id,
+    get_run,
+    count_runs,
     list_steps,
     find_step,
     record_step,
@@ -358,6 +360,18 @@ fn find_by_id<S: AnyStore>(e: &Engine<S>, req: &str) -> Result<String> {
         .map_err(to_napi)
 }
 
+fn get_run<S: AnyStore>(e: &Engine<S>, req: &str) -> Result<String> {
+    let r: RunReq = request(req, "getRun")?;
+    e.get_run(&r.run_id, &r.tenant)
+        .map(wire::opt_row_text)
+        .map_err(to_napi)
+}
+
+fn count_runs<S: AnyStore>(e: &Engine<S>, req: &str) -> Result<String> {
+    let r: TenantReq = request(req, "countRuns")?;
+    Ok(e.count_runs(&r.tenant).map_err(to_napi)?.to_string())
+}
+
 fn list_steps<S: AnyStore>(e: &Engine<S>, req: &str) -> Result<String> {
     let r: RunReq = request(req, "listSteps")?;
     Ok(reply(&e.list_steps(&r.run_id, &r.tenant).map_err(to_napi)?))
@@ -456,7 +470,7 @@ fn list_recent_failed<S: AnyStore>(e: &Engine<S>, req: &str) -> Result<String> {
     let rows = e
         .list_recent_failed(&r.tenant, wire::page_limit(r.limit)?)
         .map_err(to_napi)?;
-    Ok(wire::rows_text(&rows))
+    Ok(wire::failures_text(&rows))
 }
 
 fn list_job_runs<S: AnyStore>(e: &Engine<S>, req: &str) -> Result<String> {

@@ -8,11 +8,12 @@
 //! - errors: `JOBFORGE_ERROR:` + `{"code","message","fields"}`;
 //! - tickets, worker report lines and start-batch lines: hand-written text,
 //!   on every run's path (see each function);
-//! - replies: run tuples, step / definition / schedule objects, pages,
-//!   trees, counts and notices as JSON.
+//! - replies: run tuples, step / definition / schedule objects, pages of
+//!   run summaries and lists of failures (the seed family's `JobRunPage` and
+//!   `JobRunFailure`, keyed objects), trees, counts and notices as JSON.
 
 use jobforge_core::engine::{
-    AttemptTicket, JobRunQuery, PageCursor, RecordStep, ScopeQuery, Started,
+    AttemptTicket, JobRunQuery, PageCursor, RecordStep, ScopeOrder, ScopeQuery, Started,
 };
 use jobforge_core::worker::WorkerPool;
 use jobforge_core::{
@@ -711,13 +712,16 @@ pub fn scope_query(v: &Value) -> Result<ScopeQuery> {
         Some(o) if o.fract() == 0.0 && o >= 0.0 => o as usize,
         _ => return Err(invalid("offset must be a non-negative integer")),
     };
-    let ascending = match v.get("orderBy").and_then(Value::as_str) {
-        None if v.get("orderBy").is_none_or(Value::is_null) => false,
-        Some("createdAt:desc") => false,
-        Some("createdAt:asc") => true,
+    // jobforge's spelling and the seed family's (`ListForScopeOptions`).
+    let order = match v.get("orderBy").and_then(Value::as_str) {
+        None if v.get("orderBy").is_none_or(Value::is_null) => ScopeOrder::CreatedDesc,
+        Some("createdAt:desc" | "created_at desc") => ScopeOrder::CreatedDesc,
+        Some("createdAt:asc" | "created_at asc") => ScopeOrder::CreatedAsc,
+        Some("run_at desc") => ScopeOrder::RunAtDesc,
+        Some("run_at asc") => ScopeOrder::RunAtAsc,
         _ => {
             return Err(invalid(
-                "orderBy must be 'createdAt:desc' or 'createdAt:asc'",
+                "orderBy must be 'createdAt:desc', 'createdAt:asc', 'created_at desc', 'created_at asc', 'run_at desc' or 'run_at asc'",
             ))
         }
     };
@@ -726,7 +730,7 @@ pub fn scope_query(v: &Value) -> Result<ScopeQuery> {
         job_type,
         limit: limit_of(v)?,
         offset,
-        ascending,
+        order,
     })
 }
 
@@ -757,10 +761,106 @@ pub fn job_run_query(v: &Value) -> Result<JobRunQuery> {
     })
 }
 
-/// `{"rows": [...], "nextCursor": string | null}`.
+/// A run as the run service's lists show it (the seed family's
+/// `JobRunSummary`): the columns a runs viewer renders, without input,
+/// output or tags, so a page never carries a run's payload across. Times in
+/// epoch ms (`decodeSummary` in `ts/wire.ts` makes the `Date`s).
+#[derive(serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+struct RunSummaryOut<'a> {
+    run_id: RunId,
+    root_run_id: RunId,
+    parent_run_id: Option<RunId>,
+    trigger_source: TriggerSource,
+    trigger_ref: Option<&'a str>,
+    job_type: &'a str,
+    pool: &'a str,
+    status: RunStatus,
+    scope_entity_type: Option<&'a str>,
+    scope_entity_id: Option<&'a str>,
+    tenant_id: Option<&'a str>,
+    attempts: u32,
+    error_message: Option<&'a str>,
+    run_at: i64,
+    started_at: Option<i64>,
+    finished_at: Option<i64>,
+    created_at: i64,
+}
+
+impl<'a> RunSummaryOut<'a> {
+    fn of(r: &'a RunRow) -> Self {
+        RunSummaryOut {
+            run_id: r.id,
+            root_run_id: r.root_run_id(),
+            parent_run_id: r.parent_run_id(),
+            trigger_source: r.trigger_source,
+            trigger_ref: r.trigger_ref(),
+            job_type: &r.job_type,
+            pool: &r.pool,
+            status: r.status,
+            scope_entity_type: r.scope_entity_type(),
+            scope_entity_id: r.scope_entity_id(),
+            tenant_id: r.tenant_id.as_deref(),
+            attempts: r.attempts,
+            error_message: r.error().map(|e| e.message.as_str()),
+            run_at: r.run_at,
+            started_at: r.started_at.get(),
+            finished_at: r.finished_at.get(),
+            created_at: r.created_at,
+        }
+    }
+}
+
+/// `{"items": [summary...], "nextCursor": string | null}` (the seed
+/// family's `JobRunPage`).
 pub fn page_text(rows: &[RunRow], next: Option<PageCursor>) -> String {
-    let cursor = next.map_or("null".to_owned(), |c| format!("\"{}\"", encode_cursor(c)));
-    format!("{{\"rows\":{},\"nextCursor\":{cursor}}}", rows_text(rows))
+    #[derive(serde::Serialize)]
+    #[serde(rename_all = "camelCase")]
+    struct Out<'a> {
+        items: Vec<RunSummaryOut<'a>>,
+        next_cursor: Option<String>,
+    }
+    reply(&Out {
+        items: rows.iter().map(RunSummaryOut::of).collect(),
+        next_cursor: next.map(encode_cursor),
+    })
+}
+
+/// `[failure...]`: failed runs as the seed family's `JobRunFailure` (a
+/// dashboard's columns). `failedAt` is when the run finished; a failed row
+/// without `finishedAt` (written by hand) shows its last change instead,
+/// so the field is never null.
+pub fn failures_text(rows: &[RunRow]) -> String {
+    #[derive(serde::Serialize)]
+    #[serde(rename_all = "camelCase")]
+    struct Out<'a> {
+        run_id: RunId,
+        job_type: &'a str,
+        pool: &'a str,
+        scope_entity_type: Option<&'a str>,
+        scope_entity_id: Option<&'a str>,
+        tenant_id: Option<&'a str>,
+        attempts: u32,
+        error_message: Option<&'a str>,
+        failed_at: i64,
+        created_at: i64,
+    }
+    let items: Vec<Out> = rows
+        .iter()
+        .map(|r| Out {
+            run_id: r.id,
+            job_type: &r.job_type,
+            pool: &r.pool,
+            scope_entity_type: r.scope_entity_type(),
+            scope_entity_id: r.scope_entity_id(),
+            tenant_id: r.tenant_id.as_deref(),
+            attempts: r.attempts,
+            error_message: r.error().map(|e| e.message.as_str()),
+            failed_at: r.finished_at.get().unwrap_or(r.updated_at),
+            created_at: r.created_at,
+        })
+        .collect();
+    reply(&items)
 }
 
 /// The step service's upsert, as `recordStep` sends it.

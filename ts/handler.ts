@@ -1,6 +1,6 @@
 /** Handler-facing types: metadata, context, base class. */
 import type { JobRun, RetryPolicy } from './rows';
-import type { AnyJobs, JobTypeName, OptionalInputName } from './typed';
+import type { AnyJobs, JobMap, JobTypeName, OptionalInputName } from './typed';
 
 export type { RetryPolicy };
 
@@ -55,7 +55,7 @@ export interface JobLogger {
  * What a handler receives. `Jobs`: the app's job map (see `AnyJobs`), which
  * types `spawnChild`.
  */
-export interface JobContext<TInput = unknown, Jobs extends object = AnyJobs> {
+export interface JobContext<TInput = unknown, Jobs extends JobMap = AnyJobs> {
   readonly input: TInput;
   readonly run: JobRun;
   /**
@@ -80,7 +80,7 @@ export interface JobContext<TInput = unknown, Jobs extends object = AnyJobs> {
   readonly signal: AbortSignal;
 }
 
-export abstract class JobHandlerBase<TInput = unknown, TOutput = unknown, Jobs extends object = AnyJobs> {
+export abstract class JobHandlerBase<TInput = unknown, TOutput = unknown, Jobs extends JobMap = AnyJobs> {
   abstract run(ctx: JobContext<TInput, Jobs>): Promise<TOutput>;
 }
 
@@ -90,7 +90,7 @@ export abstract class JobHandlerBase<TInput = unknown, TOutput = unknown, Jobs e
  * admits constructor parameters because the Nest binding, which is handed
  * this same class type, builds handler classes through DI.
  */
-export type JobHandler<TInput = unknown, Jobs extends object = AnyJobs> =
+export type JobHandler<TInput = unknown, Jobs extends JobMap = AnyJobs> =
   | (new (...args: never[]) => { run(ctx: JobContext<TInput, Jobs>): unknown })
   | ((ctx: JobContext<TInput, Jobs>) => unknown)
   | { run(ctx: JobContext<TInput, Jobs>): unknown };

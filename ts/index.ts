@@ -10,7 +10,7 @@
  * ```
  */
 export { JobOrchestrator } from './orchestrator';
-export type { AnyJobs, HandlerInput, JobInputOf, JobTypeName, OptionalInputName, StoredInput } from './typed';
+export type { AnyJobs, HandlerInput, JobInputOf, JobMap, JobTypeName, OptionalInputName, StoredInput } from './typed';
 export type {
   CancelOptions,
   HandlerRegistration,
@@ -49,8 +49,11 @@ export type {
   JobDefinitionRow,
   JobRun,
   JobRunError,
+  JobRunFailure,
+  JobRunPage,
   JobRunRow,
   JobRunStatus,
+  JobRunSummary,
   JobSchedule,
   JobStep,
   JobStepRow,

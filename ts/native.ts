@@ -19,7 +19,7 @@ export type NativeEngine = import('../index').NativeEngine;
 const OP_NAMES = [
   'migrate', 'storedJobTypes', 'register', 'definition', 'start', 'startPreflight', 'cancel', 'replay',
   'claimNext', 'beginAttempt', 'finishAttempt', 'attemptLive', 'releaseAttempt', 'expireAttempts', 'stepBegin', 'stepComplete',
-  'stepFail', 'findById', 'listSteps', 'findStep', 'recordStep', 'listForScope', 'cancelForScope',
+  'stepFail', 'findById', 'getRun', 'countRuns', 'listSteps', 'findStep', 'recordStep', 'listForScope', 'cancelForScope',
   'rescheduleForScope', 'countByPoolAndStatus', 'listRecentFailed', 'listJobRuns', 'getRunTree', 'putSchedule',
   'removeSchedule', 'listSchedules', 'fireDueSchedules',
 ] as const;

@@ -14,8 +14,18 @@ import { Executor } from './execution/executor';
 import { RunEvents, type RunEventListener, type RunEventName } from './events';
 import type { HandlerRegistration, JobHandler, JobHandlerMeta, JobLogger } from './handler';
 import { consoleLogger } from './handler';
-import type { JobDefinitionRow, JobRun, JobRunError, JobRunStatus, JobSchedule, JobStep, RunTreeNode } from './rows';
-import type { AnyJobs, HandlerInput, JobTypeName, OptionalInputName } from './typed';
+import type {
+  JobDefinitionRow,
+  JobRun,
+  JobRunError,
+  JobRunFailure,
+  JobRunPage,
+  JobRunStatus,
+  JobSchedule,
+  JobStep,
+  RunTreeNode,
+} from './rows';
+import type { AnyJobs, HandlerInput, JobMap, JobTypeName, OptionalInputName } from './typed';
 import {
   checkCount,
   checkTenant,
@@ -134,7 +144,12 @@ export interface ListForScopeOptions extends TenantOptions {
   jobType?: string | undefined;
   limit?: number | undefined;
   offset?: number | undefined;
-  orderBy?: 'createdAt:desc' | 'createdAt:asc' | undefined;
+  /**
+   * Default newest first. jobforge's `'createdAt:desc' | 'createdAt:asc'`,
+   * or the seed family's spelling, which also orders by `runAt` (ties in
+   * created order, in the same direction).
+   */
+  orderBy?: 'createdAt:desc' | 'createdAt:asc' | 'created_at desc' | 'created_at asc' | 'run_at desc' | 'run_at asc' | undefined;
 }
 
 export interface ListJobRunsOptions extends TenantOptions {
@@ -196,7 +211,7 @@ function settled<T>(f: () => Promise<T>): Promise<T> {
  * `registerHandler`, `start` and `ctx.spawnChild`; default `AnyJobs`
  * (any type, inputs unknown). See `AnyJobs`.
  */
-export class JobOrchestrator<Jobs extends object = AnyJobs> {
+export class JobOrchestrator<Jobs extends JobMap = AnyJobs> {
   /** Where every operation goes (the store's backend). */
   private readonly store: Backend;
   private readonly handlers = new Map<string, HandlerRegistration>();
@@ -423,6 +438,31 @@ export class JobOrchestrator<Jobs extends object = AnyJobs> {
     return settled(() => this.store.findById(String(runId), tenantOf(opts)));
   }
 
+  /**
+   * The run service's `findById`, tenant as a second argument (as
+   * `countByPoolAndStatus` takes it): the row, or null for an unknown id or
+   * another tenant's run. Multi-tenant mode: `undefined` is a
+   * `MissingTenantIdError`, `null` the cross-tenant runs.
+   */
+  getRun(runId: string, tenantId?: string | null): Promise<JobRun | null> {
+    return settled(() => {
+      checkTenant(tenantId);
+      return this.store.getRun(String(runId), tenantId);
+    });
+  }
+
+  /**
+   * How many runs the store holds for a tenant (single-tenant mode: all),
+   * whatever their status. Read from the counts per pool and status the
+   * engine keeps (see `countByPoolAndStatus`): it never scans runs.
+   */
+  countRuns(tenantId?: string | null): Promise<number> {
+    return settled(() => {
+      checkTenant(tenantId);
+      return this.store.countRuns(tenantId);
+    });
+  }
+
   listSteps(runId: string, opts?: TenantOptions): Promise<JobStep[]> {
     return settled(() => this.store.listSteps(String(runId), tenantOf(opts)));
   }
@@ -451,7 +491,14 @@ export class JobOrchestrator<Jobs extends object = AnyJobs> {
   }
 
   /** Cancels (with cascade) every live run of a scope; resolves with how many were canceled. */
-  cancelForScope(entityType: string, entityId: string, opts: CancelOptions = {}): Promise<number> {
+  cancelForScope(entityType: string, entityId: string, opts?: CancelOptions): Promise<number>;
+  /**
+   * The seed family's `IJobRunService.cancelForScope` resolves with nothing;
+   * this signature (never chosen by a call: the one above is) lets the
+   * orchestrator stand for that interface. The count is still there.
+   */
+  cancelForScope(entityType: string, entityId: string, opts?: CancelOptions): Promise<void>;
+  cancelForScope(entityType: string, entityId: string, opts: CancelOptions = {}): Promise<number | void> {
     return settled(() => {
       const o = opts ?? {};
       return this.store.cancelForScope(String(entityType), String(entityId), o.cascade !== false, tenantOf(o));
@@ -459,7 +506,10 @@ export class JobOrchestrator<Jobs extends object = AnyJobs> {
   }
 
   /** Moves the `runAt` of a scope's pending runs (others untouched); resolves with how many moved. */
-  rescheduleForScope(entityType: string, entityId: string, newRunAt: Date, opts: TenantOptions = {}): Promise<number> {
+  rescheduleForScope(entityType: string, entityId: string, newRunAt: Date, opts?: TenantOptions): Promise<number>;
+  /** For the seed family's `IJobRunService`, as `cancelForScope`'s second signature. */
+  rescheduleForScope(entityType: string, entityId: string, newRunAt: Date, opts?: TenantOptions): Promise<void>;
+  rescheduleForScope(entityType: string, entityId: string, newRunAt: Date, opts: TenantOptions = {}): Promise<number | void> {
     return settled(() => {
       const runAt = requireDate(newRunAt, 'newRunAt');
       return this.store.rescheduleForScope(String(entityType), String(entityId), runAt, tenantOf(opts ?? {}));
@@ -474,8 +524,11 @@ export class JobOrchestrator<Jobs extends object = AnyJobs> {
     });
   }
 
-  /** Failed runs, most recently finished first; limit default 50, max 500. */
-  listRecentFailed(limit?: number, tenantId?: string | null): Promise<JobRun[]> {
+  /**
+   * Failed runs, most recently finished first (`failedAt` desc, ties by id
+   * desc), as the seed family's `JobRunFailure`; limit default 50, max 500.
+   */
+  listRecentFailed(limit?: number, tenantId?: string | null): Promise<JobRunFailure[]> {
     return settled(() => {
       if (limit !== undefined && typeof limit !== 'number') throw new JobInputInvalidError('limit must be a number');
       // JSON would carry NaN and Infinity as null, the default.
@@ -486,11 +539,12 @@ export class JobOrchestrator<Jobs extends object = AnyJobs> {
   }
 
   /**
-   * One page of runs, newest first by `(createdAt, id)`. Pass `nextCursor`
-   * back as `cursor` for the next page; it is null on the last page.
-   * `limit` default 50, max 500.
+   * One page of runs, newest first by `(createdAt, id)`, each as the seed
+   * family's `JobRunSummary` (no input, output or tags: `getRun` reads a
+   * whole row). Pass `nextCursor` back as `cursor` for the next page; it is
+   * null on the last page. `limit` default 50, max 500.
    */
-  listJobRuns(opts: ListJobRunsOptions = {}): Promise<{ rows: JobRun[]; nextCursor: string | null }> {
+  listJobRuns(opts: ListJobRunsOptions = {}): Promise<JobRunPage> {
     return settled(() => {
       const o = opts ?? {};
       checkCount('limit', o.limit);

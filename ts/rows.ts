@@ -14,7 +14,8 @@ export type JobRunStatus =
 
 export interface JobRunError {
   message: string;
-  stack?: string | undefined;
+  /** Absent when the thrown value had none (never present as `undefined`: rows are decoded from JSON). */
+  stack?: string;
   retryable: boolean;
   attempt: number;
 }
@@ -138,6 +139,52 @@ export interface JobSchedule {
   lastError: string | null;
   createdAt: Date;
   updatedAt: Date;
+}
+
+/**
+ * A run as `listJobRuns` lists it (the seed family's `JobRunSummary`): the
+ * columns a runs viewer renders, without input, output or tags.
+ * `errorMessage` is the run's `error.message`.
+ */
+export interface JobRunSummary {
+  runId: string;
+  rootRunId: string;
+  parentRunId: string | null;
+  triggerSource: JobRunRow['triggerSource'];
+  triggerRef: string | null;
+  jobType: string;
+  pool: string;
+  status: JobRunStatus;
+  scopeEntityType: string | null;
+  scopeEntityId: string | null;
+  tenantId: string | null;
+  attempts: number;
+  errorMessage: string | null;
+  runAt: Date;
+  startedAt: Date | null;
+  finishedAt: Date | null;
+  createdAt: Date;
+}
+
+/** One page of `listJobRuns`: pass `nextCursor` back as `cursor`; null on the last page. */
+export interface JobRunPage {
+  items: JobRunSummary[];
+  nextCursor: string | null;
+}
+
+/** A failed run as `listRecentFailed` lists it (the seed family's `JobRunFailure`). */
+export interface JobRunFailure {
+  runId: string;
+  jobType: string;
+  pool: string;
+  scopeEntityType: string | null;
+  scopeEntityId: string | null;
+  tenantId: string | null;
+  attempts: number;
+  errorMessage: string | null;
+  /** When the run finished failing. */
+  failedAt: Date;
+  createdAt: Date;
 }
 
 /** A run and its descendants (`getRunTree`). */

@@ -25,6 +25,17 @@
 // eslint-disable-next-line @typescript-eslint/no-explicit-any
 export type AnyJobs = any;
 
+/**
+ * What a job map is (job type → input): the constraint of every `Jobs`
+ * parameter. Where TypeScript cannot see an orchestrator's map it falls
+ * back to this constraint — Nest's `app.get(JobOrchestrator)` infers
+ * `JobOrchestrator<JobMap>` — so its inputs are `any`: that orchestrator is
+ * the untyped one (any job type, any input), as with `AnyJobs`. (With
+ * `object` it was a map of no job type, whose `start` took nothing.)
+ */
+// eslint-disable-next-line @typescript-eslint/no-explicit-any
+export type JobMap = Record<string, any>;
+
 /** The job type names of a map (`string` for `AnyJobs`). */
 export type JobTypeName<Jobs> = keyof Jobs & string;
 

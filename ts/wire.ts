@@ -27,7 +27,19 @@ import {
   ParentRunNotFoundError,
 } from './errors';
 import { toJsonText } from './json';
-import type { JobDefinitionRow, JobRun, JobRunError, JobRunRow, JobRunStatus, JobSchedule, JobStep, RunTreeNode } from './rows';
+import type {
+  JobDefinitionRow,
+  JobRun,
+  JobRunError,
+  JobRunFailure,
+  JobRunPage,
+  JobRunRow,
+  JobRunStatus,
+  JobRunSummary,
+  JobSchedule,
+  JobStep,
+  RunTreeNode,
+} from './rows';
 
 // ── run rows ───────────────────────────────────────────────────────────
 
@@ -222,9 +234,28 @@ export function parseTree(json: string): RunTreeNode | null {
   return root;
 }
 
-export function parsePage(json: string): { rows: JobRun[]; nextCursor: string | null } {
-  const page = JSON.parse(json) as { rows: RunTuple[]; nextCursor: string | null };
-  return { rows: page.rows.map(fromTuple), nextCursor: page.nextCursor };
+/** `page_text` in Rust: `{items: [summary], nextCursor}`, a summary's times in epoch ms. */
+export function parsePage(json: string): JobRunPage {
+  const page = JSON.parse(json) as { items: Raw[]; nextCursor: string | null };
+  return { items: page.items.map(decodeSummary), nextCursor: page.nextCursor };
+}
+
+/** One summary of `page_text` (`RunSummaryOut` in Rust). */
+function decodeSummary(r: Raw): JobRunSummary {
+  r.runAt = new Date(r.runAt as number);
+  r.startedAt = date(r.startedAt);
+  r.finishedAt = date(r.finishedAt);
+  r.createdAt = new Date(r.createdAt as number);
+  return r as unknown as JobRunSummary;
+}
+
+/** `failures_text` in Rust: `[failure]`, times in epoch ms. */
+export function parseFailures(json: string): JobRunFailure[] {
+  return (JSON.parse(json) as Raw[]).map((r) => {
+    r.failedAt = new Date(r.failedAt as number);
+    r.createdAt = new Date(r.createdAt as number);
+    return r as unknown as JobRunFailure;
+  });
 }
 
 // ── other rows ─────────────────────────────────────────────────────────

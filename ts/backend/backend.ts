@@ -7,12 +7,13 @@
  */
 import type { EngineClock } from '../clock';
 import type { StepStore } from '../execution/context';
-import type { JobDefinitionRow, JobRun, JobSchedule, JobStep, RunTreeNode } from '../rows';
+import type { JobDefinitionRow, JobRun, JobRunFailure, JobRunPage, JobSchedule, JobStep, RunTreeNode } from '../rows';
 import { OP, type NativeEngine, type OpName } from '../native';
 import {
   decodeNativeError,
   decodeSchedule,
   parseDefinitions,
+  parseFailures,
   parseNotices,
   parseOptRun,
   parseOptStep,
@@ -102,6 +103,8 @@ export interface Backend extends StepStore {
 
   // ── queries ──
   findById(runId: string, tenant: Tenant): Promise<JobRun | null>;
+  getRun(runId: string, tenant: Tenant): Promise<JobRun | null>;
+  countRuns(tenant: Tenant): Promise<number>;
   listSteps(runId: string, tenant: Tenant): Promise<JobStep[]>;
   findStep(runId: string, stepId: string, tenant: Tenant): Promise<JobStep | null>;
   recordStep(record: Record<string, unknown>, tenant: Tenant): Promise<JobStep>;
@@ -109,8 +112,8 @@ export interface Backend extends StepStore {
   cancelForScope(entityType: string, entityId: string, cascade: boolean, tenant: Tenant): Promise<number>;
   rescheduleForScope(entityType: string, entityId: string, runAt: number, tenant: Tenant): Promise<number>;
   countByPoolAndStatus(tenant: Tenant): Promise<{ pool: string; status: JobRun['status']; count: number }[]>;
-  listRecentFailed(limit: number | undefined, tenant: Tenant): Promise<JobRun[]>;
-  listJobRuns(query: Record<string, unknown>, tenant: Tenant): Promise<{ rows: JobRun[]; nextCursor: string | null }>;
+  listRecentFailed(limit: number | undefined, tenant: Tenant): Promise<JobRunFailure[]>;
+  listJobRuns(query: Record<string, unknown>, tenant: Tenant): Promise<JobRunPage>;
   getRunTree(rootRunId: string, tenant: Tenant): Promise<RunTreeNode | null>;
 
   // ── schedules ──
@@ -320,6 +323,14 @@ export abstract class NativeBackend implements Partial<Backend> {
     return this.request('findById', requestJson({ runId, tenant }), parseOptRun);
   }
 
+  getRun(runId: string, tenant: Tenant): Promise<JobRun | null> {
+    return this.request('getRun', requestJson({ runId, tenant }), parseOptRun);
+  }
+
+  countRuns(tenant: Tenant): Promise<number> {
+    return this.request('countRuns', requestJson({ tenant }), Number);
+  }
+
   listSteps(runId: string, tenant: Tenant): Promise<JobStep[]> {
     return this.request('listSteps', requestJson({ runId, tenant }), parseSteps);
   }
@@ -348,11 +359,11 @@ export abstract class NativeBackend implements Partial<Backend> {
     return this.request('countByPoolAndStatus', requestJson({ tenant }), (t) => JSON.parse(t) as { pool: string; status: JobRun['status']; count: number }[]);
   }
 
-  listRecentFailed(limit: number | undefined, tenant: Tenant): Promise<JobRun[]> {
-    return this.request('listRecentFailed', requestJson({ limit, tenant }), parseRuns);
+  listRecentFailed(limit: number | undefined, tenant: Tenant): Promise<JobRunFailure[]> {
+    return this.request('listRecentFailed', requestJson({ limit, tenant }), parseFailures);
   }
 
-  listJobRuns(query: Record<string, unknown>, tenant: Tenant): Promise<{ rows: JobRun[]; nextCursor: string | null }> {
+  listJobRuns(query: Record<string, unknown>, tenant: Tenant): Promise<JobRunPage> {
     return this.request('listJobRuns', requestJson({ query, tenant }), parsePage);
   }
 

@@ -5,7 +5,7 @@
  */
 import 'reflect-metadata';
 import { Injectable, Logger } from '@nestjs/common';
-import { JobforgeError, type HandlerInput, type JobContext, type JobHandlerMeta, type JobTypeName } from '../index';
+import { JobforgeError, type HandlerInput, type JobContext, type JobHandlerMeta, type JobMap, type JobTypeName } from '../index';
 
 /** A handler class: constructed by Nest (so its `@Inject` dependencies work), with `run(ctx)`. */
 // eslint-disable-next-line @typescript-eslint/no-explicit-any
@@ -119,7 +119,7 @@ export function JobHandler<TInput = unknown>(
  * export class SendEmail extends JobHandlerBase<AppJobs['email.send'], void, AppJobs> { ... }
  * ```
  */
-export function typedJobHandler<Jobs extends object>(): <K extends JobTypeName<Jobs>>(
+export function typedJobHandler<Jobs extends JobMap>(): <K extends JobTypeName<Jobs>>(
   type: K,
   meta?: JobHandlerMeta<HandlerInput<Jobs, K, unknown>>,
 ) => <C extends JobHandlerClass<HandlerInput<Jobs, K, unknown>>>(target: C) => void {

@@ -13,6 +13,7 @@ import type {
   JobContext,
   JobHandler,
   JobHandlerMeta,
+  JobMap,
   JobOrchestratorOptions,
   JobPoolDef,
   JobTypeName,
@@ -36,7 +37,7 @@ function isHandlerClass(h: unknown): h is JobHandlerClass {
   return typeof h === 'function' && typeof (h as { prototype?: { run?: unknown } }).prototype?.run === 'function';
 }
 
-export class NestJobOrchestrator<Jobs extends object = AnyJobs> extends JobOrchestrator<Jobs> {
+export class NestJobOrchestrator<Jobs extends JobMap = AnyJobs> extends JobOrchestrator<Jobs> {
   /** type → the class and the runner the engine holds for it. */
   private readonly diHandlers = new Map<string, { handlerClass: JobHandlerClass; runner: Runner }>();
 

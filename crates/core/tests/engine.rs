@@ -929,3 +929,96 @@ fn retry_policies_refuse_unknown_keys_and_words_and_bad_numbers() {
     }
     assert!(e.definition("t").is_none(), "nothing was stored");
 }
+
+#[test]
+fn get_run_and_count_runs_take_the_tenant_gate() {
+    let e = engine(true);
+    e.register(spec("t")).unwrap();
+    let start = |tenant: TenantArg| {
+        e.start(StartRequest {
+            tenant,
+            ..req("t", "{}")
+        })
+        .unwrap()
+    };
+    let a = start(TenantArg::Id("A".into()));
+    start(TenantArg::Id("A".into()));
+    let shared = start(TenantArg::Null);
+    let a_id = a.id.to_string();
+    // A missing tenant names the method called.
+    for err in [
+        e.get_run(&a_id, &TenantArg::Missing).unwrap_err(),
+        e.count_runs(&TenantArg::Missing).unwrap_err(),
+    ] {
+        assert_eq!(err.code(), "MISSING_TENANT_ID");
+    }
+    match e.get_run(&a_id, &TenantArg::Missing) {
+        Err(JobError::MissingTenantId { method }) => assert_eq!(method, "getRun"),
+        other => panic!("{other:?}"),
+    }
+    match e.count_runs(&TenantArg::Missing) {
+        Err(JobError::MissingTenantId { method }) => assert_eq!(method, "countRuns"),
+        other => panic!("{other:?}"),
+    }
+    // Another tenant's run is invisible and not counted.
+    let a_arg = TenantArg::Id("A".into());
+    assert_eq!(e.get_run(&a_id, &a_arg).unwrap().map(|r| r.id), Some(a.id));
+    assert!(e
+        .get_run(&a_id, &TenantArg::Id("B".into()))
+        .unwrap()
+        .is_none());
+    assert!(e.get_run(&a_id, &TenantArg::Null).unwrap().is_none());
+    assert!(e.get_run("not-a-uuid", &a_arg).unwrap().is_none());
+    assert_eq!(
+        e.get_run(&shared.id.to_string(), &TenantArg::Null)
+            .unwrap()
+            .map(|r| r.id),
+        Some(shared.id)
+    );
+    assert_eq!(e.count_runs(&a_arg).unwrap(), 2);
+    assert_eq!(e.count_runs(&TenantArg::Null).unwrap(), 1);
+    assert_eq!(e.count_runs(&TenantArg::Id("B".into())).unwrap(), 0);
+    // Every status counts, terminal ones included.
+    let claimed = e.claim_next("batch").unwrap().unwrap();
+    assert_eq!(claimed.id, a.id, "claimed in created order");
+    complete(&e, &claimed);
+    let done = e.get_run(&a_id, &a_arg).unwrap().map(|r| r.status);
+    assert_eq!(done, Some(RunStatus::Completed));
+    assert_eq!(e.count_runs(&a_arg).unwrap(), 2);
+}
+
+#[test]
+fn a_scope_lists_by_run_at_in_either_direction_ties_in_created_order() {
+    use jobforge_core::engine::{ScopeOrder, ScopeQuery};
+    let e = engine(false);
+    e.register(spec("t")).unwrap();
+    let at = |run_at: i64| {
+        e.start(StartRequest {
+            scope: Some(("order".into(), "o1".into())),
+            run_at: Some(run_at),
+            ..req("t", "{}")
+        })
+        .unwrap()
+        .id
+    };
+    // Created in this order; runAt 30, 10, 20, 10.
+    let (a, b, c, d) = (at(30), at(10), at(20), at(10));
+    let list = |order: ScopeOrder| -> Vec<RunId> {
+        let q = ScopeQuery {
+            statuses: None,
+            job_type: None,
+            limit: 50,
+            offset: 0,
+            order,
+        };
+        e.list_for_scope(&TenantArg::Missing, "order", "o1", &q)
+            .unwrap()
+            .iter()
+            .map(|r| r.id)
+            .collect()
+    };
+    assert_eq!(list(ScopeOrder::CreatedAsc), vec![a, b, c, d]);
+    assert_eq!(list(ScopeOrder::CreatedDesc), vec![d, c, b, a]);
+    assert_eq!(list(ScopeOrder::RunAtAsc), vec![b, d, c, a]);
+    assert_eq!(list(ScopeOrder::RunAtDesc), vec![a, c, d, b]);
+}

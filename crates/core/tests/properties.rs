@@ -23,7 +23,7 @@
 //! 7. With retention on, a run disappears only when it is terminal and its
 //!    retention has elapsed since `finishedAt`.
 
-use jobforge_core::engine::{JobRunQuery, Retention, ScopeQuery, StepBegin};
+use jobforge_core::engine::{JobRunQuery, Retention, ScopeOrder, ScopeQuery, StepBegin};
 use jobforge_core::*;
 use proptest::prelude::*;
 use proptest::sample::{select, Index};
@@ -2049,7 +2049,7 @@ impl Harness {
                             job_type: None,
                             limit: 1000,
                             offset: 0,
-                            ascending: true,
+                            order: ScopeOrder::CreatedAsc,
                         },
                     )
                     .map_err(|e| format!("list_for_scope: {e}"))?

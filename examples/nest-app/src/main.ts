@@ -22,8 +22,8 @@ async function main(): Promise<void> {
     logger.log(`${signal}: closing; in-flight jobs finish first`);
     await app.close();
     // The in-memory store is still readable: show where every run ended.
-    const { rows } = await runs.listJobRuns({ limit: 500 });
-    console.log(JSON.stringify({ shutdown: signal, runs: rows.map((r) => ({ id: r.id, jobType: r.jobType, status: r.status })) }));
+    const { items } = await runs.listJobRuns({ limit: 500 });
+    console.log(JSON.stringify({ shutdown: signal, runs: items.map((r) => ({ id: r.runId, jobType: r.jobType, status: r.status })) }));
   };
   process.once('SIGTERM', () => void shutdown('SIGTERM'));
   process.once('SIGINT', () => void shutdown('SIGINT'));

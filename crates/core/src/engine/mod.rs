@@ -32,7 +32,7 @@ mod timeouts;
 mod wakeups;
 
 pub use attempts::{AttemptEnd, AttemptTicket, Settled};
-pub use queries::{JobRunQuery, PageCursor, ScopeQuery};
+pub use queries::{JobRunQuery, PageCursor, ScopeOrder, ScopeQuery};
 pub use start::Started;
 pub use steps::{RecordStep, StepBegin};
 pub use timeouts::run_timeouts;

@@ -7,6 +7,19 @@ use crate::model::*;
 use crate::store::{PageQuery, Store, StoreTx};
 use std::sync::Arc;
 
+/// The order of `list_for_scope`'s rows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ScopeOrder {
+    /// Newest first (the default).
+    #[default]
+    CreatedDesc,
+    CreatedAsc,
+    /// Latest `runAt` first, ties newest first.
+    RunAtDesc,
+    /// Earliest `runAt` first, ties oldest first.
+    RunAtAsc,
+}
+
 /// Filters of `list_for_scope`.
 #[derive(Debug, Clone)]
 pub struct ScopeQuery {
@@ -14,8 +27,7 @@ pub struct ScopeQuery {
     pub job_type: Option<String>,
     pub limit: usize,
     pub offset: usize,
-    /// Oldest first when true; newest first (default) otherwise.
-    pub ascending: bool,
+    pub order: ScopeOrder,
 }
 
 /// Keyset position `(createdAt, id)` of the last row of a page.
@@ -42,8 +54,26 @@ impl<S: Store> Engine<S> {
         self.read(|tx| Ok(tx.run(id).cloned())).ok().flatten()
     }
 
+    /// O(1).
     pub fn find_by_id(&self, run_id: &str, tenant: &TenantArg) -> Result<Option<RunRow>> {
-        let filter = self.gate("findById", tenant)?;
+        self.visible_run("findById", run_id, tenant)
+    }
+
+    /// The run service's `getRun`: `find_by_id` under its own name, so a
+    /// missing tenant's error names the method the caller called. O(1).
+    pub fn get_run(&self, run_id: &str, tenant: &TenantArg) -> Result<Option<RunRow>> {
+        self.visible_run("getRun", run_id, tenant)
+    }
+
+    /// A run behind the tenant gate of `method`: another tenant's run, an
+    /// unknown or malformed id are all `None` (existence is not leaked).
+    fn visible_run(
+        &self,
+        method: &str,
+        run_id: &str,
+        tenant: &TenantArg,
+    ) -> Result<Option<RunRow>> {
+        let filter = self.gate(method, tenant)?;
         let Some(id) = parse_run_id(run_id) else {
             return Ok(None);
         };
@@ -90,15 +120,27 @@ impl<S: Store> Engine<S> {
         let filter = self.gate("listForScope", tenant)?;
         let t = filter.flatten();
         self.read(|tx| {
+            // The scope's runs in created order (oldest first).
             let mut ids = tx.scope_runs(t.as_deref(), entity_type, entity_id);
-            if !q.ascending {
+            if matches!(q.order, ScopeOrder::CreatedDesc | ScopeOrder::RunAtDesc) {
                 ids.reverse();
             }
-            Ok(ids
+            let mut rows: Vec<&RunRow> = ids
                 .iter()
                 .filter_map(|id| tx.run(id))
                 .filter(|r| q.statuses.as_ref().is_none_or(|s| s.contains(&r.status)))
                 .filter(|r| q.job_type.as_deref().is_none_or(|j| &*r.job_type == j))
+                .collect();
+            // A stable sort keeps the created order among equal `runAt`s,
+            // which the reverse above made match the direction. O(r log r)
+            // over rows already read: no index orders a scope by `runAt`.
+            match q.order {
+                ScopeOrder::RunAtAsc => rows.sort_by_key(|r| r.run_at),
+                ScopeOrder::RunAtDesc => rows.sort_by_key(|r| std::cmp::Reverse(r.run_at)),
+                ScopeOrder::CreatedAsc | ScopeOrder::CreatedDesc => {}
+            }
+            Ok(rows
+                .into_iter()
                 .skip(q.offset)
                 .take(q.limit)
                 .cloned()
@@ -115,6 +157,22 @@ impl<S: Store> Engine<S> {
         let filter = self.gate("countByPoolAndStatus", tenant)?;
         let t = filter.flatten();
         self.read(|tx| Ok(tx.status_counts(t.as_deref())))
+    }
+
+    /// How many runs a tenant has, whatever their status: the sum of the
+    /// counts per pool and status, so it costs what
+    /// `count_by_pool_and_status` costs and never reads a run. In memory
+    /// those counts are kept on every transition: O(groups). PostgreSQL keeps
+    /// no counter (a counter row would serialise every transition of every
+    /// process on one hot row); its `GROUP BY pool, status` reads only the
+    /// tenant's entries of `job_run_pool_status_idx (tenant_id, pool,
+    /// status)`, which holds every column it needs (an index-only scan as
+    /// far as the visibility map allows): O(the tenant's runs) in the index,
+    /// never a scan of the table.
+    pub fn count_runs(&self, tenant: &TenantArg) -> Result<u64> {
+        let filter = self.gate("countRuns", tenant)?;
+        let t = filter.flatten();
+        self.read(|tx| Ok(tx.status_counts(t.as_deref()).iter().map(|c| c.2).sum()))
     }
 
     /// Most recently finished failed runs. O(log n + k).

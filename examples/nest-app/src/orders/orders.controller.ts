@@ -48,8 +48,10 @@ export class OrdersController {
   async status(@Param('id') id: string) {
     const run = await this.runs.findById(id);
     if (!run) throw new NotFoundException(`run ${id} not found`);
-    const { rows } = await this.runs.listJobRuns({ rootRunId: run.rootRunId, limit: 100 });
-    const children = rows.filter((r) => r.parentRunId === run.id).reverse();
+    // The tree's runs as a page lists them (summaries), oldest first; each child is then read whole.
+    const { items } = await this.runs.listJobRuns({ rootRunId: run.rootRunId, limit: 100 });
+    const childIds = items.filter((r) => r.parentRunId === run.id).reverse().map((r) => r.runId);
+    const children = (await Promise.all(childIds.map((c) => this.runs.getRun(c)))).filter((c): c is JobRun => c !== null);
     return {
       run: runView(run),
       steps: (await this.runs.listSteps(run.id)).map(stepView),

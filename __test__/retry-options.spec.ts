@@ -90,12 +90,13 @@ forBackends('issue 21: a step retry follows linear backoff and maxDelayMs in eng
   const run = await o.start('s.linear', {});
   await o.claimNext('batch');
   const tick = o.tick(run.id);
-  await advanceUntil(o, () => calls.length >= 4, 50);
+  await advanceUntil(o, () => calls.length >= 4, 10);
   await tick;
   const gaps = calls.slice(1).map((c, i) => c - calls[i]!);
-  // 1000, then 2000 and 3000 capped to 1500. The clock moves in 50 ms steps
-  // while the test looks, so a gap may end a few steps late (a database
-  // round trip), never early; uncapped would be 2000 and 3000.
+  // 1000, then 2000 and 3000 capped to 1500. The clock moves in 10 ms steps
+  // (each after 1 ms of real time) while the test looks, so a gap may end a
+  // few steps late (a database round trip of 15 ms: 150 ms), never early;
+  // uncapped would be 2000 and 3000.
   const want = [1_000, 1_500, 1_500];
   t.is(gaps.length, 3);
   t.true(gaps.every((g, i) => g >= want[i]! && g < want[i]! + 400), `gaps ${gaps} ≈ ${want}`);

@@ -655,3 +655,62 @@ test('null meta fields mean "not given", as in the seed (pool, retry, replayFrom
   t.is((await o.getDefinition('null.collisionMode'))!.collisionMode, 'queue');
   t.is((await o.getDefinition('null.retry'))!.retryPolicy.attempts, 1);
 });
+
+test('a misspelt key in any call\'s options is a JobInputInvalidError naming it, and the call changes nothing', async (t) => {
+  const o = new JobOrchestrator({ multiTenant: true, loggerFactory: () => ({ log() {}, warn() {}, error() {}, debug() {} }) });
+  o.registerHandler('k', {}, async () => ({}));
+  const parent = await o.start('k', {}, { tenantId: 'a' });
+  await o.start('k', {}, { tenantId: 'a', parentRunId: parent.id });
+  const before = await o.listJobRuns({ tenantId: 'a' });
+  const bad = (o as unknown) as Record<string, (...a: unknown[]) => Promise<unknown>>;
+  const cases: [string, () => Promise<unknown>, string][] = [
+    ['cancel', () => bad.cancel!(parent.id, { tenantId: 'a', cascde: false }), 'cascde'],
+    ['cancelForScope', () => bad.cancelForScope!('e', 'i', { tenantId: 'a', casade: false }), 'casade'],
+    ['replay', () => bad.replay!(parent.id, { tenantid: 'a' }), 'tenantid'],
+    ['findById', () => bad.findById!(parent.id, { tenant: 'a' }), 'tenant'],
+    ['getRunTree', () => bad.getRunTree!(parent.id, { tenantID: 'a' }), 'tenantID'],
+    ['listSteps', () => bad.listSteps!(parent.id, { tenant: 'a' }), 'tenant'],
+    ['waitForRun', () => bad.waitForRun!(parent.id, { tenantId: 'a', timeout: 10 }), 'timeout'],
+    ['listForScope', () => bad.listForScope!('e', 'i', { tenantId: 'a', order: 'asc' }), 'order'],
+    ['listJobRuns', () => bad.listJobRuns!({ tenantId: 'a', pool: 'batch' }), 'pool'],
+    ['rescheduleForScope', () => bad.rescheduleForScope!('e', 'i', new Date(), { tenant: 'a' }), 'tenant'],
+    ['schedule', () => bad.schedule!('nightly', { jobType: 'k', everyMs: 1000, tenantId: 'a', every: 5 }), 'every'],
+    ['unschedule', () => bad.unschedule!('nightly', { tenant: 'a' }), 'tenant'],
+    ['listSchedules', () => bad.listSchedules!({ tenant: 'a' }), 'tenant'],
+  ];
+  for (const [call, f, key] of cases) {
+    const e = await rejects<JobInputInvalidError>(t, f, JobInputInvalidError, 'JOB_INPUT_INVALID', call);
+    t.regex(e.message, new RegExp(`unknown key '${key}'`), `${call} names '${key}'`);
+  }
+  t.deepEqual(await o.listJobRuns({ tenantId: 'a' }), before, 'nothing was canceled, replayed or moved');
+  t.deepEqual(await o.listSchedules({ tenantId: 'a' }), [], 'no schedule was stored');
+  // The same calls with their own keys work.
+  t.is((await o.findById(parent.id, { tenantId: 'a' }))?.id, parent.id);
+  await o.cancel(parent.id, { tenantId: 'a', cascade: false, reason: 'r' });
+  t.is((await o.waitForRun(parent.id, { tenantId: 'a', timeoutMs: 1000 })).status, 'canceled');
+});
+
+test('start options given as a class instance are read as properties (getters included); its unknown own keys are refused', async (t) => {
+  const o = new JobOrchestrator({ multiTenant: true, clock: 'manual', loggerFactory: () => ({ log() {}, warn() {}, error() {}, debug() {} }) });
+  o.registerHandler('k', {}, async () => ({}));
+  const later = new Date(o.now().getTime() + 60_000);
+  class Opts {
+    get runAt() {
+      return later;
+    }
+    get tenantId() {
+      return 'a';
+    }
+    priority = 4;
+  }
+  const run = await o.start('k', {}, new Opts() as never);
+  t.is(run.runAt.getTime(), later.getTime());
+  t.is(run.tenantId, 'a');
+  t.is(run.priority, 4);
+  t.deepEqual(await o.findById(run.id, { tenantId: 'a' }), run);
+  class Typo extends Opts {
+    priorty = 1;
+  }
+  const e = await rejects<JobInputInvalidError>(t, () => o.start('k', {}, new Typo() as never), JobInputInvalidError, 'JOB_INPUT_INVALID', 'typo');
+  t.regex(e.message, /unknown key 'priorty'/);
+});

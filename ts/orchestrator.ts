@@ -27,7 +27,9 @@ import type {
 } from './rows';
 import type { AnyJobs, HandlerInput, JobMap, JobTypeName, OptionalInputName } from './typed';
 import {
+  CALL_OPTION_KEYS,
   checkCount,
+  checkOptions,
   checkTenant,
   definitionSpec,
   prepareStart,
@@ -380,6 +382,7 @@ export class JobOrchestrator<Jobs extends JobMap = AnyJobs> {
   cancel(runId: string, opts: CancelOptions = {}): Promise<void> {
     return this.whenReady(() => {
       const o = opts ?? {};
+      checkOptions(o, CALL_OPTION_KEYS.cancel, 'cancel');
       return this.store.cancel(String(runId), o.cascade !== false, tenantOf(o));
     });
   }
@@ -391,6 +394,7 @@ export class JobOrchestrator<Jobs extends JobMap = AnyJobs> {
    */
   replay(runId: string, opts?: TenantOptions): Promise<JobRun> {
     return settled(() => {
+      checkOptions(opts, CALL_OPTION_KEYS.tenant, 'replay');
       const tenant = tenantOf(opts);
       return this.whenReady(() => this.store.replay(String(runId), tenant));
     });
@@ -435,7 +439,10 @@ export class JobOrchestrator<Jobs extends JobMap = AnyJobs> {
   // ── queries ────────────────────────────────────────────────────────
 
   findById(runId: string, opts?: TenantOptions): Promise<JobRun | null> {
-    return settled(() => this.store.findById(String(runId), tenantOf(opts)));
+    return settled(() => {
+      checkOptions(opts, CALL_OPTION_KEYS.tenant, 'findById');
+      return this.store.findById(String(runId), tenantOf(opts));
+    });
   }
 
   /**
@@ -464,17 +471,26 @@ export class JobOrchestrator<Jobs extends JobMap = AnyJobs> {
   }
 
   listSteps(runId: string, opts?: TenantOptions): Promise<JobStep[]> {
-    return settled(() => this.store.listSteps(String(runId), tenantOf(opts)));
+    return settled(() => {
+      checkOptions(opts, CALL_OPTION_KEYS.tenant, 'listSteps');
+      return this.store.listSteps(String(runId), tenantOf(opts));
+    });
   }
 
   /** A step row of a run, or null. */
   findStep(runId: string, stepId: string, opts?: TenantOptions): Promise<JobStep | null> {
-    return settled(() => this.store.findStep(String(runId), String(stepId), tenantOf(opts)));
+    return settled(() => {
+      checkOptions(opts, CALL_OPTION_KEYS.tenant, 'findStep');
+      return this.store.findStep(String(runId), String(stepId), tenantOf(opts));
+    });
   }
 
   /** Inserts or updates the step row of `(jobRunId, stepId)` (the step service's upsert). */
   recordStep(input: RecordStepInput, opts?: TenantOptions): Promise<JobStep> {
-    return settled(() => this.store.recordStep(recordStepRequest(input), tenantOf(opts)));
+    return settled(() => {
+      checkOptions(opts, CALL_OPTION_KEYS.tenant, 'recordStep');
+      return this.store.recordStep(recordStepRequest(input), tenantOf(opts));
+    });
   }
 
   // ── run service ────────────────────────────────────────────────────
@@ -483,6 +499,7 @@ export class JobOrchestrator<Jobs extends JobMap = AnyJobs> {
   listForScope(entityType: string, entityId: string, opts: ListForScopeOptions = {}): Promise<JobRun[]> {
     return settled(() => {
       const o = opts ?? {};
+      checkOptions(o, CALL_OPTION_KEYS.listForScope, 'listForScope');
       checkCount('limit', o.limit);
       checkCount('offset', o.offset);
       const q = { status: o.status, jobType: o.jobType, limit: o.limit, offset: o.offset, orderBy: o.orderBy };
@@ -501,6 +518,7 @@ export class JobOrchestrator<Jobs extends JobMap = AnyJobs> {
   cancelForScope(entityType: string, entityId: string, opts: CancelOptions = {}): Promise<number | void> {
     return settled(() => {
       const o = opts ?? {};
+      checkOptions(o, CALL_OPTION_KEYS.cancel, 'cancelForScope');
       return this.store.cancelForScope(String(entityType), String(entityId), o.cascade !== false, tenantOf(o));
     });
   }
@@ -511,6 +529,7 @@ export class JobOrchestrator<Jobs extends JobMap = AnyJobs> {
   rescheduleForScope(entityType: string, entityId: string, newRunAt: Date, opts?: TenantOptions): Promise<void>;
   rescheduleForScope(entityType: string, entityId: string, newRunAt: Date, opts: TenantOptions = {}): Promise<number | void> {
     return settled(() => {
+      checkOptions(opts, CALL_OPTION_KEYS.tenant, 'rescheduleForScope');
       const runAt = requireDate(newRunAt, 'newRunAt');
       return this.store.rescheduleForScope(String(entityType), String(entityId), runAt, tenantOf(opts ?? {}));
     });
@@ -547,6 +566,7 @@ export class JobOrchestrator<Jobs extends JobMap = AnyJobs> {
   listJobRuns(opts: ListJobRunsOptions = {}): Promise<JobRunPage> {
     return settled(() => {
       const o = opts ?? {};
+      checkOptions(o, CALL_OPTION_KEYS.listJobRuns, 'listJobRuns');
       checkCount('limit', o.limit);
       const since = o.since === undefined ? undefined : requireDate(o.since, 'since');
       const q = { poolId: o.poolId, rootRunId: o.rootRunId, status: o.status, since, cursor: o.cursor, limit: o.limit };
@@ -556,7 +576,10 @@ export class JobOrchestrator<Jobs extends JobMap = AnyJobs> {
 
   /** The tree of runs under a root (parent → children, each with its status), or null. */
   getRunTree(rootRunId: string, opts?: TenantOptions): Promise<RunTreeNode | null> {
-    return settled(() => this.store.getRunTree(String(rootRunId), tenantOf(opts)));
+    return settled(() => {
+      checkOptions(opts, CALL_OPTION_KEYS.tenant, 'getRunTree');
+      return this.store.getRunTree(String(rootRunId), tenantOf(opts));
+    });
   }
 
   // ── schedules ──────────────────────────────────────────────────────
@@ -589,13 +612,17 @@ export class JobOrchestrator<Jobs extends JobMap = AnyJobs> {
   unschedule(name: string, opts?: TenantOptions): Promise<boolean> {
     return this.whenReady(() => {
       if (typeof name !== 'string') throw new JobInputInvalidError('schedule name must be a string');
+      checkOptions(opts, CALL_OPTION_KEYS.tenant, 'unschedule');
       return this.store.removeSchedule(name, tenantOf(opts));
     });
   }
 
   /** The schedules of a tenant (single-tenant mode: all), by name. */
   listSchedules(opts?: TenantOptions): Promise<JobSchedule[]> {
-    return this.whenReady(() => this.store.listSchedules(tenantOf(opts)));
+    return this.whenReady(() => {
+      checkOptions(opts, CALL_OPTION_KEYS.tenant, 'listSchedules');
+      return this.store.listSchedules(tenantOf(opts));
+    });
   }
 
   /**
@@ -642,9 +669,11 @@ export class JobOrchestrator<Jobs extends JobMap = AnyJobs> {
   waitForRun(runId: string, opts: WaitForRunOptions = {}): Promise<JobRun> {
     return settled(() => {
       const o = opts ?? {};
+      checkOptions(o, CALL_OPTION_KEYS.waitForRun, 'waitForRun');
+      const gate = { tenantId: o.tenantId };
       // The engine's findById gate decides; its refusal names the call made.
       const find = (id: string) =>
-        this.findById(id, o).catch((e: unknown) => {
+        this.findById(id, gate).catch((e: unknown) => {
           throw e instanceof MissingTenantIdError ? new MissingTenantIdError('waitForRun') : e;
         });
       return this.events.waitForRun(runId, o.timeoutMs, find);

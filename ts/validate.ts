@@ -77,6 +77,26 @@ function unknownKey(k: string, known: Iterable<string>, what: string): never {
   throw new JobInputInvalidError(`${what}: unknown key '${k}' (known: ${[...known].join(', ')})`);
 }
 
+/**
+ * The keys each call's options object may hold. A misspelt key would
+ * otherwise change what the call does without a word (`{ cascde: false }`
+ * cascades, `{ tenantid: 'a' }` is "no tenant", `{ timeout: 5000 }` waits
+ * for ever), so it is refused, naming the key.
+ */
+export const CALL_OPTION_KEYS = {
+  tenant: new Set(['tenantId']),
+  cancel: new Set(['cascade', 'reason', 'tenantId']),
+  waitForRun: new Set(['timeoutMs', 'tenantId']),
+  listForScope: new Set(['status', 'jobType', 'limit', 'offset', 'orderBy', 'tenantId']),
+  listJobRuns: new Set(['poolId', 'rootRunId', 'status', 'since', 'cursor', 'limit', 'tenantId']),
+  schedule: new Set(['jobType', 'input', 'cron', 'timezone', 'everyMs', 'tenantId']),
+} as const satisfies Record<string, ReadonlySet<string>>;
+
+/** Refuses an unknown key in a call's options (see `CALL_OPTION_KEYS`); a non-object is left to the checks of its values. */
+export function checkOptions(o: unknown, known: ReadonlySet<string>, call: string): void {
+  if (o !== null && typeof o === 'object') checkKeys(o, known, `${call} options`);
+}
+
 /** Options of a start as the caller may pass them. */
 export interface StartOptionsInput {
   scope?: { entityType: string; entityId: string } | undefined;
@@ -122,7 +142,7 @@ export function startOptions(opts: StartOptionsInput | undefined): StartWire {
   const out = new StartWire();
   if (opts === undefined) return out;
   if (opts === null || typeof opts !== 'object') throw new JobInputInvalidError('start options must be an object');
-  const o = opts as Record<string, unknown>;
+  const o = plainOptions(opts as Record<string, unknown>);
   for (const k in o) {
     const v = o[k];
     if (v === undefined) {
@@ -182,6 +202,25 @@ export function startOptions(opts: StartOptionsInput | undefined): StartWire {
     }
   }
   return out;
+}
+
+/**
+ * The options as a plain object, so one pass over its keys sees every
+ * option: an object literal is that already; any other object (a class
+ * instance, options with getters or non-enumerable properties) has its
+ * known options read as properties, as before that pass, and its own
+ * enumerable keys checked for unknown ones.
+ */
+function plainOptions(o: Record<string, unknown>): Record<string, unknown> {
+  const proto: unknown = Object.getPrototypeOf(o);
+  if (proto === Object.prototype || proto === null) return o;
+  for (const k in o) if (!START_KEYS.has(k) && own(o, k)) unknownKey(k, START_KEYS, 'start options');
+  const plain: Record<string, unknown> = {};
+  for (const k of START_KEYS) {
+    const v = o[k];
+    if (v !== undefined) plain[k] = v;
+  }
+  return plain;
 }
 
 function checkPriority(p: unknown): number {
@@ -400,6 +439,7 @@ export function scheduleRequest(name: unknown, opts: unknown): Record<string, un
   // Crossing into Rust, a lone surrogate becomes U+FFFD: two names would be one.
   if (LONE.test(name)) throw new JobInputInvalidError('schedule name must not hold a lone surrogate');
   if (typeof opts !== 'object' || opts === null) throw new JobInputInvalidError('schedule options must be an object');
+  checkKeys(opts, CALL_OPTION_KEYS.schedule, 'schedule options');
   const o = opts as { jobType?: unknown; cron?: unknown; everyMs?: unknown; timezone?: unknown; input?: unknown; tenantId?: unknown };
   const { jobType, cron, everyMs, timezone } = o;
   if (typeof jobType !== 'string') throw new JobInputInvalidError('schedule jobType must be a string');

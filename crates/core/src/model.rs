@@ -154,7 +154,10 @@ impl RetryPolicy {
                 .unwrap_or(MAX_SAFE_INTEGER),
             Backoff::Exponential => {
                 let exp = attempts.saturating_sub(1);
-                if exp >= 53 {
+                // No base, no delay, however many attempts (2^exp × 0).
+                if base == 0 {
+                    0
+                } else if exp >= 53 {
                     MAX_SAFE_INTEGER
                 } else {
                     base.checked_mul(1i64 << exp).unwrap_or(MAX_SAFE_INTEGER)

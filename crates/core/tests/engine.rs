@@ -736,6 +736,12 @@ fn backoff_linear_and_max_delay() {
     assert_eq!(huge.backoff_ms(200), 60_000);
     // No jitter: the delay is the backoff, whatever the source says.
     assert_eq!(huge.delay_ms(200, |_| 7), 60_000);
+    // A zero base waits nothing however many attempts failed (2^exp × 0
+    // must not saturate to 2^53 ms, a run parked for good).
+    let zero = policy(Backoff::Exponential, 0);
+    for a in [1, 53, 54, 60, 200, u32::MAX] {
+        assert_eq!(zero.backoff_ms(a), 0, "exponential, baseMs 0, attempt {a}");
+    }
 }
 
 #[test]

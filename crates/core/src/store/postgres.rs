@@ -823,12 +823,20 @@ impl PgStore {
                 Some(payload) => self.read_announcement(&payload, &mut told),
                 None => continue,
             }
-            // What else has arrived goes in the same batch (one read).
+            // What else has arrived goes in the same batch (one read), up
+            // to a bound: under a steady stream the loop must still come
+            // back to `keep_going` (a close) and deliver what it has.
             let mut more = n.iter();
-            while let Some(payload) = fallible_next(&mut more).map_err(db_err)? {
+            let mut payloads = 1;
+            while payloads < MAX_ANNOUNCEMENTS_PER_READ {
+                let Some(payload) = fallible_next(&mut more).map_err(db_err)? else {
+                    break;
+                };
                 self.read_announcement(&payload, &mut told);
+                payloads += 1;
             }
-            if !told.is_empty() {
+            // Closed meanwhile: no read on a pool the orchestrator closed.
+            if !told.is_empty() && keep_going() {
                 on_transitions(told);
             }
         }
@@ -1092,6 +1100,9 @@ const ORIGIN_LEN: usize = 16;
 /// Bytes of transitions per notification: PostgreSQL refuses payloads of
 /// 8000 bytes or more; an entry is about 45.
 const ANNOUNCEMENT_BYTES: usize = 7000;
+/// Announcements (each up to ~150 transitions) read back in one batch at
+/// most, before the events feed looks at whether it should go on.
+const MAX_ANNOUNCEMENTS_PER_READ: usize = 64;
 
 /// The schema's run-event channel, `jobforge:events:<schema>`: no schema
 /// makes it equal another schema's wake-up channel (`jobforge_<schema>`).

@@ -198,3 +198,28 @@ forBackends('notices: an event carries the whole row of its transition', async (
   t.is(events.length, 1);
   t.deepEqual(events[0], await o.findById(run.id));
 });
+
+test('the short start answer carries any key, tenant and lineage as the engine stored them (positional text, read by slices)', async (t) => {
+  const o = new JobOrchestrator({ multiTenant: true, logger: silentLogger, loggerFactory: () => silentLogger });
+  o.registerHandler('laned', { concurrency: { key: (i: { k: string }) => i.k, collisionMode: 'queue' } }, async () => undefined);
+  o.registerHandler('deduped', { dedupe: { key: (i: { k: string }) => `${i.k}|d`, windowMs: 60_000 } }, async () => undefined);
+  // Text that looks like the format's own marks, lengths that differ in UTF-8 and UTF-16.
+  const odd = ['', '-', '=', ':', '3:abc', '-:-', '😀x', 'é', 'a\u001fb', 'line\nbreak', 'x'.repeat(300)];
+  const rows: JobRun[] = [];
+  for (const tenant of ['-', ':', '😀', null]) {
+    const parent = await o.start('laned', { k: `parent-${tenant}` }, { tenantId: tenant });
+    for (const k of odd) {
+      rows.push(await o.start('laned', { k }, { tenantId: tenant }));
+      rows.push(await o.start('deduped', { k }, { tenantId: tenant, parentRunId: parent.id }));
+    }
+    rows.push(await o.start('deduped', { k: odd[1]! }, { tenantId: tenant, parentRunId: parent.id })); // a dedupe hit: the whole row
+    const child = rows[rows.length - 2]!;
+    t.is(child.parentRunId, parent.id);
+    t.is(child.rootRunId, parent.rootRunId);
+  }
+  for (const r of rows) t.deepEqual(await o.findById(r.id, { tenantId: r.tenantId }), r);
+  t.deepEqual(
+    rows.filter((r) => r.jobType === 'laned').slice(0, odd.length).map((r) => r.concurrencyKey),
+    odd,
+  );
+});

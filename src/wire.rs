@@ -402,11 +402,15 @@ pub fn parse_start_line(line: &str) -> std::result::Result<BufferedStart<'_>, St
 }
 
 /// A new run as `start` answers it when JS holds its type's template
-/// (`short`): `[id, createdAt, concurrencyKey, dedupeKey, rootRunId,
-/// tenantId, parentRunId]`, what the engine decided and the request does
-/// not say (the parent as stored, whatever the spelling it was given in; JS
-/// fills the rest in from the template, `newRun` in TS). A dedupe hit is
-/// the whole row (a tuple of `RUN_FIELDS`' length).
+/// (`short`): what the engine decided and the request does not say (the
+/// parent as stored, whatever the spelling it was given in; JS fills the
+/// rest in from the template, `newRun` in TS), as positional text, not JSON:
+/// `<id><createdAt ms>,` then concurrencyKey, dedupeKey, rootRunId,
+/// tenantId, parentRunId, each `-` (null) or `<UTF-16 length>:<text>`,
+/// rootRunId `=` when it is the run itself. JS reads it with slices: a
+/// `JSON.parse` would intern every fresh id into V8's string table, the
+/// dearest part of reading this answer. A dedupe hit is the whole row (a
+/// JSON tuple, so it starts with `[`). Read by `parseStarted` in TS.
 pub fn started_text(started: &Started) -> String {
     match started {
         Started::Row(r) => r.to_compact_json(),
@@ -419,15 +423,31 @@ pub fn started_text(started: &Started) -> String {
             root_run_id,
             tenant_id,
             ..
-        } => reply(&(
-            id,
-            at,
-            concurrency_key,
-            dedupe_key,
-            root_run_id.unwrap_or(*id),
-            tenant_id,
-            parent_run_id,
-        )),
+        } => {
+            let mut out = String::with_capacity(96);
+            let _ = write!(out, "{id}{at},");
+            push_short_field(&mut out, concurrency_key.as_deref());
+            push_short_field(&mut out, dedupe_key.as_deref());
+            match root_run_id {
+                Some(root) if root != id => push_short_field(&mut out, Some(&root.to_string())),
+                _ => out.push('='),
+            }
+            push_short_field(&mut out, tenant_id.as_deref());
+            push_short_field(&mut out, parent_run_id.map(|p| p.to_string()).as_deref());
+            out
+        }
+    }
+}
+
+/// One field of `started_text`: `-`, or its length in UTF-16 units (what
+/// a JS slice counts), `:` and the text.
+fn push_short_field(out: &mut String, v: Option<&str>) {
+    match v {
+        None => out.push('-'),
+        Some(s) => {
+            let _ = write!(out, "{}:", s.encode_utf16().count());
+            out.push_str(s);
+        }
     }
 }
 

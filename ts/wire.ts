@@ -200,20 +200,50 @@ export function parseRegistration(json: string): { definitions: JobDefinitionRow
 }
 
 /**
- * `start`'s answer when asked for the short form: a new run's `Decided`
- * (seven values), or a whole row (a dedupe hit).
+ * `start`'s answer when asked for the short form (`started_text` in Rust):
+ * a new run's id, time and `Decided`, read by position with slices, or a
+ * whole row (a dedupe hit: a JSON tuple).
  */
-export function parseStarted(json: string): { id: string; at: number; decided: Decided } | { row: JobRun } {
-  const a = JSON.parse(json) as unknown[];
-  if (a.length !== 7) return { row: fromTuple(a as RunTuple) };
-  const decided = {
-    concurrencyKey: a[2] as string | null,
-    dedupeKey: a[3] as string | null,
-    rootRunId: a[4] as string,
-    tenantId: a[5] as string | null,
-    parentRunId: a[6] as string | null,
-  };
-  return { id: a[0] as string, at: a[1] as number, decided };
+export function parseStarted(text: string): { id: string; at: number; decided: Decided } | { row: JobRun } {
+  if (text.charCodeAt(0) === 0x5b /* [ */) return { row: parseRun(text) };
+  const id = text.slice(0, 36);
+  const comma = text.indexOf(',', 36);
+  const at = Number(text.slice(36, comma));
+  const r = new ShortReader(text, comma + 1);
+  const concurrencyKey = r.field();
+  const dedupeKey = r.field();
+  const rootRunId = r.same() ? id : (r.field() as string);
+  const tenantId = r.field();
+  const parentRunId = r.field();
+  return { id, at, decided: { concurrencyKey, dedupeKey, rootRunId, tenantId, parentRunId } };
+}
+
+/** The fields of a short start answer: `-` (null) or `<length>:<text>`. */
+class ShortReader {
+  constructor(
+    private readonly text: string,
+    private at: number,
+  ) {}
+
+  field(): string | null {
+    const t = this.text;
+    if (t.charCodeAt(this.at) === 0x2d /* - */) {
+      this.at++;
+      return null;
+    }
+    const colon = t.indexOf(':', this.at);
+    const end = colon + 1 + Number(t.slice(this.at, colon));
+    const v = t.slice(colon + 1, end);
+    this.at = end;
+    return v;
+  }
+
+  /** `=`: the root is the run itself. */
+  same(): boolean {
+    if (this.text.charCodeAt(this.at) !== 0x3d /* = */) return false;
+    this.at++;
+    return true;
+  }
 }
 
 /** `{run, children}` nested (root first), decoded without recursion: a chain of runs can be thousands deep. */

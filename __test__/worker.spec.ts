@@ -943,7 +943,9 @@ test('ctx.spawnChild after the attempt ended (canceled parent) throws JobRunStat
 
 // ── waitForRun ─────────────────────────────────────────────────────────
 
-test('waitForRun resolves with the terminal row; at once when already terminal', async (t) => {
+// Serial: it times an answer in ms, which the file's concurrent tests (busy
+// loops among them) would delay.
+test.serial('waitForRun resolves with the terminal row; at once when already terminal', async (t) => {
   const o = system();
   const gate = deferred();
   o.registerHandler('g', {}, async () => {

@@ -65,6 +65,28 @@ async function until<T>(what: string, f: () => Promise<T | null | undefined | fa
 }
 
 // Cross-process behaviour: needs two orchestrators on one database.
+postgresOnly('a schema name of 55+ bytes: an idle worker is still woken by a start in another orchestrator (the wake-up channel fits 63 bytes)', async (t, make) => {
+  // `jobforge_<schema>` over 63 bytes was cut by LISTEN and refused by
+  // pg_notify: such a worker only ever found runs by polling.
+  const schema = `jf_long_${process.pid}_${Date.now()}_`.padEnd(60, 'x');
+  const admin = await adminClient(t);
+  t.teardown(() => admin.query(`DROP SCHEMA IF EXISTS "${schema}" CASCADE`).then(() => undefined));
+  const [a, b] = await pair(t, make, { postgres: { url: PG_URL, schema, pollMs: 100_000, leaseMs: 600_000 } });
+  let startedAt = 0;
+  a.registerHandler('wake', {}, async () => {
+    startedAt = Date.now();
+  });
+  b.registerHandler('wake', {}, async () => undefined);
+  const worker = a.startWorker({ pools: { batch: { concurrency: 2 } } });
+  t.teardown(() => worker.stop());
+  await sleep(300); // the worker has looked, found nothing, and sleeps
+  const t0 = Date.now();
+  const run = await b.start('wake', {});
+  await until('the handler to start', async () => startedAt > 0, 5_000);
+  t.true(startedAt - t0 < 1_000, `started ${startedAt - t0} ms after the start in the other orchestrator`);
+  t.is((await b.waitForRun(run.id, { timeoutMs: 5_000 })).status, 'completed');
+});
+
 postgresOnly('a cancel from another orchestrator fires ctx.signal where the handler runs', async (t, make) => {
   const [a, b] = await pair(t, make);
   let aborted: unknown = null;

@@ -664,7 +664,7 @@ impl PgStore {
             pg.connect_timeout(Duration::from_secs(10));
         }
         let schema_sql = quote_ident(&config.schema);
-        let channel = format!("jobforge_{}", config.schema);
+        let channel = wake_channel(&config.schema);
         let events_channel = events_channel(&config.schema);
         let origin = Uuid::new_v4().simple().to_string()[..ORIGIN_LEN].to_owned();
         Ok(PgStore {
@@ -1103,6 +1103,20 @@ const ANNOUNCEMENT_BYTES: usize = 7000;
 /// Announcements (each up to ~150 transitions) read back in one batch at
 /// most, before the events feed looks at whether it should go on.
 const MAX_ANNOUNCEMENTS_PER_READ: usize = 64;
+
+/// The schema's wake-up channel, `jobforge_<schema>`. A channel name holds
+/// at most 63 bytes: `LISTEN` cuts a longer one while `pg_notify` refuses
+/// it, so a schema of 55 bytes or more would have had workers that no
+/// start ever woke (they fell back to polling). Such a schema is named by
+/// its hash, as for the events channel.
+fn wake_channel(schema: &str) -> String {
+    let name = format!("jobforge_{schema}");
+    if name.len() <= 63 {
+        name
+    } else {
+        format!("jobforge_#{:016x}", lock_key(b'w', None, schema, "") as u64)
+    }
+}
 
 /// The schema's run-event channel, `jobforge:events:<schema>`: no schema
 /// makes it equal another schema's wake-up channel (`jobforge_<schema>`).
@@ -2127,7 +2141,8 @@ impl StoreTx for PgTx<'_> {
 #[cfg(test)]
 mod tests {
     use super::{
-        announcement_payloads, attempt_budget, events_channel, parse_transition, Transition,
+        announcement_payloads, attempt_budget, events_channel, parse_transition, wake_channel,
+        Transition,
     };
     use crate::model::{RunId, RunStatus};
     use std::time::Duration;
@@ -2173,6 +2188,19 @@ mod tests {
             "00000000-0000-4000-8000-000000000000:c:1:1:9",
         ] {
             assert_eq!(parse_transition(bad), None, "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn the_wake_up_channel_fits_a_name_however_long_the_schema() {
+        assert_eq!(wake_channel("jobs"), "jobforge_jobs");
+        let at_limit = "s".repeat(54);
+        assert_eq!(wake_channel(&at_limit), format!("jobforge_{at_limit}"));
+        for len in [55, 63, 80] {
+            let named = wake_channel(&"s".repeat(len));
+            assert!(named.len() <= 63, "{named}");
+            assert_ne!(named, wake_channel(&"t".repeat(len)));
+            assert_ne!(named, events_channel(&"s".repeat(len)));
         }
     }
 

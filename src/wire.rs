@@ -428,12 +428,20 @@ pub fn started_text(started: &Started) -> String {
             let _ = write!(out, "{id}{at},");
             push_short_field(&mut out, concurrency_key.as_deref());
             push_short_field(&mut out, dedupe_key.as_deref());
+            // A run id is 36 ASCII characters: written in place, no copy.
             match root_run_id {
-                Some(root) if root != id => push_short_field(&mut out, Some(&root.to_string())),
+                Some(root) if root != id => {
+                    let _ = write!(out, "36:{root}");
+                }
                 _ => out.push('='),
             }
             push_short_field(&mut out, tenant_id.as_deref());
-            push_short_field(&mut out, parent_run_id.map(|p| p.to_string()).as_deref());
+            match parent_run_id {
+                Some(parent) => {
+                    let _ = write!(out, "36:{parent}");
+                }
+                None => out.push('-'),
+            }
             out
         }
     }

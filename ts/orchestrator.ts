@@ -28,6 +28,7 @@ import type {
 import type { AnyJobs, HandlerInput, JobMap, JobTypeName, OptionalInputName } from './typed';
 import {
   CALL_OPTION_KEYS,
+  callTenant,
   checkCount,
   checkOptions,
   checkTenant,
@@ -394,8 +395,7 @@ export class JobOrchestrator<Jobs extends JobMap = AnyJobs> {
    */
   replay(runId: string, opts?: TenantOptions): Promise<JobRun> {
     return settled(() => {
-      checkOptions(opts, CALL_OPTION_KEYS.tenant, 'replay');
-      const tenant = tenantOf(opts);
+      const tenant = callTenant(opts, 'replay');
       return this.whenReady(() => this.store.replay(String(runId), tenant));
     });
   }
@@ -439,10 +439,7 @@ export class JobOrchestrator<Jobs extends JobMap = AnyJobs> {
   // ── queries ────────────────────────────────────────────────────────
 
   findById(runId: string, opts?: TenantOptions): Promise<JobRun | null> {
-    return settled(() => {
-      checkOptions(opts, CALL_OPTION_KEYS.tenant, 'findById');
-      return this.store.findById(String(runId), tenantOf(opts));
-    });
+    return settled(() => this.store.findById(String(runId), callTenant(opts, 'findById')));
   }
 
   /**
@@ -471,26 +468,17 @@ export class JobOrchestrator<Jobs extends JobMap = AnyJobs> {
   }
 
   listSteps(runId: string, opts?: TenantOptions): Promise<JobStep[]> {
-    return settled(() => {
-      checkOptions(opts, CALL_OPTION_KEYS.tenant, 'listSteps');
-      return this.store.listSteps(String(runId), tenantOf(opts));
-    });
+    return settled(() => this.store.listSteps(String(runId), callTenant(opts, 'listSteps')));
   }
 
   /** A step row of a run, or null. */
   findStep(runId: string, stepId: string, opts?: TenantOptions): Promise<JobStep | null> {
-    return settled(() => {
-      checkOptions(opts, CALL_OPTION_KEYS.tenant, 'findStep');
-      return this.store.findStep(String(runId), String(stepId), tenantOf(opts));
-    });
+    return settled(() => this.store.findStep(String(runId), String(stepId), callTenant(opts, 'findStep')));
   }
 
   /** Inserts or updates the step row of `(jobRunId, stepId)` (the step service's upsert). */
   recordStep(input: RecordStepInput, opts?: TenantOptions): Promise<JobStep> {
-    return settled(() => {
-      checkOptions(opts, CALL_OPTION_KEYS.tenant, 'recordStep');
-      return this.store.recordStep(recordStepRequest(input), tenantOf(opts));
-    });
+    return settled(() => this.store.recordStep(recordStepRequest(input), callTenant(opts, 'recordStep')));
   }
 
   // ── run service ────────────────────────────────────────────────────
@@ -576,10 +564,7 @@ export class JobOrchestrator<Jobs extends JobMap = AnyJobs> {
 
   /** The tree of runs under a root (parent → children, each with its status), or null. */
   getRunTree(rootRunId: string, opts?: TenantOptions): Promise<RunTreeNode | null> {
-    return settled(() => {
-      checkOptions(opts, CALL_OPTION_KEYS.tenant, 'getRunTree');
-      return this.store.getRunTree(String(rootRunId), tenantOf(opts));
-    });
+    return settled(() => this.store.getRunTree(String(rootRunId), callTenant(opts, 'getRunTree')));
   }
 
   // ── schedules ──────────────────────────────────────────────────────
@@ -612,17 +597,13 @@ export class JobOrchestrator<Jobs extends JobMap = AnyJobs> {
   unschedule(name: string, opts?: TenantOptions): Promise<boolean> {
     return this.whenReady(() => {
       if (typeof name !== 'string') throw new JobInputInvalidError('schedule name must be a string');
-      checkOptions(opts, CALL_OPTION_KEYS.tenant, 'unschedule');
-      return this.store.removeSchedule(name, tenantOf(opts));
+      return this.store.removeSchedule(name, callTenant(opts, 'unschedule'));
     });
   }
 
   /** The schedules of a tenant (single-tenant mode: all), by name. */
   listSchedules(opts?: TenantOptions): Promise<JobSchedule[]> {
-    return this.whenReady(() => {
-      checkOptions(opts, CALL_OPTION_KEYS.tenant, 'listSchedules');
-      return this.store.listSchedules(tenantOf(opts));
-    });
+    return this.whenReady(() => this.store.listSchedules(callTenant(opts, 'listSchedules')));
   }
 
   /**

@@ -69,9 +69,11 @@ export function checkCount(name: string, v: unknown): void {
  */
 export function checkKeys(o: object, known: ReadonlySet<string>, what: string): void {
   for (const k in o) {
-    if (!known.has(k) && Object.prototype.hasOwnProperty.call(o, k)) unknownKey(k, known, what);
+    if (!known.has(k) && own(o, k)) unknownKey(k, known, what);
   }
 }
+
+const own = (o: object, k: string): boolean => Object.prototype.hasOwnProperty.call(o, k);
 
 function unknownKey(k: string, known: Iterable<string>, what: string): never {
   throw new JobInputInvalidError(`${what}: unknown key '${k}' (known: ${[...known].join(', ')})`);
@@ -97,6 +99,12 @@ export function checkOptions(o: unknown, known: ReadonlySet<string>, call: strin
   if (o !== null && typeof o === 'object') checkKeys(o, known, `${call} options`);
 }
 
+/** The tenant of a call whose options are only `{ tenantId }`, after `checkOptions`. */
+export function callTenant(o: unknown, call: string): string | null | undefined {
+  checkOptions(o, CALL_OPTION_KEYS.tenant, call);
+  return tenantOf(o as { tenantId?: unknown } | null | undefined);
+}
+
 /** Options of a start as the caller may pass them. */
 export interface StartOptionsInput {
   scope?: { entityType: string; entityId: string } | undefined;
@@ -120,7 +128,6 @@ const I32_MAX = 2147483647;
 const START_KEYS: ReadonlySet<string> = new Set([
   'scope', 'pool', 'runAt', 'priority', 'tags', 'triggerSource', 'triggerRef', 'parentClosePolicy', 'parentRunId', 'tenantId',
 ]);
-const own = (o: object, k: string): boolean => Object.prototype.hasOwnProperty.call(o, k);
 
 /** A string start option: absent (undefined or null), or checked text. */
 function optionText(k: string, v: unknown): string | undefined {
@@ -214,7 +221,7 @@ export function startOptions(opts: StartOptionsInput | undefined): StartWire {
 function plainOptions(o: Record<string, unknown>): Record<string, unknown> {
   const proto: unknown = Object.getPrototypeOf(o);
   if (proto === Object.prototype || proto === null) return o;
-  for (const k in o) if (!START_KEYS.has(k) && own(o, k)) unknownKey(k, START_KEYS, 'start options');
+  checkKeys(o, START_KEYS, 'start options');
   const plain: Record<string, unknown> = {};
   for (const k of START_KEYS) {
     const v = o[k];

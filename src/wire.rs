@@ -70,6 +70,7 @@ pub fn error_text(e: &JobError) -> String {
         JobError::JobStepConflict { run_id, step_id } => {
             json!({ "runId": run_id, "stepId": step_id })
         }
+        JobError::JobResumeToken { reason } => json!({ "reason": reason }),
         JobError::Store { retryable, .. } => json!({ "retryable": retryable }),
     };
     let payload = json!({ "code": e.code(), "message": e.to_string(), "fields": fields });

@@ -54,6 +54,9 @@ pub enum JobError {
     #[error("step '{step_id}' of run {run_id} is already running in this attempt")]
     JobStepConflict { run_id: String, step_id: String },
 
+    #[error("resume token refused: {reason}")]
+    JobResumeToken { reason: String },
+
     /// The database failed (connection lost, deadlock, ...): the
     /// transaction was rolled back, nothing changed. `retryable` for
     /// deadlocks, serialisation failures and lost connections.
@@ -76,6 +79,7 @@ impl JobError {
             JobError::JobInputInvalid { .. } => "JOB_INPUT_INVALID",
             JobError::JobRunState { .. } => "JOB_RUN_STATE",
             JobError::JobStepConflict { .. } => "JOB_STEP_CONFLICT",
+            JobError::JobResumeToken { .. } => "JOB_RESUME_TOKEN",
             JobError::Store { .. } => "JOB_STORE_ERROR",
         }
     }
@@ -116,6 +120,7 @@ impl JobError {
             JobError::JobStepConflict { run_id, step_id } => {
                 json!({ "runId": run_id, "stepId": step_id })
             }
+            JobError::JobResumeToken { reason } => json!({ "reason": reason }),
             JobError::Store { retryable, .. } => json!({ "retryable": retryable }),
         }
     }

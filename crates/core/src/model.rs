@@ -35,7 +35,8 @@ macro_rules! string_enum {
 }
 
 string_enum!(
-    /// Lifecycle of a run. `Waiting` is reserved for later phases.
+    /// Lifecycle of a run. `Waiting`: parked on durable waits (sleep,
+    /// signal, token, child), holding no worker slot.
     RunStatus {
         Pending = "pending",
         Running = "running",
@@ -56,6 +57,10 @@ impl RunStatus {
     }
 }
 
+string_enum!(
+    /// What a waiting run (or one wait step) waits for.
+    WaitKind { Sleep = "sleep", Signal = "signal", Token = "token", Child = "child" }
+);
 string_enum!(ParentClosePolicy { Terminate = "terminate", Cancel = "cancel", Abandon = "abandon" });
 string_enum!(TriggerSource { Manual = "manual", Schedule = "schedule", Event = "event", Parent = "parent" });
 string_enum!(CollisionMode { Queue = "queue", Reject = "reject", Replace = "replace" });
@@ -341,6 +346,10 @@ pub struct RunExtras {
     /// lane's tail (`None`: its `seq`). Only lane members (runs with a key,
     /// which have extras anyway) have a lane position that matters.
     pub lane_seq: Option<u64>,
+    /// The wait steps (`ctx.invoke`: run, step id) this run's end
+    /// resolves: its parent's, or another run's whose invoke was answered
+    /// by this run as a dedupe hit. Empty for a run nobody waits on.
+    pub awaited_by: Vec<(RunId, Box<str>)>,
 }
 
 impl RunExtras {
@@ -354,6 +363,7 @@ impl RunExtras {
             && self.dedupe_key.is_none()
             && self.trigger_ref.is_none()
             && self.lane_seq.is_none()
+            && self.awaited_by.is_empty()
     }
 
     /// `None` when every field is empty (no allocation for a plain run).
@@ -383,6 +393,12 @@ pub struct RunRow {
     pub finished_at: OptMillis,
     pub claimed_at: OptMillis,
     pub attempts: u32,
+    /// What a `waiting` run waits for (the first of its open waits).
+    pub wait_kind: Option<WaitKind>,
+    /// When a `waiting` run resumes at the latest (the earliest deadline of
+    /// its open waits); none while it waits only for a signal, a token or a
+    /// child without a timeout.
+    pub wait_deadline: OptMillis,
     pub created_at: Millis,
     pub updated_at: Millis,
     /// Parent, root, scope, tags, keys, trigger ref (`None` = all empty).
@@ -467,6 +483,15 @@ impl RunRow {
     pub fn trigger_ref(&self) -> Option<&str> {
         self.extras.as_ref().and_then(|x| x.trigger_ref.as_deref())
     }
+    /// The wait steps this run's end resolves (see `RunExtras::awaited_by`).
+    pub fn awaited_by(&self) -> &[(RunId, Box<str>)] {
+        self.extras.as_ref().map_or(&[], |x| &x.awaited_by)
+    }
+    /// Forgets what the run waited for (it resumed, or ended).
+    pub fn clear_wait(&mut self) {
+        self.wait_kind = None;
+        self.wait_deadline = OptMillis::NONE;
+    }
 }
 
 impl Serialize for RunRow {
@@ -499,9 +524,10 @@ impl Serialize for RunRow {
         m.serialize_entry("finishedAt", &r.finished_at)?;
         m.serialize_entry("claimedAt", &r.claimed_at)?;
         m.serialize_entry("attempts", &r.attempts)?;
-        m.serialize_entry("waitKind", &())?;
+        m.serialize_entry("waitKind", &r.wait_kind)?;
+        // The token is never stored, and its hash is not the row's business.
         m.serialize_entry("resumeToken", &())?;
-        m.serialize_entry("waitDeadline", &())?;
+        m.serialize_entry("waitDeadline", &r.wait_deadline)?;
         m.serialize_entry("createdAt", &r.created_at)?;
         m.serialize_entry("updatedAt", &r.updated_at)?;
         m.end()
@@ -528,15 +554,14 @@ impl RunRow {
 
     /// The row as a JSON array in [`RUN_FIELDS`] order: the wire form for
     /// JS, which parses about half the bytes and builds the object with a
-    /// fixed shape. `waitKind`, `resumeToken`, `waitDeadline` are always
-    /// null in this phase and are not sent.
+    /// fixed shape. `resumeToken` is always null and is not sent.
     pub fn to_compact_json(&self) -> String {
         serde_json::to_string(&CompactRow(self)).unwrap_or_else(|_| "null".to_owned())
     }
 }
 
 /// Field order of [`RunRow::to_compact_json`].
-pub const RUN_FIELDS: [&str; 27] = [
+pub const RUN_FIELDS: [&str; 29] = [
     "id",
     "jobType",
     "jobVersion",
@@ -562,6 +587,8 @@ pub const RUN_FIELDS: [&str; 27] = [
     "finishedAt",
     "claimedAt",
     "attempts",
+    "waitKind",
+    "waitDeadline",
     "createdAt",
     "updatedAt",
 ];
@@ -598,6 +625,8 @@ impl Serialize for CompactRow<'_> {
         q.serialize_element(&r.finished_at)?;
         q.serialize_element(&r.claimed_at)?;
         q.serialize_element(&r.attempts)?;
+        q.serialize_element(&r.wait_kind)?;
+        q.serialize_element(&r.wait_deadline)?;
         q.serialize_element(&r.created_at)?;
         q.serialize_element(&r.updated_at)?;
         q.end()
@@ -623,6 +652,82 @@ pub struct StepRow {
     /// Claim epoch of the attempt that last started the step.
     #[serde(skip)]
     pub epoch: u32,
+}
+
+/// What a wait step waits for: stored as the step row's `input`, so a
+/// replay of the handler (or another process) finds it again.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "wait", rename_all = "camelCase", rename_all_fields = "camelCase")]
+pub enum WaitSpec {
+    /// Until an instant.
+    Sleep { until: Millis },
+    /// The next signal of this name sent to the run.
+    Signal {
+        signal: String,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        deadline: Option<Millis>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        timeout_ms: Option<i64>,
+    },
+    /// A `resume` with the token whose SHA-256 this is (hex); the token
+    /// itself is never stored.
+    Token {
+        token_hash: String,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        deadline: Option<Millis>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        timeout_ms: Option<i64>,
+    },
+    /// The end of a child run (`ctx.invoke`).
+    Child {
+        child_run_id: RunId,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        deadline: Option<Millis>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        timeout_ms: Option<i64>,
+    },
+}
+
+impl WaitSpec {
+    pub fn kind(&self) -> WaitKind {
+        match self {
+            WaitSpec::Sleep { .. } => WaitKind::Sleep,
+            WaitSpec::Signal { .. } => WaitKind::Signal,
+            WaitSpec::Token { .. } => WaitKind::Token,
+            WaitSpec::Child { .. } => WaitKind::Child,
+        }
+    }
+
+    /// When the wait resolves on its own: a sleep's end, a timeout.
+    pub fn deadline(&self) -> Option<Millis> {
+        match self {
+            WaitSpec::Sleep { until } => Some(*until),
+            WaitSpec::Signal { deadline, .. }
+            | WaitSpec::Token { deadline, .. }
+            | WaitSpec::Child { deadline, .. } => *deadline,
+        }
+    }
+
+    pub fn timeout_ms(&self) -> Option<i64> {
+        match self {
+            WaitSpec::Sleep { .. } => None,
+            WaitSpec::Signal { timeout_ms, .. }
+            | WaitSpec::Token { timeout_ms, .. }
+            | WaitSpec::Child { timeout_ms, .. } => *timeout_ms,
+        }
+    }
+
+    /// The wait a step row holds, if it is a wait step.
+    pub fn of_step(step: &StepRow) -> Option<WaitSpec> {
+        if step.kind != "wait" {
+            return None;
+        }
+        serde_json::from_str(step.input.as_deref()?.get()).ok()
+    }
+
+    pub fn to_raw(&self) -> Box<RawValue> {
+        serde_json::value::to_raw_value(self).unwrap_or_else(|_| empty_object())
+    }
 }
 
 /// Tenant argument of a call: JS `undefined`, `null` or a string.
@@ -666,6 +771,8 @@ pub struct StartRequest {
     pub parent_run_id: Option<String>,
     pub concurrency_key: Option<String>,
     pub dedupe_key: Option<String>,
+    /// The wait (`ctx.invoke`: run, step id) the new run's end resolves.
+    pub awaited_by: Option<(RunId, String)>,
     /// Id and creation time chosen by the caller (a JS start buffered and
     /// flushed in a batch, see `Engine::start_plain_batch`); `None` = the engine's.
     pub preset: Option<(RunId, Millis)>,
@@ -701,6 +808,9 @@ pub enum AttemptOutcome {
     TimedOut { timeout_ms: i64 },
     /// No handler is registered in this process for the run's type.
     NoHandler,
+    /// The handler is blocked only on durable waits: the run parks
+    /// (`waiting`) until one of them resolves. Not an attempt's end.
+    Parked,
 }
 
 #[derive(Debug, Clone, Default)]

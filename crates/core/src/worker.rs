@@ -724,7 +724,7 @@ impl<S: Store + Coordination> Worker<S> {
                 return;
             }
             let r = self
-                .on_store(|e| e.fire_due_schedules_then_next().map(|(_, next)| next))
+                .on_store(|e| e.fire_timers_then_next())
                 .await;
             let wait = match r {
                 Some(Ok(next)) => {

@@ -71,7 +71,10 @@ impl Finished {
 fn mark_claimed(r: &mut RunRow, now: Millis, executing: bool) {
     r.status = RunStatus::Running;
     r.claimed_at = now.into();
-    r.started_at = now.into();
+    // A resumed run keeps the start of its attempt.
+    if r.started_at.get().is_none() {
+        r.started_at = now.into();
+    }
     r.updated_at = now;
     r.claim_epoch = r.claim_epoch.wrapping_add(1);
     r.executing = executing;
@@ -84,6 +87,9 @@ impl<S: Store> Engine<S> {
             // Without a worker, claims are what turns due schedules into runs.
             self.fire_due_schedules()?;
         }
+        // And what resumes waits whose deadline passed (an indexed peek
+        // when none did).
+        self.resume_due_waits_then_next()?;
         let now = self.now();
         self.write(|tx| {
             let Some(id) = tx.next_claimable(pool, now) else {
@@ -305,6 +311,18 @@ impl<S: Store> Engine<S> {
             if run.status != RunStatus::Running || run.claim_epoch != epoch {
                 return Ok(None);
             }
+            if let AttemptOutcome::Parked = outcome {
+                let (row, pending) = self.park_in(tx, run_id, epoch, now);
+                if pending {
+                    fx.wake = true;
+                }
+                return Ok(Some(Finished {
+                    row: if want_row { row } else { None },
+                    // A waiting run keeps its lane.
+                    lane: false,
+                    pending,
+                }));
+            }
             let attempts = run.attempts + 1;
             let (info, final_status) = match outcome {
                 AttemptOutcome::Completed(output) => {
@@ -313,6 +331,7 @@ impl<S: Store> Engine<S> {
                     let copy = want_row || self.wants_event(run_id);
                     let mut out = None;
                     let mut lane = false;
+                    let mut awaited = None;
                     let mut output = Some(output.unwrap_or_else(empty_object));
                     tx.update_run(run_id, &mut |r| {
                         r.status = RunStatus::Completed;
@@ -326,8 +345,16 @@ impl<S: Store> Engine<S> {
                         lane = r.concurrency_key().is_some();
                         if copy {
                             out = Some(r.clone());
+                        } else if !r.awaited_by().is_empty() {
+                            awaited = Some(r.clone());
                         }
                     });
+                    // Invoke waits on this run resolve with its output.
+                    if let Some(r) = out.as_ref().or(awaited.as_ref()) {
+                        if !r.awaited_by().is_empty() {
+                            self.resolve_waiters(tx, r, now, fx);
+                        }
+                    }
                     // Other processes' listeners hear of it whoever listens
                     // here (this process cannot know who listens there).
                     tx.announce(Transition {
@@ -355,6 +382,8 @@ impl<S: Store> Engine<S> {
                     },
                     RunStatus::TimedOut,
                 ),
+                // Handled above.
+                AttemptOutcome::Parked => return Ok(None),
                 AttemptOutcome::NoHandler => (
                     FailureInfo {
                         message: format!("No handler registered for jobType='{}'", run.job_type),
@@ -417,6 +446,9 @@ impl<S: Store> Engine<S> {
                 });
                 if self.wants_event(run_id) {
                     fx.transitions.extend(out.clone());
+                }
+                if let Some(r) = out.as_ref().filter(|r| !r.awaited_by().is_empty()) {
+                    self.resolve_waiters(tx, r, now, fx);
                 }
                 // A failed run takes its descendants down (not itself again).
                 self.cancel_tree(tx, *run_id, true, false, now, fx);

@@ -83,16 +83,26 @@ impl<S: Store> Engine<S> {
             }
             fx.wake = true;
             let events = self.wants_event(&id);
+            let mut awaited = None;
             tx.update_run(&id, &mut |r| {
                 r.status = RunStatus::Canceled;
                 r.finished_at = now.into();
                 r.updated_at = now;
                 r.executing = false;
+                r.clear_wait();
                 if events {
                     fx.transitions.push(r.clone());
                 }
+                if !r.awaited_by().is_empty() {
+                    awaited = Some(r.clone());
+                }
             });
             tx.announce(announced);
+            // Invoke waits on it fail (their runs resume), unless the
+            // waiting run is being canceled in this same cascade.
+            if let Some(r) = awaited {
+                self.resolve_waiters(tx, &r, now, fx);
+            }
         }
     }
 

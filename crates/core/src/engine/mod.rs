@@ -19,6 +19,7 @@
 //! | `queries.rs` | reads: rows, steps, scopes, counts, pages, trees |
 //! | `schedules.rs` | recurring starts |
 //! | `wakeups.rs` | waking a worker, events, watchers, the observer, time |
+//! | `waits.rs` | durable waits: parking, signals, resume tokens, child results, deadlines |
 
 mod attempts;
 mod cancel;
@@ -30,12 +31,14 @@ mod start;
 mod steps;
 mod timeouts;
 mod wakeups;
+mod waits;
 
 pub use attempts::{AttemptEnd, AttemptTicket, Settled};
 pub use queries::{JobRunQuery, PageCursor, ScopeOrder, ScopeQuery};
 pub use start::Started;
 pub use steps::{RecordStep, StepBegin};
 pub use timeouts::run_timeouts;
+pub use waits::{resume_token_hash, WaitBegin, WaitRequest, MAX_INBOX};
 
 use crate::clock::{Clock, ClockKind};
 use crate::error::{JobError, Result};

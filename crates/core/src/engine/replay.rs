@@ -38,6 +38,10 @@ impl<S: Store> Engine<S> {
                     job_type: run.job_type.to_string(),
                 })?;
             tx.delete_steps(&id, def.replay_from != ReplayFrom::Scratch);
+            // From scratch, signals sent for the old run's waits go too.
+            if def.replay_from == ReplayFrom::Scratch {
+                tx.clear_signals(&id);
+            }
             // Rejoin the lane at its tail.
             let lane_seq = tx.next_seq();
             let mut out = None;
@@ -51,6 +55,7 @@ impl<S: Store> Engine<S> {
                 r.set_result(None, None);
                 r.updated_at = now;
                 r.set_lane_seq(lane_seq);
+                r.clear_wait();
                 r.executing = false;
                 out = Some(r.clone());
             });

@@ -73,6 +73,8 @@ fn new_run(
         finished_at: OptMillis::NONE,
         claimed_at: OptMillis::NONE,
         attempts: 0,
+        wait_kind: None,
+        wait_deadline: OptMillis::NONE,
         extras: o.extras,
         created_at: now,
         updated_at: now,
@@ -441,6 +443,10 @@ impl<S: Store> Engine<S> {
             dedupe_key: dedupe_key.map(String::into_boxed_str),
             trigger_ref: req.trigger_ref.map(String::into_boxed_str),
             lane_seq: None,
+            awaited_by: req
+                .awaited_by
+                .map(|(run, step)| vec![(run, step.into_boxed_str())])
+                .unwrap_or_default(),
         };
         let row = new_run(
             &def,

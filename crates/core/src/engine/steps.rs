@@ -63,6 +63,13 @@ impl<S: Store> Engine<S> {
             Self::check_attempt(tx, &id, epoch, run_id)?;
             let existing = tx.step(&id, step_id).cloned();
             if let Some(s) = &existing {
+                // A durable wait's id is not a task's.
+                if s.kind != "task" {
+                    return Err(JobError::JobStepConflict {
+                        run_id: run_id.to_owned(),
+                        step_id: step_id.to_owned(),
+                    });
+                }
                 if s.status == StepStatus::Completed {
                     return Ok(StepBegin::Memoized(s.output.clone()));
                 }
@@ -213,7 +220,7 @@ impl<S: Store> Engine<S> {
                 id: prev.as_ref().map_or_else(Uuid::new_v4, |p| p.id),
                 job_run_id: id,
                 step_id: rec.step_id.as_str().into(),
-                kind: "task",
+                kind: prev.as_ref().map_or("task", |p| p.kind),
                 seq: match (&prev, rec.seq) {
                     (Some(p), _) => p.seq,
                     (None, 0) => tx.max_step_seq(&id) + 1,

@@ -162,6 +162,10 @@ impl<S: Store> Engine<S> {
     /// Moves a manual clock. `None` on the system clock.
     pub fn advance_time(&self, ms: i64) -> Option<Millis> {
         let moved = self.clock.advance(ms);
+        if moved.is_some() && self.store.inline_timers() {
+            // Sleeps and wait deadlines now past resume at once, worker or not.
+            let _ = self.resume_due_waits_then_next();
+        }
         if moved.is_some() {
             // Runs (and retries) may be due now: a worker that waits on a
             // poll interval rather than on this clock (Postgres) looks again.

@@ -11,6 +11,8 @@
 //! | `dedupe: HashMap<(tenant, type, key), Vec<run>>` (created order) | dedupe lookup | O(1) + skipped canceled/failed |
 //! | `children: HashMap<run, Vec<run>>` | cascade | O(children) |
 //! | `steps: HashMap<run, RunSteps>` | memoization | O(1) per step |
+//! | `waits: BTreeSet<(waitDeadline, seq, run)>` | resuming waiting runs at their deadline | O(log n) |
+//! | `inbox: HashMap<run, VecDeque<signal>>` | signals no wait took yet | O(1) push, O(inbox) take (bounded) |
 //!
 //! Only claimable runs (pending and lane head or unkeyed) sit in a pool
 //! index, so a lane of a million queued runs costs its pool one entry.
@@ -20,6 +22,7 @@ use crate::error::Result;
 use crate::model::{
     JobDefinition, Millis, RunId, RunRow, RunStatus, ScheduleRow, StepRow, StepStatus,
 };
+use serde_json::value::RawValue;
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -66,6 +69,10 @@ pub struct MemoryState {
     dedupe: HashMap<DedupeKey, Vec<Handle>>,
     children: HashMap<Handle, Vec<Handle>>,
     steps: HashMap<Handle, RunSteps>,
+    /// Waiting runs with a deadline, earliest first.
+    waits: BTreeSet<(Millis, u64, Handle)>,
+    /// Signals sent to a run that no wait took yet, oldest first.
+    inbox: HashMap<Handle, std::collections::VecDeque<(Box<str>, Box<RawValue>)>>,
     seq: u64,
     q: QueryIndex,
     /// Slots of purged runs, reused by the next inserts.
@@ -222,6 +229,8 @@ struct IndexView {
     priority: i32,
     run_at: Millis,
     lane_seq: u64,
+    /// The deadline of a waiting run (its entry in `waits`).
+    wait: Option<Millis>,
 }
 
 impl IndexView {
@@ -234,6 +243,11 @@ impl IndexView {
             priority: r.priority,
             run_at: r.run_at,
             lane_seq: r.lane_seq(),
+            wait: if r.status == RunStatus::Waiting {
+                r.wait_deadline.get()
+            } else {
+                None
+            },
         }
     }
 }
@@ -294,6 +308,7 @@ impl MemoryState {
             drop_from(&mut self.q.tree, &rh, h);
         }
         self.steps.remove(&h);
+        self.inbox.remove(&h);
         self.free.push(h);
     }
 
@@ -449,6 +464,15 @@ impl MemoryState {
             || before.group != after.group
         {
             self.reindex_status(h, &before, &after);
+        }
+        if before.wait != after.wait {
+            let seq = self.runs[h as usize].seq;
+            if let Some(at) = before.wait {
+                self.waits.remove(&(at, seq, h));
+            }
+            if let Some(at) = after.wait {
+                self.waits.insert((at, seq, h));
+            }
         }
         let lane = lane_key(&self.runs[h as usize]);
         let old_head = lane.as_ref().and_then(|k| self.lane_head(k));
@@ -691,6 +715,15 @@ impl MemoryState {
         }
         if children != self.children {
             return Err("children lists differ from parentRunId".into());
+        }
+        // Waits: exactly the waiting runs with a deadline.
+        let waits: BTreeSet<(Millis, u64, Handle)> = runs
+            .iter()
+            .filter(|(_, r)| r.status == RunStatus::Waiting)
+            .filter_map(|&(h, r)| r.wait_deadline.get().map(|at| (at, r.seq, h as Handle)))
+            .collect();
+        if waits != self.waits {
+            return Err("wait index differs from the waiting runs".into());
         }
         Ok(())
     }
@@ -951,6 +984,56 @@ impl StoreTx for MemoryTx<'_> {
             if st.rows.is_empty() {
                 s.steps.remove(&h);
             }
+        }
+    }
+
+    fn due_waits(&mut self, now: Millis, limit: usize) -> Vec<RunId> {
+        let s = &*self.0;
+        s.waits
+            .iter()
+            .take_while(|(at, _, _)| *at <= now)
+            .take(limit)
+            .map(|&(_, _, h)| s.runs[h as usize].id)
+            .collect()
+    }
+
+    fn next_wait_deadline(&mut self) -> Option<Millis> {
+        self.0.waits.first().map(|&(at, _, _)| at)
+    }
+
+    fn push_signal(&mut self, run: &RunId, name: &str, payload: Box<RawValue>, _at: Millis) {
+        let s = &mut *self.0;
+        if let Some(h) = s.handle(run) {
+            s.inbox
+                .entry(h)
+                .or_default()
+                .push_back((Box::from(name), payload));
+        }
+    }
+
+    fn take_signal(&mut self, run: &RunId, name: &str) -> Option<Box<RawValue>> {
+        let s = &mut *self.0;
+        let h = s.handle(run)?;
+        let inbox = s.inbox.get_mut(&h)?;
+        let i = inbox.iter().position(|(n, _)| &**n == name)?;
+        let (_, payload) = inbox.remove(i)?;
+        if inbox.is_empty() {
+            s.inbox.remove(&h);
+        }
+        Some(payload)
+    }
+
+    fn inbox_len(&self, run: &RunId) -> usize {
+        let s = &*self.0;
+        s.handle(run)
+            .and_then(|h| s.inbox.get(&h))
+            .map_or(0, |i| i.len())
+    }
+
+    fn clear_signals(&mut self, run: &RunId) {
+        let s = &mut *self.0;
+        if let Some(h) = s.handle(run) {
+            s.inbox.remove(&h);
         }
     }
 

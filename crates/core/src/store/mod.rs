@@ -17,6 +17,7 @@ pub mod postgres;
 
 use crate::error::Result;
 use crate::model::{JobDefinition, Millis, RunId, RunRow, RunStatus, ScheduleRow, StepRow};
+use serde_json::value::RawValue;
 use std::sync::Arc;
 
 /// A transition run events report (a run ended, or went back to `pending`
@@ -91,6 +92,13 @@ pub trait Store: Send + Sync + 'static {
     /// store fires them from the worker's own loop instead.
     fn fires_schedules_in_claims(&self) -> bool {
         false
+    }
+
+    /// Whether moving a manual clock can resume the waits it made due in
+    /// the same call (the in-memory store: one indexed peek). A networked
+    /// store leaves that to the worker's timer and to claims.
+    fn inline_timers(&self) -> bool {
+        self.fires_schedules_in_claims()
     }
 }
 
@@ -275,6 +283,22 @@ pub trait StoreTx {
     fn max_step_seq(&self, run: &RunId) -> u32;
     /// Deletes a run's steps: all of them, or only the non-completed ones.
     fn delete_steps(&mut self, run: &RunId, keep_completed: bool);
+
+    // ── durable waits ──────────────────────────────────────────────────
+    /// Waiting runs whose `wait_deadline` is at or before `now`, earliest
+    /// first, at most `limit`. A networked store locks them and skips those
+    /// another transaction holds, so two processes never resume one run.
+    fn due_waits(&mut self, now: Millis, limit: usize) -> Vec<RunId>;
+    /// The earliest `wait_deadline` of any waiting run.
+    fn next_wait_deadline(&mut self) -> Option<Millis>;
+    /// Appends a signal to a run's inbox (signals no wait took yet).
+    fn push_signal(&mut self, run: &RunId, name: &str, payload: Box<RawValue>, at: Millis);
+    /// Takes the oldest signal named `name` out of a run's inbox.
+    fn take_signal(&mut self, run: &RunId, name: &str) -> Option<Box<RawValue>>;
+    /// How many signals a run's inbox holds.
+    fn inbox_len(&self, run: &RunId) -> usize;
+    /// Empties a run's inbox (a replay from scratch; a purge does it too).
+    fn clear_signals(&mut self, run: &RunId);
 
     // ── retention ──────────────────────────────────────────────────────
     /// Starts (or stops) remembering terminal runs in finishing order.

@@ -518,6 +518,7 @@ fn run_from_row(r: &Row) -> std::result::Result<RunRow, postgres::Error> {
         dedupe_key: boxed(13)?,
         trigger_ref: boxed(19)?,
         lane_seq: None,
+        awaited_by: Vec::new(),
     };
     let mut row = RunRow {
         id,
@@ -540,6 +541,8 @@ fn run_from_row(r: &Row) -> std::result::Result<RunRow, postgres::Error> {
         finished_at: opt_ms(22)?.into(),
         claimed_at: opt_ms(23)?.into(),
         attempts: r.try_get::<_, i32>(24)?.max(0) as u32,
+        wait_kind: None,
+        wait_deadline: OptMillis::NONE,
         extras: extras.boxed(),
         created_at: r.try_get::<_, Ms>(25)?.0,
         updated_at: r.try_get::<_, Ms>(26)?.0,
@@ -1922,6 +1925,27 @@ impl StoreTx for PgTx<'_> {
         self.exec(tpl, &[run]);
         self.steps.as_mut().retain(|(r, _), _| r != run);
     }
+
+    // Durable waits: not stored on PostgreSQL yet (placeholders).
+    fn due_waits(&mut self, _now: Millis, _limit: usize) -> Vec<RunId> {
+        Vec::new()
+    }
+
+    fn next_wait_deadline(&mut self) -> Option<Millis> {
+        None
+    }
+
+    fn push_signal(&mut self, _run: &RunId, _name: &str, _payload: Box<RawValue>, _at: Millis) {}
+
+    fn take_signal(&mut self, _run: &RunId, _name: &str) -> Option<Box<RawValue>> {
+        None
+    }
+
+    fn inbox_len(&self, _run: &RunId) -> usize {
+        0
+    }
+
+    fn clear_signals(&mut self, _run: &RunId) {}
 
     fn set_retention_tracking(&mut self, _on: bool) {}
 

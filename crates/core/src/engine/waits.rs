@@ -1,0 +1,786 @@
+//! Durable waits: `ctx.sleep`, `ctx.waitForSignal`, `ctx.waitForToken` and
+//! `ctx.invoke` (`wait_begin`, `wait_delivered`), what parks an attempt
+//! (`park_in`, from the settle path), and what resumes a waiting run: a
+//! signal, a resume token, a child's end, a deadline.
+//!
+//! A wait is a step row of kind `wait` whose `input` is its [`WaitSpec`];
+//! its status says where it is: `pending` (a token being delivered),
+//! `running` (open), `completed` (its value in `output`) or `failed` (what
+//! the call throws in `output`, a timeout or a child's failure). A handler
+//! blocked only on open waits parks: the run turns `waiting`, holds no slot,
+//! and runs again from the top when one of them resolves; its completed
+//! and failed waits answer from their rows.
+//!
+//! Deadlines are resolved lazily: at its deadline a waiting run only turns
+//! `pending` (one indexed update, however many runs fall due together); the
+//! wait whose deadline passed resolves when the handler asks for it again
+//! (a sleep completes, any other wait fails with a timeout, an invoked
+//! child is canceled first). A signal, a token or a child's end that comes
+//! after the deadline finds the wait expired and does not resolve it.
+
+use super::{parse_run_id, Effects, Engine};
+use crate::clock::clamp_time;
+use crate::error::{JobError, Result};
+use crate::model::*;
+use crate::store::{Store, StoreTx};
+use serde_json::json;
+use serde_json::value::RawValue;
+use sha2::{Digest, Sha256};
+use uuid::Uuid;
+
+/// Signals a run's inbox holds at most: a sender that outpaces the run's
+/// waits gets `JobInputInvalid` rather than growing the store without end.
+pub const MAX_INBOX: usize = 1000;
+/// Waiting runs resumed per transaction when many fall due together.
+const RESUME_BATCH: usize = 500;
+const TOKEN_PREFIX: &str = "jft_";
+
+/// What a wait asks for (`wait_begin`).
+#[derive(Debug)]
+pub enum WaitRequest {
+    Sleep {
+        until: Millis,
+    },
+    Signal {
+        signal: String,
+        timeout_ms: Option<i64>,
+    },
+    Token {
+        timeout_ms: Option<i64>,
+    },
+    /// A child to start (its `parent_run_id` is the waiting run).
+    Child {
+        start: Box<StartRequest>,
+        timeout_ms: Option<i64>,
+    },
+}
+
+/// What a wait call answers.
+#[derive(Debug, Clone)]
+pub enum WaitBegin {
+    /// Resolved: its value (`None`: null).
+    Done(Option<Box<RawValue>>),
+    /// Resolved with an error: what the call throws, as JSON
+    /// (`{ name, message, ...fields }`).
+    Failed(Box<RawValue>),
+    /// Open: the handler parks on it.
+    Open,
+    /// A token wait: deliver this token, then call `wait_delivered`.
+    Token(String),
+}
+
+fn raw_json(v: serde_json::Value) -> Box<RawValue> {
+    serde_json::value::to_raw_value(&v).unwrap_or_else(|_| empty_object())
+}
+
+fn is_open(s: &StepRow) -> bool {
+    s.kind == "wait" && matches!(s.status, StepStatus::Pending | StepStatus::Running)
+}
+
+/// The hex SHA-256 of a token: what the store keeps instead of it.
+fn token_hash(token: &str) -> String {
+    Sha256::digest(token.as_bytes())
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+/// A new resume token for a wait of `run`: the run's id (so the token alone
+/// finds its run) and 244 random bits from the OS (two v4 UUIDs).
+fn new_token(run: &RunId) -> String {
+    format!(
+        "{TOKEN_PREFIX}{}{}{}",
+        run.simple(),
+        Uuid::new_v4().simple(),
+        Uuid::new_v4().simple()
+    )
+}
+
+fn token_run(token: &str) -> Option<RunId> {
+    let rest = token.strip_prefix(TOKEN_PREFIX)?;
+    if rest.len() != 96 || !rest.bytes().all(|b| b.is_ascii_hexdigit()) {
+        return None;
+    }
+    Uuid::parse_str(&rest[..32]).ok()
+}
+
+fn bad_token(reason: &str) -> JobError {
+    JobError::JobResumeToken {
+        reason: reason.to_owned(),
+    }
+}
+
+fn check_timeout(timeout_ms: Option<i64>, what: &str) -> Result<()> {
+    match timeout_ms {
+        Some(t) if !(1..=MAX_SAFE_INTEGER).contains(&t) => Err(JobError::invalid(format!(
+            "{what}: timeoutMs must be a positive integer"
+        ))),
+        _ => Ok(()),
+    }
+}
+
+fn deadline_after(now: Millis, timeout_ms: Option<i64>) -> Option<Millis> {
+    timeout_ms.map(|t| clamp_time(now.saturating_add(t)))
+}
+
+impl<S: Store> Engine<S> {
+    /// A durable wait of the attempt `epoch` of `run_id`: its stored
+    /// answer when it resolved already (in this attempt or, for a completed
+    /// wait, an earlier one), otherwise the wait recorded open. O(1) plus
+    /// O(steps of the run) for a new wait's seq; a child adds its start.
+    pub fn wait_begin(
+        &self,
+        run_id: &str,
+        epoch: u32,
+        step_id: &str,
+        req: WaitRequest,
+    ) -> Result<WaitBegin> {
+        let id = parse_run_id(run_id).ok_or_else(|| JobError::JobRunNotFound {
+            run_id: run_id.to_owned(),
+        })?;
+        if step_id.is_empty() {
+            return Err(JobError::invalid("step id must be a non-empty string"));
+        }
+        if let Some(p) = self.store.text_problem(step_id) {
+            return Err(JobError::invalid(format!(
+                "step id cannot be stored: it holds {p}"
+            )));
+        }
+        match &req {
+            WaitRequest::Sleep { .. } => {}
+            WaitRequest::Signal { signal, timeout_ms } => {
+                self.check_signal_name(signal)?;
+                check_timeout(*timeout_ms, &format!("wait '{step_id}'"))?;
+            }
+            WaitRequest::Token { timeout_ms } | WaitRequest::Child { timeout_ms, .. } => {
+                check_timeout(*timeout_ms, &format!("wait '{step_id}'"))?;
+            }
+        }
+        let now = self.now();
+        let mut fx = Effects::default();
+        let mut child_pool = None;
+        let answer = self.write(|tx| {
+            Self::check_waiter(tx, &id, epoch, run_id)?;
+            let attempt = tx.run(&id).map_or(1, |r| r.attempts + 1);
+            let existing = tx.step(&id, step_id).cloned();
+            if let Some(s) = &existing {
+                if s.kind != "wait" {
+                    return Err(JobError::JobStepConflict {
+                        run_id: run_id.to_owned(),
+                        step_id: step_id.to_owned(),
+                    });
+                }
+                match s.status {
+                    // A completed wait is never waited again (a replay that
+                    // keeps steps keeps it too).
+                    StepStatus::Completed => return Ok(WaitBegin::Done(s.output.clone())),
+                    // A timeout or a child's failure answers the whole
+                    // attempt it happened in; a retry waits again.
+                    StepStatus::Failed if s.attempts == attempt => {
+                        if let Some(o) = &s.output {
+                            return Ok(WaitBegin::Failed(o.clone()));
+                        }
+                    }
+                    StepStatus::Pending | StepStatus::Running if s.epoch == epoch => {
+                        return Err(JobError::JobStepConflict {
+                            run_id: run_id.to_owned(),
+                            step_id: step_id.to_owned(),
+                        });
+                    }
+                    _ => {}
+                }
+                // Open since an earlier execution of this attempt: asked
+                // again after a resumption.
+                if is_open(s) {
+                    if let Some(spec) = WaitSpec::of_step(s) {
+                        let mut s = s.clone();
+                        s.attempts = attempt;
+                        return self.rejoin_wait(tx, s, spec, epoch, now, &mut fx);
+                    }
+                }
+            }
+            let seq = match &existing {
+                Some(s) => s.seq,
+                None => tx.max_step_seq(&id) + 1,
+            };
+            let step = |status: StepStatus, spec: &WaitSpec, output: Option<Box<RawValue>>| {
+                StepRow {
+                    id: existing.as_ref().map_or_else(Uuid::new_v4, |s| s.id),
+                    job_run_id: id,
+                    step_id: step_id.into(),
+                    kind: "wait",
+                    seq,
+                    status,
+                    input: Some(spec.to_raw()),
+                    output,
+                    error: None,
+                    attempts: attempt,
+                    started_at: Some(now),
+                    finished_at: (status == StepStatus::Completed).then_some(now),
+                    epoch,
+                }
+            };
+            match req {
+                WaitRequest::Sleep { until } => {
+                    let spec = WaitSpec::Sleep {
+                        until: clamp_time(until),
+                    };
+                    if until <= now {
+                        tx.put_step(step(StepStatus::Completed, &spec, None));
+                        return Ok(WaitBegin::Done(None));
+                    }
+                    tx.put_step(step(StepStatus::Running, &spec, None));
+                    Ok(WaitBegin::Open)
+                }
+                WaitRequest::Signal { signal, timeout_ms } => {
+                    let taken = tx.take_signal(&id, &signal);
+                    let spec = WaitSpec::Signal {
+                        signal,
+                        deadline: deadline_after(now, timeout_ms),
+                        timeout_ms,
+                    };
+                    match taken {
+                        Some(payload) => {
+                            let payload = Some(payload).filter(|p| p.get() != "null");
+                            tx.put_step(step(StepStatus::Completed, &spec, payload.clone()));
+                            Ok(WaitBegin::Done(payload))
+                        }
+                        None => {
+                            tx.put_step(step(StepStatus::Running, &spec, None));
+                            Ok(WaitBegin::Open)
+                        }
+                    }
+                }
+                WaitRequest::Token { timeout_ms } => {
+                    let token = new_token(&id);
+                    let spec = WaitSpec::Token {
+                        token_hash: token_hash(&token),
+                        deadline: deadline_after(now, timeout_ms),
+                        timeout_ms,
+                    };
+                    tx.put_step(step(StepStatus::Pending, &spec, None));
+                    Ok(WaitBegin::Token(token))
+                }
+                WaitRequest::Child { start, timeout_ms } => {
+                    let mut start = *start;
+                    start.parent_run_id = Some(id.to_string());
+                    start.awaited_by = Some((id, step_id.to_owned()));
+                    let child = match self.start_in(tx, start, now, true, &mut fx)? {
+                        super::Started::Row(r) => *r,
+                        super::Started::Created { .. } => {
+                            return Err(JobError::invalid("invoke: the child row is missing"))
+                        }
+                    };
+                    child_pool = Some(child.pool.clone());
+                    let spec = WaitSpec::Child {
+                        child_run_id: child.id,
+                        deadline: deadline_after(now, timeout_ms),
+                        timeout_ms,
+                    };
+                    if child.status.is_terminal() {
+                        // A dedupe hit that ended already answers at once.
+                        let (status, output) = child_result(&child, step_id, &id);
+                        finish_wait(tx, step(StepStatus::Running, &spec, None), status, output.clone(), now);
+                        return Ok(match status {
+                            StepStatus::Completed => WaitBegin::Done(output),
+                            _ => WaitBegin::Failed(output.unwrap_or_else(empty_object)),
+                        });
+                    }
+                    if !child.awaited_by().iter().any(|(r, s)| *r == id && **s == *step_id) {
+                        // A live dedupe hit: its end must resolve this wait too.
+                        let entry = (id, Box::<str>::from(step_id));
+                        tx.update_run(&child.id, &mut |r| {
+                            r.extras
+                                .get_or_insert_with(Default::default)
+                                .awaited_by
+                                .push(entry.clone());
+                        });
+                    }
+                    tx.put_step(step(StepStatus::Running, &spec, None));
+                    Ok(WaitBegin::Open)
+                }
+            }
+        })?;
+        self.deliver(fx);
+        if let Some(pool) = child_pool {
+            self.wake_worker_for(&pool);
+        }
+        Ok(answer)
+    }
+
+    /// A token was delivered (`deliver(token)` returned): the wait is open,
+    /// unless a `resume` came first. O(1).
+    pub fn wait_delivered(&self, run_id: &str, epoch: u32, step_id: &str) -> Result<WaitBegin> {
+        let id = parse_run_id(run_id).ok_or_else(|| JobError::JobRunNotFound {
+            run_id: run_id.to_owned(),
+        })?;
+        self.write(|tx| {
+            Self::check_waiter(tx, &id, epoch, run_id)?;
+            let Some(mut s) = tx.step(&id, step_id).cloned().filter(|s| s.kind == "wait") else {
+                return Err(JobError::JobRunState {
+                    run_id: run_id.to_owned(),
+                    status: "running".to_owned(),
+                    detail: format!("wait '{step_id}' was never started"),
+                });
+            };
+            match s.status {
+                StepStatus::Completed => Ok(WaitBegin::Done(s.output.clone())),
+                StepStatus::Failed => Ok(WaitBegin::Failed(s.output.clone().unwrap_or_else(empty_object))),
+                StepStatus::Pending => {
+                    s.status = StepStatus::Running;
+                    tx.put_step(s);
+                    Ok(WaitBegin::Open)
+                }
+                _ => Ok(WaitBegin::Open),
+            }
+        })
+    }
+
+    /// Only the run's current attempt may wait (as `ctx.step`).
+    fn check_waiter(tx: &S::Tx<'_>, id: &RunId, epoch: u32, raw_id: &str) -> Result<()> {
+        let run = tx.run(id).ok_or_else(|| JobError::JobRunNotFound {
+            run_id: raw_id.to_owned(),
+        })?;
+        if run.status != RunStatus::Running || run.claim_epoch != epoch {
+            return Err(JobError::JobRunState {
+                run_id: raw_id.to_owned(),
+                status: run.status.to_string(),
+                detail: "the attempt that called the wait is over".to_owned(),
+            });
+        }
+        Ok(())
+    }
+
+    fn check_signal_name(&self, name: &str) -> Result<()> {
+        if name.is_empty() {
+            return Err(JobError::invalid("a signal name must be a non-empty string"));
+        }
+        if let Some(p) = self.store.text_problem(name) {
+            return Err(JobError::invalid(format!(
+                "signal name cannot be stored: it holds {p}"
+            )));
+        }
+        Ok(())
+    }
+
+    /// An open wait the handler asks for again after a resumption: resolved
+    /// now if its deadline passed (or what it waits for came in a way that
+    /// did not resolve it), otherwise open again under this execution.
+    fn rejoin_wait(
+        &self,
+        tx: &mut S::Tx<'_>,
+        mut s: StepRow,
+        spec: WaitSpec,
+        epoch: u32,
+        now: Millis,
+        fx: &mut Effects,
+    ) -> Result<WaitBegin> {
+        if spec.deadline().is_some_and(|d| d <= now) {
+            return Ok(self.expire_wait(tx, s, &spec, now, fx));
+        }
+        s.epoch = epoch;
+        match &spec {
+            WaitSpec::Signal { signal, .. } => {
+                if let Some(payload) = tx.take_signal(&s.job_run_id, signal) {
+                    let payload = Some(payload).filter(|p| p.get() != "null");
+                    complete(tx, s, payload.clone(), now);
+                    return Ok(WaitBegin::Done(payload));
+                }
+            }
+            WaitSpec::Token { timeout_ms, .. } if s.status == StepStatus::Pending => {
+                // Its delivery never finished (the process died in it):
+                // deliver a new token, as a step that never finished runs again.
+                let token = new_token(&s.job_run_id);
+                s.input = Some(
+                    WaitSpec::Token {
+                        token_hash: token_hash(&token),
+                        deadline: spec.deadline(),
+                        timeout_ms: *timeout_ms,
+                    }
+                    .to_raw(),
+                );
+                tx.put_step(s);
+                return Ok(WaitBegin::Token(token));
+            }
+            WaitSpec::Child { child_run_id, .. } => {
+                if let Some(child) = tx.run(child_run_id).filter(|c| c.status.is_terminal()) {
+                    let (status, output) = child_result(child, &s.step_id, &s.job_run_id);
+                    finish_wait(tx, s, status, output.clone(), now);
+                    return Ok(match status {
+                        StepStatus::Completed => WaitBegin::Done(output),
+                        _ => WaitBegin::Failed(output.unwrap_or_else(empty_object)),
+                    });
+                }
+            }
+            _ => {}
+        }
+        tx.put_step(s);
+        Ok(WaitBegin::Open)
+    }
+
+    /// Resolves a wait whose deadline passed: a sleep completes; any other
+    /// wait fails with `JobWaitTimeoutError` (an invoked child still live is
+    /// canceled first, with its cascade).
+    fn expire_wait(
+        &self,
+        tx: &mut S::Tx<'_>,
+        s: StepRow,
+        spec: &WaitSpec,
+        now: Millis,
+        fx: &mut Effects,
+    ) -> WaitBegin {
+        if let WaitSpec::Sleep { .. } = spec {
+            complete(tx, s, None, now);
+            return WaitBegin::Done(None);
+        }
+        let timeout_ms = spec.timeout_ms().unwrap_or(0);
+        let message = format!(
+            "wait '{}' of run {} timed out after {timeout_ms}ms",
+            s.step_id, s.job_run_id
+        );
+        let detail = raw_json(json!({
+            "name": "JobWaitTimeoutError",
+            "message": message,
+            "runId": s.job_run_id.to_string(),
+            "stepId": &*s.step_id,
+            "timeoutMs": timeout_ms,
+        }));
+        drop(message);
+        finish_wait(tx, s, StepStatus::Failed, Some(detail.clone()), now);
+        // The step no longer waits: the child's cancel below cannot resolve it.
+        if let WaitSpec::Child { child_run_id, .. } = spec {
+            if tx.run(child_run_id).is_some_and(|c| !c.status.is_terminal()) {
+                self.cancel_tree(tx, *child_run_id, true, true, now, fx);
+            }
+        }
+        WaitBegin::Failed(detail)
+    }
+
+    /// The settle path's `Parked` outcome: the attempt `epoch` is blocked on
+    /// its open waits. The run turns `waiting` (kind of its first open
+    /// wait, deadline the earliest of theirs), or `pending` at once if none
+    /// is open any more or a deadline passed already. Not an attempt: its
+    /// count stays. Returns the row and whether it is pending. O(steps).
+    pub(super) fn park_in(
+        &self,
+        tx: &mut S::Tx<'_>,
+        run_id: &RunId,
+        epoch: u32,
+        now: Millis,
+    ) -> (Option<RunRow>, bool) {
+        let open: Vec<WaitSpec> = tx
+            .steps(run_id)
+            .iter()
+            .filter(|s| s.epoch == epoch && is_open(s))
+            .filter_map(WaitSpec::of_step)
+            .collect();
+        let deadline = open.iter().filter_map(WaitSpec::deadline).min();
+        let resume = open.is_empty() || deadline.is_some_and(|d| d <= now);
+        let kind = open.first().map(WaitSpec::kind);
+        let mut out = None;
+        tx.update_run(run_id, &mut |r| {
+            if resume {
+                r.status = RunStatus::Pending;
+                r.run_at = now;
+                r.clear_wait();
+            } else {
+                r.status = RunStatus::Waiting;
+                r.wait_kind = kind;
+                r.wait_deadline = deadline.into();
+            }
+            r.claimed_at = OptMillis::NONE;
+            r.updated_at = now;
+            r.executing = false;
+            out = Some(r.clone());
+        });
+        if !resume && deadline.is_some() {
+            // The timer that resumes deadlines looks again.
+            self.schedules_changed.notify_one();
+        }
+        (out, resume)
+    }
+
+    /// A waiting run whose wait resolved turns pending, due now.
+    fn wake_run(tx: &mut S::Tx<'_>, id: &RunId, now: Millis, fx: &mut Effects) {
+        if !tx.run(id).is_some_and(|r| r.status == RunStatus::Waiting) {
+            return;
+        }
+        tx.update_run(id, &mut |r| {
+            r.status = RunStatus::Pending;
+            r.run_at = now;
+            r.clear_wait();
+            r.updated_at = now;
+        });
+        fx.wake = true;
+    }
+
+    /// Sends a signal to a run: it resolves the run's oldest open wait for
+    /// `name` (resuming the run if it waits) and answers `true`, or it goes
+    /// to the run's inbox for a later wait (FIFO per name, at most
+    /// [`MAX_INBOX`]) and answers `false`. O(steps of the run).
+    pub fn signal(
+        &self,
+        run_id: &str,
+        name: &str,
+        payload: Option<Box<RawValue>>,
+        tenant: &TenantArg,
+    ) -> Result<bool> {
+        let filter = self.gate("signal", tenant)?;
+        let not_found = || JobError::JobRunNotFound {
+            run_id: run_id.to_owned(),
+        };
+        let id = parse_run_id(run_id).ok_or_else(not_found)?;
+        self.check_signal_name(name)?;
+        let payload = payload.filter(|p| p.get() != "null");
+        if let Some(p) = payload
+            .as_deref()
+            .and_then(|p| self.store.json_problem(p.get()))
+        {
+            return Err(JobError::invalid(format!(
+                "signal payload cannot be stored: it holds {p}"
+            )));
+        }
+        let now = self.now();
+        let mut fx = Effects::default();
+        let delivered = self.write(|tx| {
+            let run = tx
+                .run(&id)
+                .filter(|r| Self::visible(&filter, r))
+                .ok_or_else(not_found)?;
+            if run.status.is_terminal() {
+                return Err(JobError::JobRunState {
+                    run_id: run_id.to_owned(),
+                    status: run.status.to_string(),
+                    detail: "a run that ended takes no signal".to_owned(),
+                });
+            }
+            let waiting = tx.steps(&id).into_iter().find(|s| {
+                is_open(s)
+                    && matches!(WaitSpec::of_step(s), Some(WaitSpec::Signal { signal, deadline, .. })
+                        if signal == name && deadline.is_none_or(|d| d > now))
+            });
+            match waiting {
+                Some(s) => {
+                    complete(tx, s, payload.clone(), now);
+                    Self::wake_run(tx, &id, now, &mut fx);
+                    Ok(true)
+                }
+                None => {
+                    if tx.inbox_len(&id) >= MAX_INBOX {
+                        return Err(JobError::invalid(format!(
+                            "run {run_id} holds {MAX_INBOX} signals no wait took: its inbox is full"
+                        )));
+                    }
+                    let stored = payload.clone().unwrap_or_else(|| raw_json(serde_json::Value::Null));
+                    tx.push_signal(&id, name, stored, now);
+                    Ok(false)
+                }
+            }
+        })?;
+        let wake = fx.wake;
+        self.deliver(fx);
+        if wake {
+            self.wake_worker();
+        }
+        Ok(delivered)
+    }
+
+    /// Resumes the token wait `token` made with `payload`; answers its run.
+    /// A malformed, unknown, used or expired token, or one of another
+    /// tenant's run (when `tenant` is given), is `JobResumeToken`, with
+    /// nothing changed. O(steps of the run).
+    pub fn resume(
+        &self,
+        token: &str,
+        payload: Option<Box<RawValue>>,
+        tenant: &TenantArg,
+    ) -> Result<RunId> {
+        let id = token_run(token).ok_or_else(|| bad_token("not a resume token"))?;
+        let hash = token_hash(token);
+        let payload = payload.filter(|p| p.get() != "null");
+        if let Some(p) = payload
+            .as_deref()
+            .and_then(|p| self.store.json_problem(p.get()))
+        {
+            return Err(JobError::invalid(format!(
+                "resume payload cannot be stored: it holds {p}"
+            )));
+        }
+        let now = self.now();
+        let mut fx = Effects::default();
+        self.write(|tx| {
+            let run = tx
+                .run(&id)
+                .filter(|r| match tenant {
+                    TenantArg::Missing => true,
+                    TenantArg::Null => r.tenant_id.is_none(),
+                    TenantArg::Id(t) => r.tenant_id.as_deref() == Some(t.as_str()),
+                })
+                .ok_or_else(|| bad_token("unknown token"))?;
+            let ended = run.status.is_terminal();
+            let step = tx
+                .steps(&id)
+                .into_iter()
+                .find(|s| {
+                    matches!(WaitSpec::of_step(s), Some(WaitSpec::Token { token_hash, .. }) if token_hash == hash)
+                })
+                .ok_or_else(|| bad_token("unknown token"))?;
+            if !is_open(&step) {
+                return Err(bad_token("the token was used already or its wait ended"));
+            }
+            if ended {
+                return Err(bad_token("the token's run has ended"));
+            }
+            if WaitSpec::of_step(&step)
+                .and_then(|w| w.deadline())
+                .is_some_and(|d| d <= now)
+            {
+                return Err(bad_token("the token expired"));
+            }
+            complete(tx, step, payload.clone(), now);
+            Self::wake_run(tx, &id, now, &mut fx);
+            Ok(())
+        })?;
+        let wake = fx.wake;
+        self.deliver(fx);
+        if wake {
+            self.wake_worker();
+        }
+        Ok(id)
+    }
+
+    /// A run ended: the invoke waits on it resolve (with its output, or
+    /// failing with `JobChildFailedError`), and their runs resume.
+    /// O(waiters) — nothing for a run nobody waits on.
+    pub(super) fn resolve_waiters(
+        &self,
+        tx: &mut S::Tx<'_>,
+        child: &RunRow,
+        now: Millis,
+        fx: &mut Effects,
+    ) {
+        for (parent, step_id) in child.awaited_by() {
+            if !tx.run(parent).is_some_and(|p| !p.status.is_terminal()) {
+                continue;
+            }
+            let Some(s) = tx.step(parent, step_id).cloned() else {
+                continue;
+            };
+            let live = is_open(&s)
+                && matches!(WaitSpec::of_step(&s), Some(WaitSpec::Child { child_run_id, deadline, .. })
+                    if child_run_id == child.id && deadline.is_none_or(|d| d > now));
+            if !live {
+                continue;
+            }
+            let (status, output) = child_result(child, step_id, parent);
+            finish_wait(tx, s, status, output, now);
+            Self::wake_run(tx, parent, now, fx);
+        }
+    }
+
+    /// Resumes every waiting run whose deadline passed (they turn pending,
+    /// due now), and answers how many and when the next deadline falls.
+    /// O(log n) per run, in batches of [`RESUME_BATCH`] per transaction.
+    pub fn resume_due_waits_then_next(&self) -> Result<(usize, Option<Millis>)> {
+        let now = self.now();
+        let mut resumed = 0;
+        let mut fx = Effects::default();
+        let next = loop {
+            let (n, more, next) = self.write(|tx| {
+                let due = tx.due_waits(now, RESUME_BATCH);
+                let more = due.len() == RESUME_BATCH;
+                for id in &due {
+                    Self::wake_run(tx, id, now, &mut fx);
+                }
+                let next = if more { None } else { tx.next_wait_deadline() };
+                Ok((due.len(), more, next))
+            })?;
+            resumed += n;
+            if !more {
+                break next;
+            }
+        };
+        if resumed > 0 {
+            self.wake_worker();
+        }
+        Ok((resumed, next))
+    }
+}
+
+impl<S: Store> Engine<S> {
+    /// What the worker's timer does: fires due schedules and resumes due
+    /// waits; answers the earlier of the next fire and the next deadline.
+    pub fn fire_timers_then_next(&self) -> Result<Option<Millis>> {
+        let (_, fire) = self.fire_due_schedules_then_next()?;
+        let (_, deadline) = self.resume_due_waits_then_next()?;
+        Ok(match (fire, deadline) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        })
+    }
+}
+
+/// Resolves a wait as `status` with `output` (a failed wait's output is
+/// what the call throws; its message is the step's error).
+fn finish_wait<T: StoreTx>(
+    tx: &mut T,
+    mut s: StepRow,
+    status: StepStatus,
+    output: Option<Box<RawValue>>,
+    now: Millis,
+) {
+    s.error = (status == StepStatus::Failed).then(|| {
+        let message = output
+            .as_deref()
+            .and_then(|o| serde_json::from_str::<serde_json::Value>(o.get()).ok())
+            .and_then(|v| v.get("message").and_then(|m| m.as_str()).map(str::to_owned))
+            .unwrap_or_default();
+        Box::new(RunError {
+            message,
+            stack: None,
+            retryable: false,
+            attempt: s.attempts,
+        })
+    });
+    s.status = status;
+    s.output = output;
+    s.finished_at = Some(now);
+    tx.put_step(s);
+}
+
+/// Completes a wait with `value`.
+fn complete<T: StoreTx>(tx: &mut T, mut s: StepRow, value: Option<Box<RawValue>>, now: Millis) {
+    s.status = StepStatus::Completed;
+    s.output = value;
+    s.error = None;
+    s.finished_at = Some(now);
+    tx.put_step(s);
+}
+
+/// What an invoke wait on an ended `child` answers: its output, or the
+/// `JobChildFailedError` the call throws.
+fn child_result(child: &RunRow, step_id: &str, parent: &RunId) -> (StepStatus, Option<Box<RawValue>>) {
+    if child.status == RunStatus::Completed {
+        return (StepStatus::Completed, child.output().map(|o| o.to_owned()));
+    }
+    let error = child
+        .error()
+        .and_then(|e| serde_json::to_value(e).ok())
+        .unwrap_or(serde_json::Value::Null);
+    let detail = json!({
+        "name": "JobChildFailedError",
+        "message": format!(
+            "child run {} of wait '{step_id}' (run {parent}) ended '{}'",
+            child.id, child.status
+        ),
+        "childRunId": child.id.to_string(),
+        "status": child.status.as_str(),
+        "error": error,
+    });
+    (StepStatus::Failed, Some(raw_json(detail)))
+}
+
+/// The token's hash, for tests of what the store keeps.
+pub fn resume_token_hash(token: &str) -> String {
+    token_hash(token)
+}

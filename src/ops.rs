@@ -6,7 +6,7 @@
 //! its name in `operations!`, and its call in `ts/backend/backend.ts`.
 
 use crate::wire::{self, invalid, reply, request, to_napi, Result};
-use jobforge_core::engine::{json_value, StepBegin};
+use jobforge_core::engine::{json_value, StepBegin, WaitBegin, WaitRequest};
 use jobforge_core::{
     Coordination, DefinitionSpec, Engine, JobDefinition, JobError, RetryPolicy, RunId,
     ScheduleSpec, StartRequest, Store, StoreAdmin, TenantArg,
@@ -76,6 +76,10 @@ operations!(
     remove_schedule,
     list_schedules,
     fire_due_schedules,
+    wait_begin,
+    wait_delivered,
+    signal,
+    resume,
 );
 
 const NULL: &str = "null";
@@ -349,6 +353,134 @@ fn step_fail<S: AnyStore>(e: &Engine<S>, req: &str) -> Result<String> {
         .step_fail(&r.run_id, r.epoch, &r.step_id, info, r.policy.as_ref())
         .map_err(to_napi)?;
     Ok(delay.map_or_else(|| NULL.to_owned(), |ms| ms.to_string()))
+}
+
+// ── durable waits ──────────────────────────────────────────────────────
+
+/// What a wait asks for, as JS sends it: `kind` and its fields (a flat
+/// object: a tagged enum could not borrow the child's raw input).
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct WaitWire<'a> {
+    kind: String,
+    until: Option<i64>,
+    signal: Option<String>,
+    timeout_ms: Option<i64>,
+    r#type: Option<String>,
+    #[serde(borrow)]
+    input: Option<&'a RawValue>,
+    opts: Option<wire::StartOpts>,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct WaitReq<'a> {
+    run_id: String,
+    epoch: u32,
+    step_id: String,
+    #[serde(borrow)]
+    wait: Option<WaitWire<'a>>,
+}
+
+/// `{"state":"done","value":…}`, `{"state":"failed","error":{…}}`,
+/// `{"state":"open"}` or `{"state":"token","token":"…"}`.
+fn wait_text(w: WaitBegin) -> String {
+    match w {
+        WaitBegin::Done(v) => format!(
+            "{{\"state\":\"done\",\"value\":{}}}",
+            v.as_deref().map_or(NULL, RawValue::get)
+        ),
+        WaitBegin::Failed(e) => format!("{{\"state\":\"failed\",\"error\":{}}}", e.get()),
+        WaitBegin::Open => r#"{"state":"open"}"#.to_owned(),
+        WaitBegin::Token(t) => format!("{{\"state\":\"token\",\"token\":\"{t}\"}}"),
+    }
+}
+
+fn wait_begin<S: AnyStore>(e: &Engine<S>, req: &str) -> Result<String> {
+    let r: WaitReq = request(req, "waitBegin")?;
+    let Some(w) = r.wait else {
+        return Err(invalid("waitBegin needs a wait"));
+    };
+    let timeout_ms = w.timeout_ms;
+    let wait = match w.kind.as_str() {
+        "sleep" => WaitRequest::Sleep {
+            until: w.until.ok_or_else(|| invalid("a sleep needs until"))?,
+        },
+        "signal" => WaitRequest::Signal {
+            signal: w
+                .signal
+                .ok_or_else(|| invalid("a signal wait needs signal"))?,
+            timeout_ms,
+        },
+        "token" => WaitRequest::Token { timeout_ms },
+        "child" => {
+            let mut sr = StartRequest {
+                job_type: w.r#type.ok_or_else(|| invalid("an invoke needs type"))?,
+                input: w
+                    .input
+                    .map_or_else(jobforge_core::model::empty_object, |i| i.to_owned()),
+                ..StartRequest::default()
+            };
+            if let Some(o) = w.opts {
+                o.apply(&mut sr).map_err(to_napi)?;
+            }
+            WaitRequest::Child {
+                start: Box::new(sr),
+                timeout_ms,
+            }
+        }
+        other => return Err(invalid(format!("unknown wait kind '{other}'"))),
+    };
+    e.wait_begin(&r.run_id, r.epoch, &r.step_id, wait)
+        .map(wait_text)
+        .map_err(to_napi)
+}
+
+fn wait_delivered<S: AnyStore>(e: &Engine<S>, req: &str) -> Result<String> {
+    let r: WaitReq = request(req, "waitDelivered")?;
+    e.wait_delivered(&r.run_id, r.epoch, &r.step_id)
+        .map(wait_text)
+        .map_err(to_napi)
+}
+
+/// `true`: a wait took it; `false`: kept in the run's inbox.
+fn signal<S: AnyStore>(e: &Engine<S>, req: &str) -> Result<String> {
+    #[derive(Deserialize)]
+    #[serde(rename_all = "camelCase", deny_unknown_fields)]
+    struct Req<'a> {
+        run_id: String,
+        signal: String,
+        #[serde(borrow, default)]
+        payload: Option<&'a RawValue>,
+        #[serde(default, deserialize_with = "wire::tenant")]
+        tenant: TenantArg,
+    }
+    let r: Req = request(req, "signal")?;
+    e.signal(
+        &r.run_id,
+        &r.signal,
+        r.payload.map(|p| p.to_owned()),
+        &r.tenant,
+    )
+    .map(|d| d.to_string())
+    .map_err(to_napi)
+}
+
+/// The resumed run's id, as a JSON string.
+fn resume<S: AnyStore>(e: &Engine<S>, req: &str) -> Result<String> {
+    #[derive(Deserialize)]
+    #[serde(rename_all = "camelCase", deny_unknown_fields)]
+    struct Req<'a> {
+        token: String,
+        #[serde(borrow, default)]
+        payload: Option<&'a RawValue>,
+        #[serde(default, deserialize_with = "wire::tenant")]
+        tenant: TenantArg,
+    }
+    let r: Req = request(req, "resume")?;
+    e.resume(&r.token, r.payload.map(|p| p.to_owned()), &r.tenant)
+        .map(|id| format!("\"{id}\""))
+        .map_err(to_napi)
 }
 
 // ── queries ────────────────────────────────────────────────────────────

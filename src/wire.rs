@@ -551,9 +551,15 @@ struct OutcomeWire {
 /// What a handler that returns nothing reports (most do).
 pub const COMPLETED_EMPTY: &str = r#"{"status":"completed","output":{}}"#;
 
+/// What a handler blocked only on durable waits reports.
+pub const PARKED: &str = r#"{"status":"parked"}"#;
+
 pub fn parse_outcome(text: &str) -> AttemptOutcome {
     if text == COMPLETED_EMPTY {
         return AttemptOutcome::Completed(None);
+    }
+    if text == PARKED {
+        return AttemptOutcome::Parked;
     }
     let wire: OutcomeWire = match serde_json::from_str(text) {
         Ok(v) => v,

@@ -4,7 +4,7 @@
  * the native engine cross as `JOBFORGE_ERROR:{json}` and are rebuilt by
  * `native-errors.ts`.
  */
-import type { JobRun } from './rows';
+import type { JobRun, JobRunError } from './rows';
 
 export abstract class JobforgeError extends Error {
   abstract readonly code: string;
@@ -133,15 +133,46 @@ export class JobStepTimeoutError extends JobforgeError {
   }
 }
 
-/** `waitForRun` gave up before the run reached a terminal status. */
+/**
+ * A wait ran out of time: `waitForRun` gave up before the run ended
+ * (`stepId` null), or a durable wait (`ctx.waitForSignal`,
+ * `ctx.waitForToken`, `ctx.invoke`) reached its `timeoutMs` inside the
+ * run's handler (catchable there; uncaught, an ordinary run failure).
+ */
 export class JobWaitTimeoutError extends JobforgeError {
   override readonly name = 'JobWaitTimeoutError';
   readonly code = 'JOB_WAIT_TIMEOUT';
+  readonly stepId: string | null;
   constructor(
     readonly runId: string,
     readonly timeoutMs: number,
+    stepId?: string,
   ) {
-    super(`run ${runId} did not finish within ${timeoutMs}ms`);
+    super(stepId === undefined ? `run ${runId} did not finish within ${timeoutMs}ms` : `wait '${stepId}' of run ${runId} timed out after ${timeoutMs}ms`);
+    this.stepId = stepId ?? null;
+  }
+}
+
+/** `ctx.invoke`'s child ended `failed`, `timed_out` or `canceled`. */
+export class JobChildFailedError extends JobforgeError {
+  override readonly name = 'JobChildFailedError';
+  readonly code = 'JOB_CHILD_FAILED';
+  constructor(
+    readonly childRunId: string,
+    readonly status: 'failed' | 'timed_out' | 'canceled',
+    readonly error: JobRunError | null,
+    message?: string,
+  ) {
+    super(message ?? `child run ${childRunId} ended '${status}'`);
+  }
+}
+
+/** `resume` with a token that is malformed, unknown, used, expired, or of a run that ended. */
+export class JobResumeTokenError extends JobforgeError {
+  override readonly name = 'JobResumeTokenError';
+  readonly code = 'JOB_RESUME_TOKEN';
+  constructor(readonly reason: string) {
+    super(`resume token refused: ${reason}`);
   }
 }
 

@@ -44,6 +44,23 @@ export interface SpawnChildOptions {
   tags?: Record<string, string> | undefined;
 }
 
+export interface WaitForSignalOptions {
+  /** The signal's name (default: the step id). */
+  signal?: string | undefined;
+  /** Deadline: the run resumes then and the call throws `JobWaitTimeoutError`. */
+  timeoutMs?: number | undefined;
+}
+
+export interface WaitForTokenOptions {
+  /** Deadline: the run resumes then, the call throws `JobWaitTimeoutError`, and the token is refused from then on. */
+  timeoutMs?: number | undefined;
+}
+
+export interface InvokeOptions extends SpawnChildOptions {
+  /** Deadline: the child is canceled, the run resumes, and the call throws `JobWaitTimeoutError`. */
+  timeoutMs?: number | undefined;
+}
+
 export interface JobLogger {
   log(message: unknown, ...rest: unknown[]): void;
   warn(message: unknown, ...rest: unknown[]): void;
@@ -71,6 +88,28 @@ export interface JobContext<TInput = unknown, Jobs extends JobMap = AnyJobs> {
   spawnChild<K extends JobTypeName<Jobs>>(type: K, input: Jobs[K], opts?: SpawnChildOptions): Promise<JobRun>;
   /** A child of a job type whose input may be left out (stored as `{}`). */
   spawnChild<K extends OptionalInputName<Jobs>>(type: K, input?: Jobs[K] | null, opts?: SpawnChildOptions): Promise<JobRun>;
+  /**
+   * Durable waits. Each takes a step id first and is memoized like
+   * `ctx.step`. While the handler is blocked only on waits (no `ctx.step`
+   * running), the run parks: it turns `waiting`, holds no worker slot, and
+   * when a wait resolves runs again from the top, its finished steps and
+   * waits answering from the store.
+   */
+  sleep(stepId: string, ms: number): Promise<void>;
+  sleepUntil(stepId: string, date: Date): Promise<void>;
+  /** The payload of the next signal named `opts.signal` (default: the step id) sent with `orchestrator.signal`. */
+  waitForSignal<T = unknown>(stepId: string, opts?: WaitForSignalOptions): Promise<T>;
+  /**
+   * Makes a single-use resume token, calls `deliver(token)` once (a throw
+   * fails the wait and is rethrown), and resolves with the payload of
+   * `orchestrator.resume(token, payload)`.
+   */
+  waitForToken<T = unknown>(stepId: string, deliver: (token: string) => unknown, opts?: WaitForTokenOptions): Promise<T>;
+  /**
+   * Starts a child (as `spawnChild`) and resolves with its output; a child
+   * that ends failed, timed out or canceled throws `JobChildFailedError`.
+   */
+  invoke<O = unknown, K extends JobTypeName<Jobs> = JobTypeName<Jobs>>(stepId: string, type: K, input: Jobs[K], opts?: InvokeOptions): Promise<O>;
   readonly logger: JobLogger;
   /**
    * Aborts when the run is canceled, its attempt times out, or a worker's

@@ -26,6 +26,8 @@ export type {
   RunEventName,
   RunTreeNode,
   ScheduleOptions,
+  SignalResult,
+  ResumeResult,
   StartOptions,
   TenantOptions,
   TypedScheduleOptions,
@@ -42,8 +44,11 @@ export type {
   JobLogger,
   KeySource,
   RetryPolicy,
+  InvokeOptions,
   SpawnChildOptions,
   StepOptions,
+  WaitForSignalOptions,
+  WaitForTokenOptions,
 } from './handler';
 export type {
   JobDefinitionRow,
@@ -57,5 +62,6 @@ export type {
   JobSchedule,
   JobStep,
   JobStepRow,
+  JobWaitKind,
 } from './rows';
 export * from './errors';

@@ -21,7 +21,7 @@ const OP_NAMES = [
   'claimNext', 'beginAttempt', 'finishAttempt', 'attemptLive', 'releaseAttempt', 'expireAttempts', 'stepBegin', 'stepComplete',
   'stepFail', 'findById', 'getRun', 'countRuns', 'listSteps', 'findStep', 'recordStep', 'listForScope', 'cancelForScope',
   'rescheduleForScope', 'countByPoolAndStatus', 'listRecentFailed', 'listJobRuns', 'getRunTree', 'putSchedule',
-  'removeSchedule', 'listSchedules', 'fireDueSchedules',
+  'removeSchedule', 'listSchedules', 'fireDueSchedules', 'waitBegin', 'waitDelivered', 'signal', 'resume',
 ] as const;
 export type OpName = (typeof OP_NAMES)[number];
 

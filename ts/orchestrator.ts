@@ -5,7 +5,8 @@
  * `worker.ts`, events and waits are `events.ts`. The rules (lanes, dedupe,
  * retries, cascade, memoization) are all in the Rust core.
  */
-import { JobClockError, JobInputInvalidError, JobWorkerStateError, MissingTenantIdError } from './errors';
+import { JobClockError, JobInputInvalidError, JobResumeTokenError, JobWorkerStateError, MissingTenantIdError } from './errors';
+import { toJsonText } from './json';
 import type { Backend, NoticeSink } from './backend/backend';
 import { MemoryBackend } from './backend/memory';
 import { checkPostgresOptions, PostgresBackend, type PostgresOptions } from './backend/postgres';
@@ -201,6 +202,26 @@ export interface JobPoolDef {
 }
 
 /** A call's synchronous throw as its promise's rejection. */
+/** `signal`'s answer. */
+export interface SignalResult {
+  /** True: a waiting `ctx.waitForSignal` took it; false: it waits in the run's inbox. */
+  delivered: boolean;
+}
+
+/** `resume`'s answer. */
+export interface ResumeResult {
+  /** The run whose wait the token resumed. */
+  runId: string;
+}
+
+/** A signal's or resume's payload as JSON text (`undefined`: none). */
+function payloadText(payload: unknown, what: string): string | undefined {
+  if (payload === undefined) return undefined;
+  const j = toJsonText(payload, what);
+  if (!j.ok) throw new JobInputInvalidError(j.reason);
+  return j.text;
+}
+
 function settled<T>(f: () => Promise<T>): Promise<T> {
   try {
     return f();
@@ -275,6 +296,7 @@ export class JobOrchestrator<Jobs extends JobMap = AnyJobs> {
       // The untyped signature: the child's type and input were checked
       // against the job map where ctx.spawnChild was called.
       start: (type, input, opts) => (this as JobOrchestrator).start(type, input, opts),
+      prepare: (type, input, opts) => prepareStart(type, input, opts, this.handlers.get(type)),
     });
   }
 
@@ -375,6 +397,40 @@ export class JobOrchestrator<Jobs extends JobMap = AnyJobs> {
     } catch (e) {
       return Promise.reject(e);
     }
+  }
+
+  // ── durable waits ──────────────────────────────────────────────────
+
+  /**
+   * Sends a signal to a run. `delivered: true`: it resolved the run's
+   * oldest open `ctx.waitForSignal` of that name (a waiting run resumes);
+   * `false`: it was kept in the run's inbox (FIFO per name, at most 1,000
+   * signals) for a later wait. A run that ended is `JobRunStateError`; an
+   * unknown run, or another tenant's, `JobRunNotFoundError`. The payload
+   * must be JSON (left out: the wait resolves with null).
+   */
+  signal(runId: string, signal: string, payload?: unknown, opts?: TenantOptions): Promise<SignalResult> {
+    return settled(() => {
+      const tenant = callTenant(opts, 'signal');
+      if (typeof signal !== 'string' || signal.length === 0) throw new JobInputInvalidError('signal must be a non-empty string');
+      const text = payloadText(payload, 'signal payload');
+      return this.whenReady(() => this.store.signal(String(runId), signal, text, tenant)).then((delivered) => ({ delivered }));
+    });
+  }
+
+  /**
+   * Resumes the `ctx.waitForToken` that made `token`, which resolves with
+   * `payload`. The token alone names its run; `tenantId`, when given, must
+   * be the run's. A malformed, unknown, used or expired token (or one of a
+   * run that ended) is `JobResumeTokenError`, with nothing changed.
+   */
+  resume(token: string, payload?: unknown, opts?: TenantOptions): Promise<ResumeResult> {
+    return settled(() => {
+      const tenant = callTenant(opts, 'resume');
+      if (typeof token !== 'string') throw new JobResumeTokenError('the token must be a string');
+      const text = payloadText(payload, 'resume payload');
+      return this.whenReady(() => this.store.resume(token, text, tenant)).then((runId) => ({ runId }));
+    });
   }
 
   // ── cancel / replay / claim / tick ─────────────────────────────────

@@ -86,14 +86,20 @@ export interface JobRunRow {
   claimedAt: Date | null;
   /** Finished attempts: 0 while the first one runs (a run error's `attempt` counts from 1). */
   attempts: number;
-  waitKind: 'signal' | null;
+  /** What a `waiting` run waits for (its first open wait); null otherwise. */
+  waitKind: JobWaitKind | null;
+  /** Always null: a resume token is never stored, only its hash. */
   resumeToken: string | null;
+  /** When a `waiting` run resumes at the latest (a sleep's end, a wait's timeout); null when it waits without one. */
   waitDeadline: Date | null;
   createdAt: Date;
   updatedAt: Date;
 }
 
 export type JobRun = JobRunRow;
+
+/** What a durable wait waits for. */
+export type JobWaitKind = 'sleep' | 'signal' | 'token' | 'child';
 
 export interface JobStepRow {
   id: string;

@@ -321,6 +321,19 @@ export function checkSpawnOptions(opts: unknown): void {
   checkKeys(opts, SPAWN_KEYS, 'spawnChild options');
 }
 
+const WAIT_KEYS: Readonly<Record<'signal' | 'token' | 'invoke', ReadonlySet<string>>> = {
+  signal: new Set(['signal', 'timeoutMs']),
+  token: new Set(['timeoutMs']),
+  invoke: new Set(['closePolicy', 'priority', 'runAt', 'tags', 'timeoutMs']),
+};
+
+/** A durable wait's options: an object of known keys (values are checked where they are used). */
+export function checkWaitOptions(opts: unknown, kind: 'signal' | 'token' | 'invoke', stepId: string): void {
+  if (opts === undefined || opts === null) return;
+  if (typeof opts !== 'object' || Array.isArray(opts)) throw new JobInputInvalidError(`wait '${stepId}' options must be an object`);
+  checkKeys(opts, WAIT_KEYS[kind], `wait '${stepId}' options`);
+}
+
 /** A handler: a class with `run(ctx)`, a function, or an object with `run(ctx)`. */
 export function checkHandler(type: string, handler: unknown): void {
   const ok =

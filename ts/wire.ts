@@ -16,6 +16,7 @@ import {
   JobInputInvalidError,
   JobKeyFunctionUnavailableError,
   JobNotReplayableError,
+  JobResumeTokenError,
   JobRunNotFoundError,
   JobRunStateError,
   JobStepConflictError,
@@ -38,6 +39,7 @@ import type {
   JobRunSummary,
   JobSchedule,
   JobStep,
+  JobWaitKind,
   RunTreeNode,
 } from './rows';
 
@@ -48,7 +50,7 @@ export const RUN_FIELDS = [
   'id', 'jobType', 'jobVersion', 'parentRunId', 'rootRunId', 'parentClosePolicy', 'scopeEntityType',
   'scopeEntityId', 'tenantId', 'tags', 'pool', 'priority', 'concurrencyKey', 'dedupeKey', 'status', 'input',
   'output', 'error', 'triggerSource', 'triggerRef', 'runAt', 'startedAt', 'finishedAt', 'claimedAt', 'attempts',
-  'createdAt', 'updatedAt',
+  'waitKind', 'waitDeadline', 'createdAt', 'updatedAt',
 ] as const;
 
 /** Throws when the addon's tuple order is not `RUN_FIELDS` (a build of another version). */
@@ -68,7 +70,7 @@ export type RunTuple = [
   string | null, string | null, string | null, Record<string, string>, string, number,
   string | null, string | null, JobRunStatus, Record<string, unknown>, Record<string, unknown> | null,
   JobRunError | null, JobRunRow['triggerSource'], string | null, number, number | null,
-  number | null, number | null, number, number, number,
+  number | null, number | null, number, JobWaitKind | null, number | null, number, number,
 ];
 
 export function fromTuple(a: RunTuple): JobRun {
@@ -98,11 +100,11 @@ export function fromTuple(a: RunTuple): JobRun {
     finishedAt: a[22] === null ? null : new Date(a[22]),
     claimedAt: a[23] === null ? null : new Date(a[23]),
     attempts: a[24],
-    waitKind: null,
+    waitKind: a[25],
     resumeToken: null,
-    waitDeadline: null,
-    createdAt: new Date(a[25]),
-    updatedAt: new Date(a[26]),
+    waitDeadline: a[26] === null ? null : new Date(a[26]),
+    createdAt: new Date(a[27]),
+    updatedAt: new Date(a[28]),
   };
 }
 
@@ -417,6 +419,7 @@ const builders: Record<string, (f: Fields, message: string) => JobforgeError> = 
     return e;
   },
   JOB_STEP_CONFLICT: (f) => new JobStepConflictError(String(f.runId), String(f.stepId)),
+  JOB_RESUME_TOKEN: (f) => new JobResumeTokenError(String(f.reason)),
   JOB_STORE_ERROR: (f, m) => new JobStoreError(m, f.retryable === true),
 };
 
@@ -432,6 +435,17 @@ export function decodeNativeError(err: unknown): unknown {
     return err;
   }
 }
+
+// ── durable waits ──────────────────────────────────────────────────────
+
+/** A wait's answer (`wait_text` in Rust). */
+export type WaitAnswer =
+  | { state: 'done'; value: unknown }
+  | { state: 'failed'; error: { name?: string; message?: string; [field: string]: unknown } }
+  | { state: 'open' }
+  | { state: 'token'; token: string };
+
+export const parseWait = (json: string): WaitAnswer => JSON.parse(json) as WaitAnswer;
 
 // ── notices ────────────────────────────────────────────────────────────
 
@@ -452,7 +466,7 @@ export function parseNotices(json: string): Notices {
 
 /** An attempt's outcome as the engine reads it (JSON text), and its kind. */
 export interface Outcome {
-  status: 'completed' | 'failed' | 'no_handler';
+  status: 'completed' | 'failed' | 'no_handler' | 'parked';
   text: string;
 }
 
@@ -493,6 +507,8 @@ export const failedOutcome = (err: unknown): Outcome => ({
   text: JSON.stringify({ status: 'failed', error: describeFailure(err) }),
 });
 export const NO_HANDLER: Outcome = { status: 'no_handler', text: '{"status":"no_handler"}' };
+/** `PARKED` in Rust: the handler is blocked only on durable waits; the run waits. */
+export const PARKED: Outcome = { status: 'parked', text: '{"status":"parked"}' };
 /** `COMPLETED_EMPTY` in Rust: what most handlers end with. */
 export const COMPLETED_EMPTY: Outcome = { status: 'completed', text: '{"status":"completed","output":{}}' };
 

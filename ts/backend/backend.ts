@@ -22,16 +22,21 @@ import {
   parseRuns,
   parseSteps,
   parseTree,
+  parseWait,
   requestJson,
   startRequest,
   type Notices,
   type StartWire,
   type Ticket,
   type TicketReader,
+  type WaitAnswer,
 } from '../wire';
 
 /** A tenant as a call gives it: left out (`undefined`), null, or an id. */
 export type Tenant = string | null | undefined;
+
+/** `,"tenant":…` for a request written by hand (left out for `undefined`). */
+const tenantField = (t: Tenant): string => (t === undefined ? '' : `,"tenant":${JSON.stringify(t)}`);
 
 /** A start, checked and with its JS-side keys evaluated (see `prepareStart`). */
 export interface PreparedStart {
@@ -121,6 +126,9 @@ export interface Backend extends StepStore {
   removeSchedule(name: string, tenant: Tenant): Promise<boolean>;
   listSchedules(tenant: Tenant): Promise<JobSchedule[]>;
   fireDueSchedules(): Promise<number>;
+  // durable waits (what `ctx` calls is in `StepStore`)
+  signal(runId: string, name: string, payloadText: string | undefined, tenant: Tenant): Promise<boolean>;
+  resume(token: string, payloadText: string | undefined, tenant: Tenant): Promise<string>;
 
   // ── worker ──
   startWorker(pools: { name: string; concurrency: number }[], onBatch: (text: string) => void, link: WorkerLink): void;
@@ -317,6 +325,28 @@ export abstract class NativeBackend implements Partial<Backend> {
     const policy = policyText === null ? '' : `,"policy":${policyText}`;
     const req = `{"runId":${requestJson(runId)},"epoch":${epoch},"stepId":${requestJson(stepId)},"failure":${failure}${policy}}`;
     return this.request('stepFail', req, (t) => (t === 'null' ? null : Number(t)));
+  }
+
+  waitBegin(runId: string, epoch: number, stepId: string, waitText: string): Promise<WaitAnswer> {
+    const req = `{"runId":${requestJson(runId)},"epoch":${epoch},"stepId":${requestJson(stepId)},"wait":${waitText}}`;
+    // A child's start may cancel (a `replace` lane) or emit events.
+    return this.mutate('waitBegin', req, parseWait);
+  }
+
+  waitDelivered(runId: string, epoch: number, stepId: string): Promise<WaitAnswer> {
+    return this.request('waitDelivered', requestJson({ runId, epoch, stepId }), parseWait);
+  }
+
+  signal(runId: string, name: string, payloadText: string | undefined, tenant: Tenant): Promise<boolean> {
+    const payload = payloadText === undefined ? '' : `,"payload":${payloadText}`;
+    const req = `{"runId":${requestJson(runId)},"signal":${requestJson(name)}${payload}${tenantField(tenant)}}`;
+    return this.mutate('signal', req, (t) => t === 'true');
+  }
+
+  resume(token: string, payloadText: string | undefined, tenant: Tenant): Promise<string> {
+    const payload = payloadText === undefined ? '' : `,"payload":${payloadText}`;
+    const req = `{"token":${requestJson(token)}${payload}${tenantField(tenant)}}`;
+    return this.mutate('resume', req, (t) => JSON.parse(t) as string);
   }
 
   findById(runId: string, tenant: Tenant): Promise<JobRun | null> {

@@ -27,6 +27,19 @@ export class Attempt {
   /** Set by a worker holding the slot of an aborted attempt: called once the handler settles. */
   onHandlerEnd?: (() => void) | undefined;
 
+  // Durable waits (see `considerPark`).
+  /** Waits answered open: the handler awaits them and they resolve only in a later execution. */
+  openWaits = 0;
+  /** Wait calls the engine has not answered yet. */
+  waitCalls = 0;
+  /** `ctx.step` calls (and token deliveries) under way. */
+  stepsRunning = 0;
+  /** The attempt parked: its handler's remaining continuation is abandoned. */
+  parked = false;
+  /** Set by the executor: settles the attempt as parked. */
+  onPark?: (() => void) | undefined;
+  private parkCheck = false;
+
   constructor(readonly epoch: number) {}
 
   get aborted(): boolean {
@@ -52,6 +65,23 @@ export class Attempt {
     this.onAbort?.();
     for (const w of this.waiters ?? []) w();
     this.waiters = undefined;
+  }
+
+  /**
+   * Parks the attempt once its handler is blocked only on open waits: no
+   * step running, no wait call unanswered. Looked at after every microtask
+   * queued now has run (`setImmediate`), so waits started together — a
+   * fan-out's `Promise.all` — are all recorded before it parks.
+   */
+  considerPark(): void {
+    if (this.parkCheck || this.openWaits === 0 || this.parked) return;
+    this.parkCheck = true;
+    setImmediate(() => {
+      this.parkCheck = false;
+      if (this.parked || this.aborted || this.openWaits === 0 || this.waitCalls > 0 || this.stepsRunning > 0) return;
+      this.parked = true;
+      this.onPark?.();
+    });
   }
 
   /** The handler returned or its promise settled. */

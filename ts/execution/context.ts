@@ -1,19 +1,27 @@
 /**
  * The `ctx` a handler receives, and what its calls do: `ctx.step`
- * (memoized through the engine, retried in place per its policy) and
- * `ctx.spawnChild`.
+ * (memoized through the engine, retried in place per its policy),
+ * `ctx.spawnChild`, and the durable waits (`ctx.sleep`, `sleepUntil`,
+ * `waitForSignal`, `waitForToken`, `invoke`), whose rules are the engine's
+ * (`engine/waits.rs`): here a wait is only asked for, and an open one
+ * becomes a promise that never settles, on which the attempt parks.
  */
-import { JobInputInvalidError, JobRunStateError, JobStepTimeoutError } from '../errors';
-import type { JobContext, JobLogger, SpawnChildOptions, StepOptions } from '../handler';
+import { JobChildFailedError, JobInputInvalidError, JobRunStateError, JobStepTimeoutError, JobWaitTimeoutError } from '../errors';
+import type { InvokeOptions, JobContext, JobLogger, SpawnChildOptions, StepOptions, WaitForSignalOptions, WaitForTokenOptions } from '../handler';
 import { toJsonText } from '../json';
-import type { JobRun } from '../rows';
+import type { JobRun, JobRunError } from '../rows';
 import type { EngineClock } from '../clock';
-import { checkRetryPolicy, checkSpawnOptions, checkStepOptions, retryPolicyWire, type StartOptionsInput } from '../validate';
-import { describeFailure, type Ticket } from '../wire';
+import type { PreparedStart } from '../backend/backend';
+import { checkRetryPolicy, checkSpawnOptions, checkStepOptions, checkWaitOptions, dateMs, retryPolicyWire, type StartOptionsInput } from '../validate';
+import { describeFailure, type Ticket, type WaitAnswer } from '../wire';
 import { ABORTED_STATUS, type Attempt } from './attempt';
 
 /** What a step call needs from the engine (one backend's operations). */
 export interface StepStore {
+  /** A durable wait (`waitText`: the engine's `WaitWire` as JSON). */
+  waitBegin(runId: string, epoch: number, stepId: string, waitText: string): Promise<WaitAnswer>;
+  /** A token wait's `deliver` returned. */
+  waitDelivered(runId: string, epoch: number, stepId: string): Promise<WaitAnswer>;
   stepBegin(runId: string, epoch: number, stepId: string): Promise<{ memoized: true; output: unknown } | { memoized: false; attempt: number }>;
   stepComplete(runId: string, epoch: number, stepId: string, outputText: string): Promise<void>;
   /** Records the failure; the backoff before a retry (ms), or null. */
@@ -28,6 +36,8 @@ export interface ContextHost {
   loggerFactory(run: JobRun): JobLogger;
   /** `start` of the orchestrator (the child's type and input were checked where `ctx.spawnChild` was called). */
   start(type: string, input: unknown, opts: StartOptionsInput): Promise<JobRun>;
+  /** `prepareStart` with this orchestrator's handlers (JS-side keys of `ctx.invoke`'s child). */
+  prepare(type: string, input: unknown, opts: StartOptionsInput): PreparedStart;
 }
 
 /**
@@ -42,6 +52,7 @@ export class RunContext implements JobContext<unknown> {
   private cachedLogger?: JobLogger;
   private stepFn?: JobContext<unknown>['step'];
   private spawnFn?: JobContext<unknown>['spawnChild'];
+  private waits?: Waits;
 
   constructor(
     private readonly ticket: Ticket,
@@ -63,6 +74,31 @@ export class RunContext implements JobContext<unknown> {
 
   get run(): JobRun {
     return this.ticket.run;
+  }
+
+  // The durable waits, bound once per ctx on first use (destructurable).
+  private get w(): Waits {
+    return (this.waits ??= new Waits(this.host, this.ticket, this.attempt));
+  }
+
+  get sleep(): JobContext<unknown>['sleep'] {
+    return this.w.sleep;
+  }
+
+  get sleepUntil(): JobContext<unknown>['sleepUntil'] {
+    return this.w.sleepUntil;
+  }
+
+  get waitForSignal(): JobContext<unknown>['waitForSignal'] {
+    return this.w.waitForSignal;
+  }
+
+  get waitForToken(): JobContext<unknown>['waitForToken'] {
+    return this.w.waitForToken;
+  }
+
+  get invoke(): JobContext<unknown>['invoke'] {
+    return this.w.invoke;
   }
 
   get signal(): AbortSignal {
@@ -104,6 +140,149 @@ async function spawnChild(
   });
 }
 
+/** A wait call must name its step like `ctx.step` does. */
+function checkStepId(stepId: unknown): asserts stepId is string {
+  if (typeof stepId !== 'string' || stepId.length === 0) {
+    throw new JobInputInvalidError('step id must be a non-empty string');
+  }
+}
+
+/** What a failed wait throws (the engine wrote its name and fields). */
+function waitError(e: { name?: string; message?: string; [field: string]: unknown }): Error {
+  if (e.name === 'JobWaitTimeoutError') return new JobWaitTimeoutError(String(e.runId), Number(e.timeoutMs), String(e.stepId));
+  if (e.name === 'JobChildFailedError') {
+    const status = e.status as 'failed' | 'timed_out' | 'canceled';
+    return new JobChildFailedError(String(e.childRunId), status, (e.error ?? null) as JobRunError | null, e.message);
+  }
+  const err = new Error(e.message ?? 'wait failed');
+  if (typeof e.name === 'string') err.name = e.name;
+  return err;
+}
+
+/** A promise that never settles and holds nothing: what a handler awaits on an open wait. */
+const PARKED_FOREVER = (): Promise<never> => new Promise<never>(() => undefined);
+
+/** The durable waits of one attempt's `ctx`. */
+class Waits {
+  constructor(
+    private readonly host: ContextHost,
+    private readonly ticket: Ticket,
+    private readonly attempt: Attempt,
+  ) {}
+
+  readonly sleep = (stepId: string, ms: number): Promise<void> =>
+    this.ask(stepId, () => {
+      if (typeof ms !== 'number' || !Number.isInteger(ms) || ms < 0) {
+        throw new JobInputInvalidError(`sleep '${stepId}': ms must be a non-negative integer, got ${String(ms)}`);
+      }
+      return `{"kind":"sleep","until":${this.host.clock.now() + ms}}`;
+    }).then(() => undefined);
+
+  readonly sleepUntil = (stepId: string, date: Date): Promise<void> =>
+    this.ask(stepId, () => {
+      const at = dateMs(date);
+      if (at === null) throw new JobInputInvalidError(`sleepUntil '${stepId}': needs a valid Date`);
+      return `{"kind":"sleep","until":${at}}`;
+    }).then(() => undefined);
+
+  readonly waitForSignal = <T = unknown>(stepId: string, opts?: WaitForSignalOptions): Promise<T> =>
+    this.ask(stepId, () => {
+      checkWaitOptions(opts, 'signal', stepId);
+      const signal = opts?.signal ?? stepId;
+      if (typeof signal !== 'string' || signal.length === 0) {
+        throw new JobInputInvalidError(`waitForSignal '${stepId}': signal must be a non-empty string`);
+      }
+      return `{"kind":"signal","signal":${JSON.stringify(signal)}${timeoutField(opts?.timeoutMs)}}`;
+    }) as Promise<T>;
+
+  readonly waitForToken = <T = unknown>(stepId: string, deliver: (token: string) => unknown, opts?: WaitForTokenOptions): Promise<T> =>
+    this.ask(
+      stepId,
+      () => {
+        if (typeof deliver !== 'function') throw new JobInputInvalidError(`waitForToken '${stepId}' needs a deliver function`);
+        checkWaitOptions(opts, 'token', stepId);
+        return `{"kind":"token"${timeoutField(opts?.timeoutMs)}}`;
+      },
+      deliver,
+    ) as Promise<T>;
+
+  readonly invoke = <O = unknown>(stepId: string, type: string, input?: unknown, opts?: InvokeOptions): Promise<O> =>
+    this.ask(stepId, () => {
+      checkWaitOptions(opts, 'invoke', stepId);
+      const { id } = this.ticket;
+      const p = this.host.prepare(type, input, {
+        parentRunId: id,
+        parentClosePolicy: opts?.closePolicy,
+        runAt: opts?.runAt,
+        priority: opts?.priority,
+        tags: opts?.tags,
+        triggerSource: 'parent',
+        triggerRef: id,
+      });
+      if (p.thrown !== null) throw p.thrown.error;
+      const o = p.opts === null ? '' : `,"opts":${p.opts.json()}`;
+      return `{"kind":"child","type":${JSON.stringify(p.type)},"input":${p.inputText}${o}${timeoutField(opts?.timeoutMs)}}`;
+    }) as Promise<O>;
+
+  /**
+   * One wait: asks the engine, and answers its stored value, throws its
+   * stored error, or parks on it. `deliver` (a token wait) runs once, as a
+   * step does: its throw fails the wait and is rethrown.
+   */
+  private async ask(stepId: string, wire: () => string, deliver?: (token: string) => unknown): Promise<unknown> {
+    checkStepId(stepId);
+    const waitText = wire();
+    const { store } = this.host;
+    const { id: runId, epoch } = this.ticket;
+    const a = this.attempt;
+    let answer: WaitAnswer;
+    a.waitCalls++;
+    try {
+      answer = await store.waitBegin(runId, epoch, stepId, waitText);
+    } finally {
+      a.waitCalls--;
+    }
+    if (answer.state === 'token') {
+      if (deliver === undefined) throw new JobInputInvalidError(`wait '${stepId}' is a token wait`);
+      a.stepsRunning++;
+      try {
+        await deliver(answer.token);
+      } catch (err) {
+        await store.stepFail(runId, epoch, stepId, JSON.stringify(describeFailure(err)), null);
+        throw err;
+      } finally {
+        a.stepsRunning--;
+      }
+      a.waitCalls++;
+      try {
+        answer = await store.waitDelivered(runId, epoch, stepId);
+      } finally {
+        a.waitCalls--;
+      }
+    }
+    switch (answer.state) {
+      case 'done':
+        a.considerPark();
+        return answer.value;
+      case 'failed':
+        a.considerPark();
+        throw waitError(answer.error);
+      default:
+        a.openWaits++;
+        a.considerPark();
+        return PARKED_FOREVER();
+    }
+  }
+}
+
+const timeoutField = (t: unknown): string => {
+  if (t === undefined || t === null) return '';
+  if (typeof t !== 'number' || !Number.isInteger(t) || t <= 0) {
+    throw new JobInputInvalidError(`timeoutMs must be a positive integer, got ${String(t)}`);
+  }
+  return `,"timeoutMs":${t}`;
+};
+
 async function runStep<T>(
   host: ContextHost,
   ticket: Ticket,
@@ -126,6 +305,27 @@ async function runStep<T>(
   if (retry !== undefined) checkRetryPolicy(retry, `step '${stepId}' retry`);
   const policyText = retry === undefined ? null : JSON.stringify(retryPolicyWire(retry as unknown as Record<string, unknown>));
   const { store, clock } = host;
+  // A running step keeps the attempt from parking on its waits.
+  attempt.stepsRunning++;
+  try {
+    return await stepLoop(store, clock, runId, epoch, attempt, stepId, fn, timeoutMs, policyText);
+  } finally {
+    attempt.stepsRunning--;
+    attempt.considerPark();
+  }
+}
+
+async function stepLoop<T>(
+  store: StepStore,
+  clock: EngineClock,
+  runId: string,
+  epoch: number,
+  attempt: Attempt,
+  stepId: string,
+  fn: () => Promise<T> | T,
+  timeoutMs: number | undefined,
+  policyText: string | null,
+): Promise<T> {
   for (;;) {
     const begin = await store.stepBegin(runId, epoch, stepId);
     if (begin.memoized) return begin.output as T;

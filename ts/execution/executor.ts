@@ -9,7 +9,7 @@
 import type { HandlerRegistration } from '../handler';
 import type { JobContext } from '../handler';
 import { isClass } from '../validate';
-import { failedOutcome, NO_HANDLER, outcomeOf, type Outcome, type Ticket } from '../wire';
+import { failedOutcome, NO_HANDLER, outcomeOf, PARKED, type Outcome, type Ticket } from '../wire';
 import type { Attempt } from './attempt';
 import { RunContext, type ContextHost } from './context';
 
@@ -33,9 +33,17 @@ export class Executor {
       if (settled) return;
       settled = true;
       attempt.onAbort = undefined;
+      attempt.onPark = undefined;
       done(outcome ?? null);
     };
     attempt.onAbort = settle;
+    // Blocked only on durable waits: the attempt ends as parked, and its
+    // slot is free at once. The handler's pending continuation is left to
+    // the collector (the open waits' promises never settle and hold nothing).
+    attempt.onPark = () => {
+      attempt.handlerEnded();
+      settle(PARKED);
+    };
     const reg = this.handlers.get(ticket.jobType);
     if (!reg) return settle(NO_HANDLER);
     let result: unknown;

@@ -1,0 +1,525 @@
+/**
+ * Durable waits (issue 22): `ctx.sleep`, `sleepUntil`, `waitForSignal`,
+ * `waitForToken`, `invoke`; `signal` and `resume`; parking, resumption,
+ * deadlines, cancel, lanes, replay, and the typed errors of bad input. On
+ * both stores; deterministic tests use the manual clock with `claimNext` +
+ * `tick`, the worker tests the system clock.
+ */
+import test from 'ava';
+import {
+  JobChildFailedError,
+  JobInputInvalidError,
+  JobResumeTokenError,
+  JobRunNotFoundError,
+  JobRunStateError,
+  JobStepConflictError,
+  JobWaitTimeoutError,
+  MissingTenantIdError,
+} from '../dist';
+import type { JobContext, JobOrchestrator, JobRun } from '../dist';
+import { forBackends } from './backends';
+import { get, rejects, stepsById, waitFor } from './helpers';
+
+/** Claims the run `id` (it must be the next of `pool`) and executes it once. */
+async function tickRun(o: JobOrchestrator, id: string, pool = 'batch', tenantId?: string): Promise<JobRun> {
+  const c = await o.claimNext(pool);
+  if (c?.id !== id) throw new Error(`expected to claim ${id}, got ${c?.id ?? 'nothing'}`);
+  await o.tick(id);
+  return get(o, id, tenantId);
+}
+
+forBackends('sleep: the run parks waiting (no attempt used), resumes at its deadline and completes; the step is a wait', async (t, make) => {
+  const o = await make.manual();
+  let entered = 0;
+  o.registerHandler('nap', {}, async (ctx: JobContext<unknown>) => {
+    entered++;
+    const before = await ctx.step('before', () => 'b');
+    await ctx.sleep('nap', 5_000);
+    return { before, after: true };
+  });
+  const run = await o.start('nap', {});
+  const t0 = o.now().getTime();
+  const parked = await tickRun(o, run.id);
+  t.is(parked.status, 'waiting');
+  t.is(parked.waitKind, 'sleep');
+  t.is(parked.waitDeadline?.getTime(), t0 + 5_000);
+  t.is(parked.attempts, 0, 'parking is not the end of an attempt');
+  t.is(parked.claimedAt, null, 'a waiting run holds no claim');
+  t.is(await o.claimNext('batch'), null, 'nothing to claim while it sleeps');
+  o.advanceTime(4_999);
+  t.is((await get(o, run.id)).status, 'waiting');
+  o.advanceTime(1);
+  const resumed = await get(o, run.id);
+  t.is(resumed.status, 'pending', 'the deadline makes it pending, due now');
+  t.is(resumed.waitKind, null);
+  t.is(resumed.waitDeadline, null);
+  const done = await tickRun(o, run.id);
+  t.is(done.status, 'completed');
+  t.deepEqual(done.output, { before: 'b', after: true });
+  t.is(done.attempts, 1);
+  t.is(entered, 2, 'ran again from the top once');
+  const steps = await stepsById(o, run.id);
+  t.is(steps.before?.kind, 'task');
+  t.is(steps.nap?.kind, 'wait');
+  t.is(steps.nap?.status, 'completed');
+});
+
+forBackends('sleep: zero, and sleepUntil a past instant, do not park; bad durations are JobInputInvalidError with nothing stored', async (t, make) => {
+  const o = await make.manual();
+  const errors: string[] = [];
+  o.registerHandler('quick', {}, async (ctx: JobContext<unknown>) => {
+    await ctx.sleep('zero', 0);
+    await ctx.sleepUntil('past', new Date(o.now().getTime() - 1));
+    for (const bad of [-1, Number.NaN, 1.5, Infinity, '10' as unknown as number]) {
+      try {
+        await ctx.sleep(`bad-${String(bad)}`, bad);
+      } catch (e) {
+        errors.push((e as Error).name);
+      }
+    }
+    try {
+      await ctx.sleepUntil('bad-date', new Date('nope'));
+    } catch (e) {
+      errors.push((e as Error).name);
+    }
+    try {
+      await ctx.sleep('', 1);
+    } catch (e) {
+      errors.push((e as Error).name);
+    }
+    return 'ok';
+  });
+  const run = await o.start('quick', {});
+  const done = await tickRun(o, run.id);
+  t.is(done.status, 'completed');
+  t.deepEqual(errors, Array(7).fill('JobInputInvalidError'));
+  t.deepEqual(Object.keys(await stepsById(o, run.id)).sort(), ['past', 'zero'], 'no step row for a refused wait');
+});
+
+forBackends('waitForSignal: a signal sent before the wait is kept (delivered false) and taken at once; FIFO per name; one sent to a waiting run resumes it', async (t, make) => {
+  const o = await make.manual();
+  let entered = 0;
+  o.registerHandler('approve', {}, async (ctx: JobContext<unknown>) => {
+    entered++;
+    const first = await ctx.waitForSignal<{ n: number }>('first', { signal: 'vote' });
+    const second = await ctx.waitForSignal<{ n: number }>('second', { signal: 'vote' });
+    const go = await ctx.waitForSignal('go');
+    return { first, second, go };
+  });
+  const run = await o.start('approve', {});
+  t.deepEqual(await o.signal(run.id, 'vote', { n: 1 }), { delivered: false }, 'a pending run: into the inbox');
+  t.deepEqual(await o.signal(run.id, 'vote', { n: 2 }), { delivered: false });
+  const parked = await tickRun(o, run.id);
+  t.is(parked.status, 'waiting', 'both votes were taken, it waits for go');
+  t.is(parked.waitKind, 'signal');
+  t.is(parked.waitDeadline, null, 'no timeout, no deadline');
+  t.is(entered, 1, 'the inbox answered without parking');
+  t.deepEqual(await o.signal(run.id, 'go'), { delivered: true });
+  t.is((await get(o, run.id)).status, 'pending');
+  const done = await tickRun(o, run.id);
+  t.deepEqual(done.output, { first: { n: 1 }, second: { n: 2 }, go: null }, 'FIFO per name; no payload is null');
+  await rejects(t, () => o.signal(run.id, 'go'), JobRunStateError, 'JOB_RUN_STATE', 'a run that ended takes no signal');
+});
+
+forBackends('signal: unknown run, bad names and non-JSON payloads are typed errors; the inbox is bounded', async (t, make) => {
+  const o = await make.manual();
+  o.registerHandler('inbox', {}, async (ctx: JobContext<unknown>) => ctx.waitForSignal('never'));
+  const run = await o.start('inbox', {});
+  await rejects(t, () => o.signal('00000000-0000-4000-8000-000000000000', 'x'), JobRunNotFoundError, 'JOB_RUN_NOT_FOUND', 'unknown run');
+  await rejects(t, () => o.signal('not-a-uuid', 'x'), JobRunNotFoundError, 'JOB_RUN_NOT_FOUND', 'malformed id');
+  await rejects(t, () => o.signal(run.id, ''), JobInputInvalidError, 'JOB_INPUT_INVALID', 'empty name');
+  await rejects(t, () => o.signal(run.id, 'x', { f: () => 1 }), JobInputInvalidError, 'JOB_INPUT_INVALID', 'a function payload');
+  await rejects(t, () => o.signal(run.id, 'x', 10n), JobInputInvalidError, 'JOB_INPUT_INVALID', 'a bigint payload');
+  await rejects(t, () => o.signal(run.id, 'x', undefined, { tenantId: 't', bogus: 1 } as never), JobInputInvalidError, 'JOB_INPUT_INVALID', 'unknown option');
+  for (let i = 0; i < 1000; i++) await o.signal(run.id, 'flood', i);
+  await rejects(t, () => o.signal(run.id, 'flood', 1000), JobInputInvalidError, 'JOB_INPUT_INVALID', 'the 1,001st signal');
+  const parked = await tickRun(o, run.id);
+  t.is(parked.status, 'waiting');
+  t.is((await get(o, run.id)).status, 'waiting', 'refused signals changed nothing');
+});
+
+forBackends('a wait timeout resumes the run at its deadline and throws JobWaitTimeoutError (catchable; uncaught, a run failure under the retry policy)', async (t, make) => {
+  const o = await make.manual();
+  let caught: unknown;
+  o.registerHandler('patient', {}, async (ctx: JobContext<unknown>) => {
+    try {
+      await ctx.waitForSignal('answer', { timeoutMs: 1_000 });
+      return 'answered';
+    } catch (e) {
+      caught = e;
+      return 'gave up';
+    }
+  });
+  o.registerHandler('strict', { retry: { attempts: 2, backoff: 'fixed', baseMs: 10 } }, async (ctx: JobContext<unknown>) => {
+    await ctx.waitForSignal('answer', { timeoutMs: 1_000 });
+  });
+  const a = await o.start('patient', {});
+  const t0 = o.now().getTime();
+  const parked = await tickRun(o, a.id, 'batch');
+  t.is(parked.waitDeadline?.getTime(), t0 + 1_000);
+  o.advanceTime(1_000);
+  // A signal after the deadline is not delivered to the expired wait.
+  t.deepEqual(await o.signal(a.id, 'answer', 1), { delivered: false });
+  const done = await tickRun(o, a.id);
+  t.is(done.output, 'gave up');
+  t.true(caught instanceof JobWaitTimeoutError);
+  const e = caught as JobWaitTimeoutError;
+  t.is(e.runId, a.id);
+  t.is(e.stepId, 'answer');
+  t.is(e.timeoutMs, 1_000);
+
+  const b = await o.start('strict', {});
+  await tickRun(o, b.id);
+  o.advanceTime(1_000);
+  const failed = await tickRun(o, b.id);
+  t.is(failed.status, 'pending', 'an uncaught timeout is an attempt failure: retried');
+  t.is(failed.attempts, 1);
+  t.is(failed.error?.message, `wait 'answer' of run ${b.id} timed out after 1000ms`);
+  o.advanceTime(10);
+  const again = await tickRun(o, b.id);
+  t.is(again.status, 'waiting', 'the retry waits again (a timeout answers only its own attempt)');
+});
+
+forBackends('waitForToken: deliver gets a single-use token once; resume(token, payload) resumes; the token is stored nowhere', async (t, make) => {
+  const o = await make.manual();
+  const delivered: string[] = [];
+  o.registerHandler('approval', {}, async (ctx: JobContext<unknown>) => {
+    const answer = await ctx.waitForToken<{ ok: boolean }>('approve', (token) => {
+      delivered.push(token);
+    });
+    return { answer };
+  });
+  const run = await o.start('approval', {});
+  const parked = await tickRun(o, run.id);
+  t.is(parked.status, 'waiting');
+  t.is(parked.waitKind, 'token');
+  t.is(parked.resumeToken, null);
+  t.is(delivered.length, 1);
+  const token = delivered[0]!;
+  t.regex(token, /^jft_[0-9a-f]{96}$/, 'the run id and 244 random bits');
+  const stored = JSON.stringify([await get(o, run.id), await o.listSteps(run.id)]);
+  t.false(stored.includes(token.slice(4 + 32)), 'the secret part of the token is in no row');
+  await rejects(t, () => o.resume(token.slice(0, -1) + (token.endsWith('0') ? '1' : '0')), JobResumeTokenError, 'JOB_RESUME_TOKEN', 'a tampered token');
+  await rejects(t, () => o.resume('nope'), JobResumeTokenError, 'JOB_RESUME_TOKEN', 'malformed');
+  await rejects(t, () => o.resume(token, { f: () => 1 }), JobInputInvalidError, 'JOB_INPUT_INVALID', 'non-JSON payload');
+  t.is((await get(o, run.id)).status, 'waiting', 'refused resumes changed nothing');
+  t.deepEqual(await o.resume(token, { ok: true }), { runId: run.id });
+  await rejects(t, () => o.resume(token, { ok: false }), JobResumeTokenError, 'JOB_RESUME_TOKEN', 'a used token');
+  const done = await tickRun(o, run.id);
+  t.deepEqual(done.output, { answer: { ok: true } });
+  t.is(delivered.length, 1, 'deliver is memoized: not called again on resumption');
+});
+
+forBackends('waitForToken: a deliver that throws fails the wait and is rethrown; an expired token is refused', async (t, make) => {
+  const o = await make.manual();
+  let tokens: string[] = [];
+  o.registerHandler('mail.fails', {}, async (ctx: JobContext<unknown>) => {
+    await ctx.waitForToken('t', () => {
+      throw new Error('smtp down');
+    });
+  });
+  o.registerHandler('expires', {}, async (ctx: JobContext<unknown>) => {
+    try {
+      await ctx.waitForToken('t', (tok) => void tokens.push(tok), { timeoutMs: 100 });
+    } catch (e) {
+      return (e as Error).name;
+    }
+  });
+  const a = await o.start('mail.fails', {});
+  const failed = await tickRun(o, a.id);
+  t.is(failed.status, 'failed');
+  t.is(failed.error?.message, 'smtp down');
+  t.is((await stepsById(o, a.id)).t?.status, 'failed');
+  const b = await o.start('expires', {});
+  await tickRun(o, b.id);
+  o.advanceTime(100);
+  await rejects(t, () => o.resume(tokens[0]!, 1), JobResumeTokenError, 'JOB_RESUME_TOKEN', 'expired');
+  const done = await tickRun(o, b.id);
+  t.is(done.output, 'JobWaitTimeoutError');
+  tokens = [];
+});
+
+forBackends('invoke: resolves with the child output; a failed child throws JobChildFailedError { childRunId, status, error }', async (t, make) => {
+  const o = await make.manual();
+  o.registerHandler('double', {}, async (ctx: JobContext<{ x: number }>) => ({ y: ctx.input.x * 2 }));
+  o.registerHandler('broken', {}, async () => {
+    throw new Error('child broke');
+  });
+  let caught: unknown;
+  o.registerHandler('parent', {}, async (ctx: JobContext<unknown>) => {
+    const a = await ctx.invoke<{ y: number }>('a', 'double', { x: 21 });
+    try {
+      await ctx.invoke('b', 'broken', {});
+    } catch (e) {
+      caught = e;
+    }
+    return a;
+  });
+  const p = await o.start('parent', {});
+  const parked = await tickRun(o, p.id);
+  t.is(parked.status, 'waiting');
+  t.is(parked.waitKind, 'child');
+  const tree = await o.getRunTree(p.id);
+  const child = tree?.children[0]?.run;
+  t.is(child?.jobType, 'double');
+  t.is(child?.parentRunId, p.id);
+  t.is(child?.triggerSource, 'parent');
+  await tickRun(o, child!.id);
+  t.is((await get(o, p.id)).status, 'pending', 'the child end resumed the parent');
+  await tickRun(o, p.id);
+  const b = (await o.getRunTree(p.id))?.children.find((c) => c.run.jobType === 'broken')?.run;
+  await tickRun(o, b!.id);
+  const done = await tickRun(o, p.id);
+  t.is(done.status, 'completed');
+  t.deepEqual(done.output, { y: 42 });
+  t.true(caught instanceof JobChildFailedError);
+  const e = caught as JobChildFailedError;
+  t.is(e.childRunId, b!.id);
+  t.is(e.status, 'failed');
+  t.is(e.error?.message, 'child broke');
+});
+
+forBackends('invoke fan-out/fan-in: Promise.all of 5 invokes parks on all of them; the parent completes once every child did', async (t, make) => {
+  const o = await make.system();
+  o.registerHandler('sq', {}, async (ctx: JobContext<{ n: number }>) => ctx.input.n * ctx.input.n);
+  o.registerHandler('fan', {}, async (ctx: JobContext<unknown>) => {
+    const items = [1, 2, 3, 4, 5];
+    const out = await Promise.all(items.map((n, i) => ctx.invoke<number>(`item-${i}`, 'sq', { n })));
+    return { sum: out.reduce((a, b) => a + b, 0) };
+  });
+  const w = o.startWorker({ pools: { batch: { concurrency: 2 } } });
+  try {
+    const p = await o.start('fan', {});
+    const done = await o.waitForRun(p.id, { timeoutMs: 10_000 });
+    t.is(done.status, 'completed');
+    t.deepEqual(done.output, { sum: 55 });
+    const tree = await o.getRunTree(p.id);
+    t.is(tree?.children.length, 5, 'each child started once');
+    t.true(tree!.children.every((c) => c.run.status === 'completed'));
+  } finally {
+    await w.stop();
+  }
+});
+
+forBackends('invoke deadline: the child is canceled first, then the call throws JobWaitTimeoutError', async (t, make) => {
+  const o = await make.manual();
+  o.registerHandler('slow', { pool: 'kids' }, async () => 'late');
+  o.registerHandler('boss', {}, async (ctx: JobContext<unknown>) => {
+    try {
+      return await ctx.invoke('kid', 'slow', {}, { timeoutMs: 500 });
+    } catch (e) {
+      return (e as Error).name;
+    }
+  });
+  const p = await o.start('boss', {});
+  await tickRun(o, p.id);
+  o.advanceTime(500);
+  const done = await tickRun(o, p.id);
+  t.is(done.output, 'JobWaitTimeoutError');
+  const kid = (await o.getRunTree(p.id))?.children[0]?.run;
+  t.is(kid?.status, 'canceled');
+});
+
+forBackends('cancel ends a waiting run and its invoked children; a canceled child resumes the parent blocked on it', async (t, make) => {
+  const o = await make.manual();
+  o.registerHandler('kid', { pool: 'kids' }, async () => 'x');
+  let caught: unknown;
+  o.registerHandler('dad', {}, async (ctx: JobContext<unknown>) => {
+    try {
+      await ctx.invoke('k', 'kid', {});
+    } catch (e) {
+      caught = e;
+      return 'child gone';
+    }
+  });
+  o.registerHandler('sleeper', {}, async (ctx: JobContext<unknown>) => {
+    await ctx.invoke('k', 'kid', {});
+  });
+  const d = await o.start('dad', {});
+  await tickRun(o, d.id);
+  const kid = (await o.getRunTree(d.id))!.children[0]!.run;
+  await o.cancel(kid.id);
+  t.is((await get(o, d.id)).status, 'pending', 'the canceled child resumed its parent');
+  const done = await tickRun(o, d.id);
+  t.is(done.output, 'child gone');
+  t.true(caught instanceof JobChildFailedError);
+  t.is((caught as JobChildFailedError).status, 'canceled');
+
+  const s = await o.start('sleeper', {});
+  await tickRun(o, s.id);
+  const kid2 = (await o.getRunTree(s.id))!.children[0]!.run;
+  await o.cancel(s.id);
+  const row = await get(o, s.id);
+  t.is(row.status, 'canceled');
+  t.is(row.waitKind, null);
+  t.is((await get(o, kid2.id)).status, 'canceled', 'the cascade reached the invoked child');
+  await rejects(t, () => o.signal(s.id, 'x'), JobRunStateError, 'JOB_RUN_STATE', 'a canceled run takes no signal');
+});
+
+forBackends('a waiting run keeps its concurrency lane and its dedupe key', async (t, make) => {
+  const o = await make.manual();
+  o.registerHandler('laned', { concurrency: { key: '{{account}}' }, dedupe: { key: '{{account}}-{{n}}', windowMs: 60_000 } }, async (ctx: JobContext<unknown>) => {
+    await ctx.waitForSignal('go');
+  });
+  const first = await o.start('laned', { account: 'a', n: 1 });
+  const second = await o.start('laned', { account: 'a', n: 2 });
+  await tickRun(o, first.id);
+  t.is((await get(o, first.id)).status, 'waiting');
+  t.is(await o.claimNext('batch'), null, 'the lane is held by the waiting run');
+  const again = await o.start('laned', { account: 'a', n: 1 });
+  t.is(again.id, first.id, 'its dedupe key still answers');
+  await o.signal(first.id, 'go');
+  await tickRun(o, first.id);
+  t.is((await get(o, first.id)).status, 'completed');
+  const next = await o.claimNext('batch');
+  t.is(next?.id, second.id, 'the lane moves on once it ends');
+});
+
+forBackends('time spent waiting does not count toward the run timeoutMs; a resumption is not an attempt', async (t, make) => {
+  const o = await make.manual();
+  o.registerHandler('timed', { timeoutMs: 100, retry: { attempts: 1, backoff: 'fixed', baseMs: 0 } }, async (ctx: JobContext<unknown>) => {
+    await ctx.sleep('a', 1_000);
+    await ctx.sleep('b', 1_000);
+    return 'done';
+  });
+  const r = await o.start('timed', {});
+  await tickRun(o, r.id);
+  o.advanceTime(1_000);
+  await tickRun(o, r.id);
+  o.advanceTime(1_000);
+  const done = await tickRun(o, r.id);
+  t.is(done.status, 'completed');
+  t.is(done.attempts, 1);
+});
+
+forBackends('a duplicate step id among concurrent waits is JobStepConflictError; a wait after the attempt ended is JobRunStateError', async (t, make) => {
+  const o = await make.manual();
+  let conflict: unknown;
+  let late: Promise<unknown> | undefined;
+  o.registerHandler('dup', {}, async (ctx: JobContext<unknown>) => {
+    const first = ctx.waitForSignal('same');
+    try {
+      await ctx.waitForSignal('same');
+    } catch (e) {
+      conflict = e;
+    }
+    await first;
+  });
+  o.registerHandler('leaky', {}, async (ctx: JobContext<unknown>) => {
+    setTimeout(() => {
+      late = ctx.sleep('after', 10).catch((e: unknown) => e);
+    }, 1);
+    return 'returned';
+  });
+  const a = await o.start('dup', {});
+  await tickRun(o, a.id);
+  t.true(conflict instanceof JobStepConflictError);
+  t.is((await get(o, a.id)).status, 'waiting');
+  const b = await o.start('leaky', {});
+  await tickRun(o, b.id);
+  await waitFor(() => late !== undefined, 'the late wait');
+  t.true((await late) instanceof JobRunStateError);
+});
+
+forBackends('replay: last_step keeps a finished sleep (not slept again); scratch clears the inbox', async (t, make) => {
+  const o = await make.manual();
+  let entered = 0;
+  o.registerHandler('again', { replayFrom: 'last_step' }, async (ctx: JobContext<unknown>) => {
+    entered++;
+    await ctx.sleep('nap', 1_000);
+    return entered;
+  });
+  o.registerHandler('fresh', { replayFrom: 'scratch' }, async (ctx: JobContext<unknown>) => {
+    return ctx.waitForSignal('s');
+  });
+  const r = await o.start('again', {});
+  await tickRun(o, r.id);
+  o.advanceTime(1_000);
+  await tickRun(o, r.id);
+  await o.replay(r.id);
+  const replayed = await tickRun(o, r.id);
+  t.is(replayed.status, 'completed', 'the kept sleep answered at once');
+  t.is(replayed.output, 3);
+
+  const f = await o.start('fresh', {});
+  await o.signal(f.id, 's', 'one');
+  await o.signal(f.id, 's', 'two');
+  t.is((await tickRun(o, f.id)).output, 'one');
+  await o.replay(f.id);
+  const parked = await tickRun(o, f.id);
+  t.is(parked.status, 'waiting', 'from scratch the inbox was emptied: "two" is gone');
+});
+
+forBackends('queries and counts show waiting runs', async (t, make) => {
+  const o = await make.manual();
+  o.registerHandler('q', {}, async (ctx: JobContext<unknown>) => ctx.sleep('s', 10_000));
+  const r = await o.start('q', {});
+  await tickRun(o, r.id);
+  const counts = await o.countByPoolAndStatus();
+  t.deepEqual(counts.filter((c) => c.status === 'waiting'), [{ pool: 'batch', status: 'waiting', count: 1 }]);
+  const page = await o.listJobRuns({ status: 'waiting' });
+  t.deepEqual(page.items.map((i) => i.runId), [r.id]);
+});
+
+forBackends('tenant gate: signal needs the run tenant; resume refuses another tenant', async (t, make) => {
+  const o = await make.manual({ multiTenant: true });
+  let token = '';
+  o.registerHandler('tw', {}, async (ctx: JobContext<unknown>) => {
+    await ctx.waitForToken('t', (tok) => {
+      token = tok;
+    });
+    await ctx.waitForSignal('s');
+  });
+  const r = await o.start('tw', {}, { tenantId: 'acme' });
+  await tickRun(o, r.id, 'batch', 'acme');
+  await rejects(t, () => o.resume(token, 1, { tenantId: 'other' }), JobResumeTokenError, 'JOB_RESUME_TOKEN', 'another tenant');
+  t.is((await get(o, r.id, 'acme')).status, 'waiting');
+  t.deepEqual(await o.resume(token, 1, { tenantId: 'acme' }), { runId: r.id });
+  await tickRun(o, r.id, 'batch', 'acme');
+  await rejects(t, () => o.signal(r.id, 's', 1, { tenantId: 'other' }), JobRunNotFoundError, 'JOB_RUN_NOT_FOUND', 'another tenant');
+  await rejects(t, () => o.signal(r.id, 's', 1), MissingTenantIdError, 'MISSING_TENANT_ID', 'no tenant');
+  t.deepEqual(await o.signal(r.id, 's', 1, { tenantId: 'acme' }), { delivered: true });
+});
+
+forBackends('the worker resumes sleeps on time and frees the slot while a run waits', async (t, make) => {
+  const o = await make.system();
+  const order: string[] = [];
+  o.registerHandler('sleepy', {}, async (ctx: JobContext<unknown>) => {
+    order.push('sleepy-start');
+    await ctx.sleep('s', 150);
+    order.push('sleepy-end');
+  });
+  o.registerHandler('quick', {}, async () => {
+    order.push('quick');
+  });
+  const w = o.startWorker({ pools: { batch: { concurrency: 1 } } });
+  try {
+    const a = await o.start('sleepy', {});
+    await waitFor(async () => (await get(o, a.id)).status === 'waiting', 'parked', 5_000);
+    const b = await o.start('quick', {});
+    await o.waitForRun(b.id, { timeoutMs: 5_000 });
+    const done = await o.waitForRun(a.id, { timeoutMs: 5_000 });
+    t.is(done.status, 'completed');
+    t.deepEqual(order, ['sleepy-start', 'quick', 'sleepy-start', 'sleepy-end']);
+    t.true(done.finishedAt!.getTime() - done.createdAt.getTime() >= 150);
+  } finally {
+    await w.stop();
+  }
+});
+
+test('the wait ids a handler uses are checked: a ctx.step id that is a wait is JobStepConflictError', async (t) => {
+  const { JobOrchestrator } = await import('../dist');
+  const o = new JobOrchestrator({ clock: 'manual' });
+  let err: unknown;
+  o.registerHandler('mix', {}, async (ctx: JobContext<unknown>) => {
+    await ctx.sleep('x', 0);
+    try {
+      await ctx.step('x', () => 1);
+    } catch (e) {
+      err = e;
+    }
+  });
+  const r = await o.start('mix', {});
+  await tickRun(o, r.id);
+  t.true(err instanceof JobStepConflictError);
+});

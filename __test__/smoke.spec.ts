@@ -17,6 +17,7 @@ test("the package's runtime exports: the orchestrator, the handler helpers and e
   // eslint-disable-next-line @typescript-eslint/no-require-imports
   const pkg = require('../dist') as Record<string, unknown>;
   t.deepEqual(Object.keys(pkg).sort(), [
+    'JobChildFailedError',
     'JobClockError',
     'JobCollisionError',
     'JobHandlerBase',
@@ -24,6 +25,7 @@ test("the package's runtime exports: the orchestrator, the handler helpers and e
     'JobKeyFunctionUnavailableError',
     'JobNotReplayableError',
     'JobOrchestrator',
+    'JobResumeTokenError',
     'JobRunNotFoundError',
     'JobRunStateError',
     'JobStepConflictError',

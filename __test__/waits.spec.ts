@@ -523,3 +523,14 @@ test('the wait ids a handler uses are checked: a ctx.step id that is a wait is J
   await tickRun(o, r.id);
   t.true(err instanceof JobStepConflictError);
 });
+
+test('parked runs keep nothing of their handlers alive: 2,000 continuations holding 16 KB each are all collected', (t) => {
+  const { spawnSync } = require('node:child_process') as typeof import('node:child_process');
+  const path = require('node:path') as typeof import('node:path');
+  const r = spawnSync(process.execPath, ['--expose-gc', path.join(__dirname, 'fixtures', 'park-gc.js'), '2000'], { encoding: 'utf8', timeout: 60_000 });
+  t.is(r.status, 0, r.stderr);
+  const out = JSON.parse(r.stdout) as { waiting: number; alive: number; heapPerRunBytes: number };
+  t.is(out.waiting, 2000, 'every run parked');
+  t.is(out.alive, 0, 'no handler continuation survived a collection');
+  t.true(out.heapPerRunBytes < 4096, `JS heap per parked run: ${out.heapPerRunBytes} B`);
+});

@@ -34,6 +34,8 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 type Handle = u32;
 type LaneKey = (Option<Arc<str>>, Box<str>);
+/// Signals of one run no wait took yet: (name, payload), oldest first.
+type Inbox = std::collections::VecDeque<(Box<str>, Box<RawValue>)>;
 type DedupeKey = (Option<Arc<str>>, Arc<str>, Box<str>);
 
 #[derive(Default)]
@@ -72,7 +74,7 @@ pub struct MemoryState {
     /// Waiting runs with a deadline, earliest first.
     waits: BTreeSet<(Millis, u64, Handle)>,
     /// Signals sent to a run that no wait took yet, oldest first.
-    inbox: HashMap<Handle, std::collections::VecDeque<(Box<str>, Box<RawValue>)>>,
+    inbox: HashMap<Handle, Inbox>,
     seq: u64,
     q: QueryIndex,
     /// Slots of purged runs, reused by the next inserts.

@@ -1,0 +1,212 @@
+//! Durable waits on the in-memory store, through the engine's Rust API:
+//! the wait index stays exact under every transition (checked after each
+//! operation of a seeded random sequence), and what a token wait stores.
+
+use jobforge_core::engine::{resume_token_hash, WaitBegin, WaitRequest};
+use jobforge_core::*;
+use serde_json::value::RawValue;
+
+fn engine() -> Engine<MemoryStore> {
+    Engine::new(
+        MemoryStore::new(),
+        EngineOptions {
+            multi_tenant: false,
+            clock: ClockKind::Manual,
+            retention: Default::default(),
+        },
+    )
+}
+
+fn raw(s: &str) -> Box<RawValue> {
+    RawValue::from_string(s.to_owned()).unwrap()
+}
+
+fn register(e: &Engine<MemoryStore>, t: &str, key: Option<&str>) {
+    e.register_all(vec![DefinitionSpec {
+        job_type: t.to_owned(),
+        concurrency_key: key.map(str::to_owned),
+        ..DefinitionSpec::default()
+    }])
+    .unwrap();
+}
+
+fn start(e: &Engine<MemoryStore>, t: &str, input: &str) -> RunRow {
+    e.start(StartRequest {
+        job_type: t.to_owned(),
+        input: raw(input),
+        ..StartRequest::default()
+    })
+    .unwrap()
+}
+
+/// A tiny deterministic generator (xorshift), so a failure replays.
+struct Rng(u64);
+impl Rng {
+    fn next(&mut self, n: u64) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0 % n
+    }
+}
+
+#[test]
+fn the_wait_index_follows_every_transition() {
+    let e = engine();
+    register(&e, "w", None);
+    register(&e, "k", Some("{{lane}}"));
+    let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
+    let mut runs: Vec<RunId> = Vec::new();
+    let mut parked = 0;
+    for _ in 0..3_000 {
+        match rng.next(9) {
+            0 | 1 => {
+                let t = if rng.next(2) == 0 { "w" } else { "k" };
+                let lane = rng.next(3);
+                runs.push(start(&e, t, &format!("{{\"lane\":\"l{lane}\"}}")).id);
+            }
+            2 | 3 => {
+                // Claim, open waits, park.
+                if let Some(row) = e.claim_next("batch").unwrap() {
+                    let id = row.id.to_string();
+                    let epoch = row.claim_epoch;
+                    let now = e.now();
+                    let req = match rng.next(3) {
+                        0 => WaitRequest::Sleep {
+                            until: now + rng.next(500) as i64,
+                        },
+                        1 => WaitRequest::Signal {
+                            signal: format!("s{}", rng.next(2)),
+                            timeout_ms: (rng.next(2) == 0).then_some(1 + rng.next(400) as i64),
+                        },
+                        _ => WaitRequest::Token {
+                            timeout_ms: Some(1 + rng.next(400) as i64),
+                        },
+                    };
+                    let step = format!("w{}", rng.next(3));
+                    if let Ok(WaitBegin::Token(_)) = e.wait_begin(&id, epoch, &step, req) {
+                        e.wait_delivered(&id, epoch, &step).unwrap();
+                    }
+                    let outcome = if rng.next(5) == 0 {
+                        AttemptOutcome::Completed(None)
+                    } else {
+                        AttemptOutcome::Parked
+                    };
+                    let after = e.finish_attempt(&row.id, epoch, outcome).unwrap();
+                    if after.is_some_and(|r| r.status == RunStatus::Waiting) {
+                        parked += 1;
+                    }
+                }
+            }
+            4 => {
+                e.advance_time(rng.next(300) as i64);
+            }
+            5 => {
+                e.resume_due_waits_then_next().unwrap();
+            }
+            6 if !runs.is_empty() => {
+                let id = runs[rng.next(runs.len() as u64) as usize];
+                let _ = e.signal(
+                    &id.to_string(),
+                    &format!("s{}", rng.next(2)),
+                    None,
+                    &TenantArg::Missing,
+                );
+            }
+            7 if !runs.is_empty() => {
+                let id = runs[rng.next(runs.len() as u64) as usize];
+                e.cancel(&id.to_string(), true, &TenantArg::Missing)
+                    .unwrap();
+            }
+            8 if !runs.is_empty() => {
+                let id = runs[rng.next(runs.len() as u64) as usize];
+                let _ = e.replay(&id.to_string(), &TenantArg::Missing);
+            }
+            _ => {}
+        }
+        e.store().verify_indexes().unwrap();
+    }
+    assert!(parked > 100, "the sequence parks runs ({parked})");
+    // Every waiting run with a deadline in the past is resumed by one call.
+    e.advance_time(1_000);
+    e.resume_due_waits_then_next().unwrap();
+    for id in &runs {
+        let r = e
+            .find_by_id(&id.to_string(), &TenantArg::Missing)
+            .unwrap()
+            .unwrap();
+        if r.status == RunStatus::Waiting {
+            assert!(r.wait_deadline.get().is_none_or(|d| d > e.now()));
+        }
+    }
+}
+
+#[test]
+fn a_token_wait_stores_only_the_hash_and_the_token_names_its_run() {
+    let e = engine();
+    register(&e, "t", None);
+    let run = start(&e, "t", "{}");
+    let row = e.claim_next("batch").unwrap().unwrap();
+    let id = row.id.to_string();
+    let WaitBegin::Token(token) = e
+        .wait_begin(
+            &id,
+            row.claim_epoch,
+            "approve",
+            WaitRequest::Token { timeout_ms: None },
+        )
+        .unwrap()
+    else {
+        panic!("a token wait answers a token")
+    };
+    assert!(token.starts_with("jft_"));
+    assert_eq!(&token[4..36], run.id.simple().to_string());
+    let steps = e.list_steps(&id, &TenantArg::Missing).unwrap();
+    let stored = serde_json::to_string(&steps).unwrap();
+    assert!(!stored.contains(&token[36..]), "the secret is not stored");
+    assert!(stored.contains(&resume_token_hash(&token)), "its hash is");
+    // Resumed while it is still being delivered: delivery then answers it.
+    assert_eq!(
+        e.resume(&token, Some(raw("{\"ok\":1}")), &TenantArg::Missing)
+            .unwrap(),
+        run.id
+    );
+    match e.wait_delivered(&id, row.claim_epoch, "approve").unwrap() {
+        WaitBegin::Done(Some(v)) => assert_eq!(v.get(), "{\"ok\":1}"),
+        other => panic!("expected the payload, got {other:?}"),
+    }
+    assert!(matches!(
+        e.resume(&token, None, &TenantArg::Missing),
+        Err(JobError::JobResumeToken { .. })
+    ));
+}
+
+#[test]
+fn a_run_whose_waits_resolved_before_it_parked_goes_straight_back_to_pending() {
+    let e = engine();
+    register(&e, "s", None);
+    let run = start(&e, "s", "{}");
+    let row = e.claim_next("batch").unwrap().unwrap();
+    let id = row.id.to_string();
+    let open = e
+        .wait_begin(
+            &id,
+            row.claim_epoch,
+            "go",
+            WaitRequest::Signal {
+                signal: "go".into(),
+                timeout_ms: None,
+            },
+        )
+        .unwrap();
+    assert!(matches!(open, WaitBegin::Open));
+    // The signal lands while the attempt is still running.
+    assert!(e.signal(&id, "go", None, &TenantArg::Missing).unwrap());
+    let parked = e
+        .finish_attempt(&run.id, row.claim_epoch, AttemptOutcome::Parked)
+        .unwrap()
+        .unwrap();
+    assert_eq!(parked.status, RunStatus::Pending);
+    assert_eq!(parked.attempts, 0);
+    e.store().verify_indexes().unwrap();
+}

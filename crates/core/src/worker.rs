@@ -724,6 +724,7 @@ impl<S: Store + Coordination> Worker<S> {
                 return;
             }
             let r = self.on_store(|e| e.fire_timers_then_next()).await;
+            let looked = matches!(r, Some(Ok(_)));
             let wait = match r {
                 Some(Ok(next)) => {
                     failures = 0;
@@ -787,6 +788,17 @@ impl<S: Store + Coordination> Worker<S> {
                 }
                 None => Some(poll),
             };
+            // Parks with a deadline after the wake-up need not wake it.
+            let wake_at = match (looked, wait) {
+                (true, Some(w)) => Some(
+                    self.engine
+                        .now()
+                        .saturating_add(i64::try_from(w.as_millis()).unwrap_or(i64::MAX)),
+                ),
+                (true, None) => None,
+                (false, _) => Some(i64::MIN),
+            };
+            self.engine.timer_sleeps_until(wake_at);
             // A manual clock's `advanceTime` notifies `changed`.
             let timer = async {
                 match wait {

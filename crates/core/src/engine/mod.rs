@@ -122,6 +122,11 @@ pub struct Engine<S: Store> {
     /// A schedule was created, changed or removed: whoever fires schedules
     /// re-reads the earliest next fire.
     schedules_changed: Arc<Notify>,
+    /// When the timer that fires schedules and resumes wait deadlines
+    /// wakes next (`i64::MAX`: not before a change; `i64::MIN`: it is
+    /// looking right now). A run parking with an earlier deadline wakes it;
+    /// a later one costs the timer nothing (100k parks are not 100k wake-ups).
+    timer_at: std::sync::atomic::AtomicI64,
     /// Draws the jitter of retry delays; seeded from the clock, reseeded
     /// by tests (`seed_jitter`) so jittered delays are reproducible.
     random: RandomSource,
@@ -180,6 +185,7 @@ impl<S: Store> Engine<S> {
             watched: Mutex::new(HashMap::new()),
             watched_any: AtomicBool::new(false),
             schedules_changed: Arc::new(Notify::new()),
+            timer_at: std::sync::atomic::AtomicI64::new(i64::MIN),
             random: RandomSource::from_clock(),
         }
     }

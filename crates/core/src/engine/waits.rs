@@ -509,9 +509,12 @@ impl<S: Store> Engine<S> {
             r.executing = false;
             out = Some(r.clone());
         });
-        if !resume && deadline.is_some() {
-            // The timer that resumes deadlines looks again.
-            self.schedules_changed.notify_one();
+        if let (false, Some(d)) = (resume, deadline) {
+            // The timer that resumes deadlines looks again, if it would
+            // otherwise wake after this one.
+            if d < self.timer_at.load(std::sync::atomic::Ordering::SeqCst) {
+                self.schedules_changed.notify_one();
+            }
         }
         (out, resume)
     }
@@ -727,12 +730,23 @@ impl<S: Store> Engine<S> {
     /// What the worker's timer does: fires due schedules and resumes due
     /// waits; answers the earlier of the next fire and the next deadline.
     pub fn fire_timers_then_next(&self) -> Result<Option<Millis>> {
+        use std::sync::atomic::Ordering::SeqCst;
+        // Looking: every park meanwhile wakes the timer again.
+        self.timer_at.store(i64::MIN, SeqCst);
         let (_, fire) = self.fire_due_schedules_then_next()?;
         let (_, deadline) = self.resume_due_waits_then_next()?;
-        Ok(match (fire, deadline) {
+        let next = match (fire, deadline) {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),
-        })
+        };
+        Ok(next)
+    }
+
+    /// The timer says when it wakes next (after `fire_timers_then_next`):
+    /// parks with a later deadline need not wake it.
+    pub fn timer_sleeps_until(&self, at: Option<Millis>) {
+        self.timer_at
+            .store(at.unwrap_or(i64::MAX), std::sync::atomic::Ordering::SeqCst);
     }
 }
 

@@ -10,7 +10,7 @@
 //! | `lanes: HashMap<(tenant, key), BTreeMap<laneSeq, run>>` | lane head, reject/replace | O(log k) |
 //! | `dedupe: HashMap<(tenant, type, key), Vec<run>>` (created order) | dedupe lookup | O(1) + skipped canceled/failed |
 //! | `children: HashMap<run, Vec<run>>` | cascade | O(children) |
-//! | `steps: HashMap<run, RunSteps>` | memoization | O(1) per step |
+//! | `steps: HashMap<run, RunSteps>` | memoization | O(1) per step (a scan of ≤ 16, an index past that) |
 //! | `waits: BTreeSet<(waitDeadline, seq, run)>` | resuming waiting runs at their deadline | O(log n) |
 //! | `inbox: HashMap<run, VecDeque<signal>>` | signals no wait took yet | O(1) push, O(inbox) take (bounded) |
 //!
@@ -48,10 +48,47 @@ struct PoolIndex {
     promoted_until: Millis,
 }
 
+/// A run's steps. Most runs have a handful, found by a scan of `rows`;
+/// past `INDEXED_STEPS` an index by step id is built (a map per run would
+/// cost more than the rows of a run with one step, e.g. one parked wait).
 #[derive(Default)]
 struct RunSteps {
     rows: Vec<StepRow>,
-    by_id: HashMap<Box<str>, usize>,
+    by_id: Option<Box<HashMap<Box<str>, usize>>>,
+}
+
+const INDEXED_STEPS: usize = 16;
+
+impl RunSteps {
+    fn position(&self, step_id: &str) -> Option<usize> {
+        match &self.by_id {
+            Some(m) => m.get(step_id).copied(),
+            None => self.rows.iter().position(|r| &*r.step_id == step_id),
+        }
+    }
+
+    fn push(&mut self, row: StepRow) {
+        let i = self.rows.len();
+        if let Some(m) = &mut self.by_id {
+            m.insert(row.step_id.clone(), i);
+        }
+        self.rows.push(row);
+        if self.by_id.is_none() && self.rows.len() > INDEXED_STEPS {
+            self.reindex();
+        }
+    }
+
+    fn reindex(&mut self) {
+        self.by_id = (self.rows.len() > INDEXED_STEPS).then(|| {
+            Box::new(
+                self.rows
+                    .iter()
+                    .enumerate()
+                    .map(|(i, r)| (r.step_id.clone(), i))
+                    .collect(),
+            )
+        });
+    }
 }
 
 #[derive(Default)]
@@ -931,7 +968,7 @@ impl StoreTx for MemoryTx<'_> {
     fn step(&self, run: &RunId, step_id: &str) -> Option<&StepRow> {
         let s = &*self.0;
         let steps = s.steps.get(&s.handle(run)?)?;
-        steps.by_id.get(step_id).map(|i| &steps.rows[*i])
+        steps.position(step_id).map(|i| &steps.rows[i])
     }
 
     fn put_step(&mut self, row: StepRow) {
@@ -940,12 +977,9 @@ impl StoreTx for MemoryTx<'_> {
             return;
         };
         let steps = s.steps.entry(h).or_default();
-        match steps.by_id.get(&row.step_id) {
-            Some(&i) => steps.rows[i] = row,
-            None => {
-                steps.by_id.insert(row.step_id.clone(), steps.rows.len());
-                steps.rows.push(row);
-            }
+        match steps.position(&row.step_id) {
+            Some(i) => steps.rows[i] = row,
+            None => steps.push(row),
         }
     }
 
@@ -977,12 +1011,7 @@ impl StoreTx for MemoryTx<'_> {
         }
         if let Some(st) = s.steps.get_mut(&h) {
             st.rows.retain(|r| r.status == StepStatus::Completed);
-            st.by_id = st
-                .rows
-                .iter()
-                .enumerate()
-                .map(|(i, r)| (r.step_id.clone(), i))
-                .collect();
+            st.reindex();
             if st.rows.is_empty() {
                 s.steps.remove(&h);
             }

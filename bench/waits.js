@@ -1,0 +1,327 @@
+#!/usr/bin/env node
+/*
+ * Durable waits benchmark (issue 22). Every figure is measured in this run,
+ * each scenario in a fresh child process (so RSS and CPU are its own):
+ *
+ * 1. RSS per run, memory store: N runs started and left pending (no
+ *    worker) against N runs started and parked in `ctx.sleep` by the
+ *    worker (an hour away); RSS after a full GC minus RSS before, per run.
+ * 2. Park + resume, memory worker: N runs, each `await ctx.sleep('s', 1000)`
+ *    on the manual clock: the worker parks all of them, `advanceTime(1000)`
+ *    resumes all, the worker completes all. Runs/s = N / (time from
+ *    `startWorker` until the last completion), so each run is executed
+ *    twice and parked once inside the timed section.
+ * 3. Resume lateness (system clock): S sleepers whose deadlines fall due
+ *    together (memory: spread over 2 s; PostgreSQL: all at one instant);
+ *    for each, the time from its deadline to its handler running again
+ *    past the sleep. p50 / p99 / max.
+ * 4. Idle CPU: N far-off sleepers parked, then CPU time of the process
+ *    over 5 s of wall time with nothing due, as % of one core.
+ * 5. Signal round trip: one run at a time waits for a signal; the time
+ *    from `signal()` to its handler continuing past the wait. p50 / p99.
+ *
+ *   node bench/waits.js [--n 100000] [--pg-n 20000] [--lateness-n 10000] [--only memory|postgres] [--json <file>] [--docs]
+ *   JOBFORGE_PG_URL   database URL (default postgres://postgres@127.0.0.1:5432/test); PostgreSQL parts
+ *                     are skipped with a message when no server answers.
+ * `--docs` rewrites the "Durable waits" section of BENCHMARKS.md.
+ */
+'use strict';
+
+const fs = require('node:fs');
+const path = require('node:path');
+const { spawnSync } = require('node:child_process');
+const { performance } = require('node:perf_hooks');
+
+const ROOT = path.join(__dirname, '..');
+const DEFAULT_URL = 'postgres://postgres@127.0.0.1:5432/test';
+const quiet = { log() {}, warn() {}, error() {}, debug() {} };
+const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
+const nowMs = () => performance.timeOrigin + performance.now();
+
+function arg(name, dflt) {
+  const i = process.argv.indexOf(`--${name}`);
+  return i >= 0 ? process.argv[i + 1] : dflt;
+}
+
+function pct(xs, p) {
+  if (xs.length === 0) return null;
+  const s = [...xs].sort((a, b) => a - b);
+  return s[Math.min(s.length - 1, Math.floor((p / 100) * s.length))];
+}
+
+// ── child scenarios ────────────────────────────────────────────────────
+
+async function make(backend, clock) {
+  const { JobOrchestrator } = require(path.join(ROOT, 'dist'));
+  const opts = { clock, loggerFactory: () => quiet };
+  if (backend === 'postgres') {
+    const schema = `jf_wbench_${process.pid}`;
+    opts.backend = 'postgres';
+    opts.postgres = { url: process.env.JOBFORGE_PG_URL || DEFAULT_URL, schema, maxConnections: 10 };
+  }
+  const o = new JobOrchestrator(opts);
+  if (backend === 'postgres') await o.migrate();
+  return o;
+}
+
+async function drop(o, backend) {
+  if (backend !== 'postgres') return;
+  const { Client } = require('pg');
+  const c = new Client({ connectionString: process.env.JOBFORGE_PG_URL || DEFAULT_URL });
+  await c.connect();
+  await c.query(`DROP SCHEMA IF EXISTS jf_wbench_${process.pid} CASCADE`);
+  await c.end();
+}
+
+async function countStatus(o, status) {
+  return (await o.countByPoolAndStatus()).filter((c) => c.status === status).reduce((a, c) => a + c.count, 0);
+}
+
+async function until(cond, limitMs) {
+  const end = Date.now() + limitMs;
+  while (!(await cond())) {
+    if (Date.now() > end) throw new Error('bench: timed out');
+    await sleep(2);
+  }
+}
+
+async function startMany(o, type, n, input = () => ({})) {
+  const inflight = [];
+  for (let i = 0; i < n; i++) {
+    inflight.push(o.start(type, input(i)));
+    if (inflight.length >= 200) await Promise.all(inflight.splice(0));
+  }
+  await Promise.all(inflight);
+}
+
+async function rss() {
+  for (let i = 0; i < 4; i++) {
+    global.gc();
+    await sleep(20);
+  }
+  return process.memoryUsage().rss;
+}
+
+const scenarios = {
+  async 'rss-pending'({ n }) {
+    const o = await make('memory', 'system');
+    o.registerHandler('s', {}, async (ctx) => ctx.sleep('s', 3_600_000));
+    const before = await rss();
+    await startMany(o, 's', n);
+    const after = await rss();
+    return { bytesPerRun: (after - before) / n };
+  },
+  async 'rss-waiting'({ n }) {
+    const o = await make('memory', 'system');
+    o.registerHandler('s', {}, async (ctx) => ctx.sleep('s', 3_600_000));
+    const before = await rss();
+    const w = o.startWorker({ pools: { batch: { concurrency: 64 } } });
+    await startMany(o, 's', n);
+    await until(async () => (await countStatus(o, 'waiting')) === n, 600_000);
+    const after = await rss();
+    await w.stop();
+    return { bytesPerRun: (after - before) / n };
+  },
+  async 'park-resume'({ n }) {
+    const o = await make('memory', 'manual');
+    let done = 0;
+    o.registerHandler('s', {}, async (ctx) => {
+      await ctx.sleep('s', 1000);
+      done++;
+    });
+    await startMany(o, 's', n);
+    const t0 = nowMs();
+    const w = o.startWorker({ pools: { batch: { concurrency: 64 } } });
+    await until(async () => (await countStatus(o, 'waiting')) === n, 600_000);
+    const parkedMs = nowMs() - t0;
+    o.advanceTime(1000);
+    await until(() => done === n, 600_000);
+    const ms = nowMs() - t0;
+    await w.stop();
+    return { n, ms, parkedMs, runsPerS: n / (ms / 1000) };
+  },
+  async lateness({ backend, n }) {
+    const o = await make(backend, 'system');
+    const late = [];
+    o.registerHandler('s', {}, async (ctx) => {
+      await ctx.sleepUntil('s', new Date(ctx.input.at));
+      late.push(Date.now() - ctx.input.at);
+    });
+    const w = o.startWorker({ pools: { batch: { concurrency: 64 } } });
+    // Deadlines after every start and park is done: far enough ahead.
+    const lead = backend === 'postgres' ? Math.max(5_000, n * 2) : Math.max(2_000, n / 5);
+    const base = Date.now() + lead;
+    const spread = backend === 'postgres' ? 0 : 2_000;
+    await startMany(o, 's', n, (i) => ({ at: base + (spread === 0 ? 0 : Math.floor((i * spread) / n)) }));
+    await until(async () => (await countStatus(o, 'waiting')) === n || Date.now() > base, lead + 60_000);
+    const parkedInTime = Date.now() < base;
+    await until(() => late.length === n, lead + spread + 120_000);
+    await w.stop();
+    await drop(o, backend);
+    return { n, parkedInTime, p50: pct(late, 50), p99: pct(late, 99), max: pct(late, 100), together: spread === 0 };
+  },
+  async 'idle-cpu'({ backend, n }) {
+    const o = await make(backend, 'system');
+    o.registerHandler('s', {}, async (ctx) => ctx.sleep('s', 3_600_000));
+    const w = o.startWorker({ pools: { batch: { concurrency: 64 } } });
+    await startMany(o, 's', n);
+    await until(async () => (await countStatus(o, 'waiting')) === n, 1_200_000);
+    await sleep(1000);
+    const c0 = process.cpuUsage();
+    const t0 = nowMs();
+    await sleep(5000);
+    const c = process.cpuUsage(c0);
+    const wall = nowMs() - t0;
+    await w.stop();
+    await drop(o, backend);
+    return { n, cpuPercent: ((c.user + c.system) / 1000 / wall) * 100 };
+  },
+  async 'signal-rtt'({ backend, n }) {
+    const o = await make(backend, 'system');
+    let resolveNext = null;
+    o.registerHandler('s', {}, async (ctx) => {
+      await ctx.waitForSignal('go');
+      if (resolveNext) resolveNext(nowMs());
+    });
+    const w = o.startWorker({ pools: { batch: { concurrency: 8 } } });
+    const rtt = [];
+    for (let i = 0; i < n; i++) {
+      const r = await o.start('s', {});
+      await until(async () => (await o.findById(r.id)).status === 'waiting', 10_000);
+      const continued = new Promise((res) => (resolveNext = res));
+      const t0 = nowMs();
+      await o.signal(r.id, 'go');
+      rtt.push((await continued) - t0);
+    }
+    await w.stop();
+    await drop(o, backend);
+    return { n, p50: pct(rtt, 50), p99: pct(rtt, 99) };
+  },
+};
+
+async function child() {
+  const name = arg('child');
+  const params = JSON.parse(arg('params', '{}'));
+  const out = await scenarios[name](params);
+  process.stdout.write(`\nRESULT ${JSON.stringify(out)}\n`);
+  process.exit(0);
+}
+
+function runChild(name, params) {
+  const r = spawnSync(process.execPath, ['--expose-gc', __filename, '--child', name, '--params', JSON.stringify(params)], {
+    cwd: ROOT,
+    encoding: 'utf8',
+    timeout: 30 * 60 * 1000,
+    maxBuffer: 1 << 26,
+  });
+  const line = (r.stdout || '').split('\n').find((l) => l.startsWith('RESULT '));
+  if (!line) throw new Error(`${name} failed (exit ${r.status}): ${(r.stderr || '').trim().split('\n').slice(-5).join(' / ')}`);
+  return JSON.parse(line.slice(7));
+}
+
+function pgReachable() {
+  const url = process.env.JOBFORGE_PG_URL || DEFAULT_URL;
+  const script = `const {Client}=require('pg');const c=new Client({connectionString:process.argv[1]});c.connect().then(()=>c.query('select 1')).then(()=>c.end()).then(()=>process.exit(0),(e)=>{process.stdout.write(String(e.message));process.exit(1)})`;
+  const r = spawnSync(process.execPath, ['-e', script, url], { cwd: ROOT, encoding: 'utf8', timeout: 10_000 });
+  return r.status === 0 ? null : (r.stdout || r.stderr || 'no answer').trim();
+}
+
+const f1 = (x) => (x === null || x === undefined ? '–' : x < 10 ? x.toFixed(2) : x.toFixed(1));
+const int = (x) => Math.round(x).toLocaleString('en-US');
+
+async function main() {
+  const n = Number(arg('n', 100000));
+  const pgN = Number(arg('pg-n', 20000));
+  const latN = Number(arg('lateness-n', 10000));
+  const only = arg('only', null);
+  const res = { machine: `${require('node:os').cpus().length} cores, Node ${process.version}`, memory: null, postgres: null };
+  if (only !== 'postgres') {
+    console.log(`# memory: ${int(n)} runs`);
+    const pending = runChild('rss-pending', { n });
+    const waiting = runChild('rss-waiting', { n });
+    console.log(`rss per run: pending ${int(pending.bytesPerRun)} B, waiting ${int(waiting.bytesPerRun)} B, ratio ${(waiting.bytesPerRun / pending.bytesPerRun).toFixed(2)}`);
+    const park = runChild('park-resume', { n });
+    console.log(`park + resume: ${int(park.runsPerS)} runs/s (${int(park.ms)} ms, parked all in ${int(park.parkedMs)} ms)`);
+    const late = runChild('lateness', { backend: 'memory', n: latN });
+    console.log(`resume lateness (${int(latN)} sleepers over 2 s): p50 ${f1(late.p50)} ms, p99 ${f1(late.p99)} ms, max ${f1(late.max)} ms`);
+    const idle = runChild('idle-cpu', { backend: 'memory', n });
+    console.log(`idle CPU with ${int(n)} far-off sleepers: ${idle.cpuPercent.toFixed(2)} % of a core`);
+    const sig = runChild('signal-rtt', { backend: 'memory', n: 1000 });
+    console.log(`signal round trip: p50 ${f1(sig.p50)} ms, p99 ${f1(sig.p99)} ms`);
+    res.memory = { n, pending, waiting, rssRatio: waiting.bytesPerRun / pending.bytesPerRun, park, late, idle, sig };
+  }
+  if (only !== 'memory') {
+    const why = pgReachable();
+    if (why !== null) {
+      console.log(`# postgres: skipped (${why})`);
+      res.postgres = { skipped: why };
+    } else {
+      console.log(`# postgres: ${int(pgN)} idle sleepers, ${int(latN)} due together`);
+      const late = runChild('lateness', { backend: 'postgres', n: latN });
+      console.log(`resume lateness (${int(latN)} sleepers due together): p50 ${f1(late.p50)} ms, p99 ${f1(late.p99)} ms, max ${f1(late.max)} ms`);
+      const idle = runChild('idle-cpu', { backend: 'postgres', n: pgN });
+      console.log(`idle CPU with ${int(pgN)} far-off sleepers: ${idle.cpuPercent.toFixed(2)} % of a core (this process; the server's own CPU not counted)`);
+      const sig = runChild('signal-rtt', { backend: 'postgres', n: 300 });
+      console.log(`signal round trip: p50 ${f1(sig.p50)} ms, p99 ${f1(sig.p99)} ms`);
+      res.postgres = { n: pgN, late, idle, sig };
+    }
+  }
+  const json = arg('json', null);
+  if (json) fs.writeFileSync(json, JSON.stringify(res, null, 2));
+  if (process.argv.includes('--docs')) writeDocs(res, { n, pgN, latN });
+}
+
+function writeDocs(r, { n, pgN, latN }) {
+  const file = path.join(ROOT, 'BENCHMARKS.md');
+  const begin = '<!-- waits:begin -->';
+  const end = '<!-- waits:end -->';
+  const m = r.memory;
+  const p = r.postgres;
+  const ok = (cond) => (cond ? 'PASS' : 'MISS');
+  const lines = [
+    begin,
+    '## Durable waits',
+    '',
+    `Measured by \`node bench/waits.js --docs\` (${r.machine}); each scenario in a fresh process. Targets from issue 22.`,
+    '',
+    '| what | measured | target | |',
+    '|---|---|---|---|',
+  ];
+  if (m) {
+    lines.push(
+      `| RSS per run, memory, ${int(n)} runs: waiting in \`ctx.sleep\` / pending | ${int(m.waiting.bytesPerRun)} B / ${int(m.pending.bytesPerRun)} B = **${m.rssRatio.toFixed(2)}×** | ≤ 1.5× | ${ok(m.rssRatio <= 1.5)} |`,
+      `| park + resume of ${int(n)} runs, memory worker | **${int(m.park.runsPerS)} runs/s** | ≥ 50,000 | ${ok(m.park.runsPerS >= 50_000)} |`,
+      `| resume lateness, memory worker, ${int(latN)} sleepers due over 2 s | p50 ${f1(m.late.p50)} ms, **p99 ${f1(m.late.p99)} ms** | p99 ≤ 10 ms | ${ok(m.late.p99 <= 10)} |`,
+      `| idle CPU, memory, ${int(n)} far-off sleepers | **${m.idle.cpuPercent.toFixed(2)} %** of a core | < 1 % | ${ok(m.idle.cpuPercent < 1)} |`,
+      `| signal round trip (send → handler continues), memory | **p50 ${f1(m.sig.p50)} ms**, p99 ${f1(m.sig.p99)} ms | (report) | |`,
+    );
+  }
+  if (p && !p.skipped) {
+    lines.push(
+      `| resume lateness, PostgreSQL, ${int(latN)} sleepers due together | p50 ${f1(p.late.p50)} ms, **p99 ${f1(p.late.p99)} ms** | p99 ≤ 250 ms | ${ok(p.late.p99 <= 250)} |`,
+      `| idle CPU, PostgreSQL, ${int(pgN)} far-off sleepers (this process) | **${p.idle.cpuPercent.toFixed(2)} %** of a core | < 1 % | ${ok(p.idle.cpuPercent < 1)} |`,
+      `| signal round trip, PostgreSQL | **p50 ${f1(p.sig.p50)} ms**, p99 ${f1(p.sig.p99)} ms | (report) | |`,
+    );
+  } else if (p) {
+    lines.push(`| PostgreSQL | skipped: ${p.skipped} | | |`);
+  }
+  lines.push('', end);
+  let doc = fs.existsSync(file) ? fs.readFileSync(file, 'utf8') : '';
+  const i = doc.indexOf(begin);
+  const j = doc.indexOf(end);
+  doc = i >= 0 && j > i ? doc.slice(0, i) + lines.join('\n') + doc.slice(j + end.length) : `${doc.trimEnd()}\n\n${lines.join('\n')}\n`;
+  fs.writeFileSync(file, doc);
+  console.log('wrote the Durable waits section of BENCHMARKS.md');
+}
+
+if (process.argv.includes('--child')) {
+  child().catch((e) => {
+    process.stderr.write(String(e && e.stack ? e.stack : e));
+    process.exit(1);
+  });
+} else {
+  main().catch((e) => {
+    console.error(e);
+    process.exit(1);
+  });
+}

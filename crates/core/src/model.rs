@@ -657,7 +657,11 @@ pub struct StepRow {
 /// What a wait step waits for: stored as the step row's `input`, so a
 /// replay of the handler (or another process) finds it again.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(tag = "wait", rename_all = "camelCase", rename_all_fields = "camelCase")]
+#[serde(
+    tag = "wait",
+    rename_all = "camelCase",
+    rename_all_fields = "camelCase"
+)]
 pub enum WaitSpec {
     /// Until an instant.
     Sleep { until: Millis },

@@ -723,9 +723,7 @@ impl<S: Store + Coordination> Worker<S> {
             if self.is_stopping() {
                 return;
             }
-            let r = self
-                .on_store(|e| e.fire_timers_then_next())
-                .await;
+            let r = self.on_store(|e| e.fire_timers_then_next()).await;
             let wait = match r {
                 Some(Ok(next)) => {
                     failures = 0;

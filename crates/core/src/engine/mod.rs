@@ -30,8 +30,8 @@ mod schedules;
 mod start;
 mod steps;
 mod timeouts;
-mod wakeups;
 mod waits;
+mod wakeups;
 
 pub use attempts::{AttemptEnd, AttemptTicket, Settled};
 pub use queries::{JobRunQuery, PageCursor, ScopeOrder, ScopeQuery};

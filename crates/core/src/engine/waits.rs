@@ -203,8 +203,8 @@ impl<S: Store> Engine<S> {
                 Some(s) => s.seq,
                 None => tx.max_step_seq(&id) + 1,
             };
-            let step = |status: StepStatus, spec: &WaitSpec, output: Option<Box<RawValue>>| {
-                StepRow {
+            let step =
+                |status: StepStatus, spec: &WaitSpec, output: Option<Box<RawValue>>| StepRow {
                     id: existing.as_ref().map_or_else(Uuid::new_v4, |s| s.id),
                     job_run_id: id,
                     step_id: step_id.into(),
@@ -218,8 +218,7 @@ impl<S: Store> Engine<S> {
                     started_at: Some(now),
                     finished_at: (status == StepStatus::Completed).then_some(now),
                     epoch,
-                }
-            };
+                };
             match req {
                 WaitRequest::Sleep { until } => {
                     let spec = WaitSpec::Sleep {
@@ -280,13 +279,23 @@ impl<S: Store> Engine<S> {
                     if child.status.is_terminal() {
                         // A dedupe hit that ended already answers at once.
                         let (status, output) = child_result(&child, step_id, &id);
-                        finish_wait(tx, step(StepStatus::Running, &spec, None), status, output.clone(), now);
+                        finish_wait(
+                            tx,
+                            step(StepStatus::Running, &spec, None),
+                            status,
+                            output.clone(),
+                            now,
+                        );
                         return Ok(match status {
                             StepStatus::Completed => WaitBegin::Done(output),
                             _ => WaitBegin::Failed(output.unwrap_or_else(empty_object)),
                         });
                     }
-                    if !child.awaited_by().iter().any(|(r, s)| *r == id && **s == *step_id) {
+                    if !child
+                        .awaited_by()
+                        .iter()
+                        .any(|(r, s)| *r == id && **s == *step_id)
+                    {
                         // A live dedupe hit: its end must resolve this wait too.
                         let entry = (id, Box::<str>::from(step_id));
                         tx.update_run(&child.id, &mut |r| {
@@ -325,7 +334,9 @@ impl<S: Store> Engine<S> {
             };
             match s.status {
                 StepStatus::Completed => Ok(WaitBegin::Done(s.output.clone())),
-                StepStatus::Failed => Ok(WaitBegin::Failed(s.output.clone().unwrap_or_else(empty_object))),
+                StepStatus::Failed => Ok(WaitBegin::Failed(
+                    s.output.clone().unwrap_or_else(empty_object),
+                )),
                 StepStatus::Pending => {
                     s.status = StepStatus::Running;
                     tx.put_step(s);
@@ -353,7 +364,9 @@ impl<S: Store> Engine<S> {
 
     fn check_signal_name(&self, name: &str) -> Result<()> {
         if name.is_empty() {
-            return Err(JobError::invalid("a signal name must be a non-empty string"));
+            return Err(JobError::invalid(
+                "a signal name must be a non-empty string",
+            ));
         }
         if let Some(p) = self.store.text_problem(name) {
             return Err(JobError::invalid(format!(
@@ -449,7 +462,10 @@ impl<S: Store> Engine<S> {
         finish_wait(tx, s, StepStatus::Failed, Some(detail.clone()), now);
         // The step no longer waits: the child's cancel below cannot resolve it.
         if let WaitSpec::Child { child_run_id, .. } = spec {
-            if tx.run(child_run_id).is_some_and(|c| !c.status.is_terminal()) {
+            if tx
+                .run(child_run_id)
+                .is_some_and(|c| !c.status.is_terminal())
+            {
                 self.cancel_tree(tx, *child_run_id, true, true, now, fx);
             }
         }
@@ -759,7 +775,11 @@ fn complete<T: StoreTx>(tx: &mut T, mut s: StepRow, value: Option<Box<RawValue>>
 
 /// What an invoke wait on an ended `child` answers: its output, or the
 /// `JobChildFailedError` the call throws.
-fn child_result(child: &RunRow, step_id: &str, parent: &RunId) -> (StepStatus, Option<Box<RawValue>>) {
+fn child_result(
+    child: &RunRow,
+    step_id: &str,
+    parent: &RunId,
+) -> (StepStatus, Option<Box<RawValue>>) {
     if child.status == RunStatus::Completed {
         return (StepStatus::Completed, child.output().map(|o| o.to_owned()));
     }

@@ -676,7 +676,7 @@ impl<S: Store> Engine<S> {
         fx: &mut Effects,
     ) {
         for (parent, step_id) in child.awaited_by() {
-            if !tx.run(parent).is_some_and(|p| !p.status.is_terminal()) {
+            if tx.run(parent).is_none_or(|p| p.status.is_terminal()) {
                 continue;
             }
             let Some(s) = tx.step(parent, step_id).cloned() else {

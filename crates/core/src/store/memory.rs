@@ -52,6 +52,9 @@ struct RunSteps {
     by_id: HashMap<Box<str>, usize>,
 }
 
+/// A run's inbox: signals `(name, payload)` no wait took yet, oldest first.
+type Inbox = std::collections::VecDeque<(Box<str>, Box<RawValue>)>;
+
 #[derive(Default)]
 pub struct MemoryState {
     definitions: HashMap<Arc<str>, Arc<JobDefinition>>,
@@ -72,7 +75,7 @@ pub struct MemoryState {
     /// Waiting runs with a deadline, earliest first.
     waits: BTreeSet<(Millis, u64, Handle)>,
     /// Signals sent to a run that no wait took yet, oldest first.
-    inbox: HashMap<Handle, std::collections::VecDeque<(Box<str>, Box<RawValue>)>>,
+    inbox: HashMap<Handle, Inbox>,
     seq: u64,
     q: QueryIndex,
     /// Slots of purged runs, reused by the next inserts.

@@ -2371,6 +2371,62 @@ mod tests {
         assert_ne!(named, events_channel(&"t".repeat(80)));
     }
 
+    /// Every statement of the durable waits is index-backed: planned with
+    /// sequential scans off (so a small table does not hide a missing
+    /// index), none scans a table whole. Needs a server, as
+    /// `tests/postgres.rs` does (and skips the same way without one).
+    #[test]
+    fn the_wait_statements_are_index_backed() {
+        use super::*;
+        let url = std::env::var("JOBFORGE_PG_URL")
+            .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned());
+        let mut c = match postgres::Client::connect(&url, NoTls) {
+            Ok(c) => c,
+            Err(e) => {
+                if std::env::var("JOBFORGE_REQUIRE_PG").is_ok_and(|v| v == "1") {
+                    panic!("JOBFORGE_REQUIRE_PG=1 but PostgreSQL is unreachable: {e}");
+                }
+                eprintln!("skipping postgres test: no server at JOBFORGE_PG_URL ({e})");
+                return;
+            }
+        };
+        let schema = format!("jf_rs_explain_{}", std::process::id());
+        let s = quote_ident(&schema);
+        c.batch_execute(&format!("DROP SCHEMA IF EXISTS {s} CASCADE"))
+            .expect("drop");
+        let mut cfg = PgConfig::new(url);
+        cfg.schema = schema;
+        PgStore::new(cfg)
+            .expect("store")
+            .migrate()
+            .expect("migrate");
+        c.batch_execute("SET enable_seqscan = off").expect("set");
+        let (run, now, limit) = (Uuid::new_v4(), Ms(0), 10i64);
+        let cases: [(&str, &[&(dyn ToSql + Sync)], &str); 7] = [
+            (SQL_DUE_WAITS, &[&now, &limit], "job_run_wait_deadline_idx"),
+            (SQL_NEXT_WAIT, &[], "job_run_wait_deadline_idx"),
+            (SQL_TAKE_SIGNAL, &[&run, &"go"], "job_signal_pkey"),
+            (SQL_INBOX_LEN, &[&run], "job_signal_pkey"),
+            (SQL_CLEAR_SIGNALS, &[&run], "job_signal_pkey"),
+            (SQL_PURGE, &[&now, &now], "job_signal_pkey"),
+            (SQL_PUSH_SIGNAL, &[&run, &"go", &Jsonb("1"), &now], "Insert"),
+        ];
+        for (tpl, params, index) in cases {
+            let sql = tpl.replace("{S}", &s).replace("{R}", RUN_COLS);
+            let plan = c
+                .query(&format!("EXPLAIN {sql}"), params)
+                .expect("explain")
+                .iter()
+                .map(|r| r.get::<_, String>(0))
+                .collect::<Vec<_>>()
+                .join("\n");
+            assert!(!plan.contains("Seq Scan"), "{sql}\n{plan}");
+            assert!(plan.contains(index), "{sql}\n{plan}");
+        }
+        c.batch_execute(&format!("DROP SCHEMA {s} CASCADE"))
+            .expect("drop");
+    }
+
     #[test]
     fn a_connection_attempt_gets_the_timeout_once_per_address_it_may_try() {
         let budget = |url: &str| {

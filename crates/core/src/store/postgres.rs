@@ -23,7 +23,8 @@
 //!   collision) and lane positions are handed out in commit order;
 //! - claims take the best due rows with `FOR UPDATE SKIP LOCKED`; a lane
 //!   member is claimable only when no earlier member is live and none is
-//!   running;
+//!   running; the resumer takes waiting runs past their deadline the same
+//!   way, so two processes never resume one run;
 //! - a claimed run's `claimed_at` is its lease: the worker renews it
 //!   ([`PgStore::heartbeat`]) and [`PgStore::expired_leases`] finds runs
 //!   whose worker died;
@@ -1357,11 +1358,12 @@ const SQL_PUT_DEF: &str = "INSERT INTO {S}.job (type, version, pool, scope_entit
     dedupe_window_ms=EXCLUDED.dedupe_window_ms, priority_default=EXCLUDED.priority_default, \
     replay_from=EXCLUDED.replay_from, updated_at=EXCLUDED.updated_at";
 const SQL_JOB_TYPES: &str = "SELECT type FROM {S}.job ORDER BY type";
-/// Skips rows another transaction holds (see the module docs): a purge
-/// that waited deadlocked with transactions that lock terminal rows before
-/// their own purge (a cancel's tree walk, a settle of a run canceled meanwhile).
-/// Their steps and their inboxes go with them (each a delete of its own in
-/// the one statement, by index); it answers how many runs went.
+/// Deletes up to 1,000 runs past their retention, with their steps and
+/// their inboxes (a delete of each in the one statement, by index), and
+/// answers how many runs went. Skips rows another transaction holds (see
+/// the module docs): a purge that waited deadlocked with transactions that
+/// lock terminal rows before their own purge (a cancel's tree walk, a
+/// settle of a run canceled meanwhile).
 const SQL_PURGE: &str =
     "WITH gone AS (DELETE FROM {S}.job_run WHERE id IN (SELECT id FROM {S}.job_run \
     WHERE finished_at IS NOT NULL AND ((status = 'completed' AND finished_at <= $1) \

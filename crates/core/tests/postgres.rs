@@ -1355,6 +1355,12 @@ fn due_waits_come_earliest_first_and_skip_runs_held_elsewhere() {
         "due_waits waited for a lock"
     );
     release.send(()).unwrap();
+    // The holder commits on its own thread: wait until it has.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    while due(t + 1_000, 10).len() < 4 {
+        assert!(std::time::Instant::now() < deadline, "never released");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
 
     // Resumed in this transaction: neither due nor next any more.
     let (resumed, next_after) = e

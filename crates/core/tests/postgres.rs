@@ -1801,3 +1801,100 @@ fn an_invoked_childs_completion_resumes_its_waiting_parents() {
         Some(r#"{"r": 42}"#)
     );
 }
+
+/// An invoke answered by a live child (a dedupe hit) while that child's
+/// completion commits in another transaction: the invoke must see the end
+/// (and answer with it), not add its wait to a child that already ended,
+/// which would leave its run waiting for ever. The completion is held
+/// open on another connection, as a worker's settle in flight.
+#[test]
+fn an_invoke_hitting_a_child_that_completes_meanwhile_answers_with_its_end() {
+    let Some((e, cfg)) = engine("invokerace") else {
+        return;
+    };
+    e.register(spec("parent")).unwrap();
+    e.register(DefinitionSpec {
+        dedupe_key: Some("c:{{k}}".to_owned()),
+        dedupe_window_ms: Some(60_000),
+        ..spec("child")
+    })
+    .unwrap();
+    let invoke = || WaitRequest::Child {
+        start: Box::new(req("child", r#"{"k":1}"#)),
+        timeout_ms: None,
+    };
+    let p1 = e.start(req("parent", "{}")).unwrap();
+    let c1 = claim(&e, "batch");
+    assert_eq!(c1.id, p1.id);
+    assert!(matches!(wait(&e, &c1, "kid", invoke()), WaitBegin::Open));
+    let kid = claim(&e, "batch");
+    let p2 = e.start(req("parent", "{}")).unwrap();
+    let c2 = claim(&e, "batch");
+    assert_eq!(c2.id, p2.id);
+
+    // Another engine (another process) invokes; made first, as its
+    // migrate would queue behind the transaction held open below.
+    let e2 = Arc::new(engine_on(&cfg));
+    e2.register(spec("parent")).unwrap();
+    e2.register(DefinitionSpec {
+        dedupe_key: Some("c:{{k}}".to_owned()),
+        dedupe_window_ms: Some(60_000),
+        ..spec("child")
+    })
+    .unwrap();
+
+    // The child's completion, in flight: row locked and changed, not committed.
+    let (locked_tx, locked_rx) = std::sync::mpsc::channel();
+    let (commit_tx, commit_rx) = std::sync::mpsc::channel::<()>();
+    let (url, schema, kid_id) = (cfg.url.clone(), cfg.schema.clone(), kid.id);
+    let completer = std::thread::spawn(move || {
+        let mut client = postgres::Client::connect(&url, postgres::NoTls).unwrap();
+        let mut tx = client.transaction().unwrap();
+        tx.execute(
+            &format!(
+                "UPDATE \"{schema}\".job_run SET status = 'completed', output = '{{\"r\":7}}', \
+                 finished_at = now(), executing = false WHERE id = $1"
+            ),
+            &[&kid_id],
+        )
+        .unwrap();
+        locked_tx.send(()).unwrap();
+        let _ = commit_rx.recv_timeout(std::time::Duration::from_secs(10));
+        tx.commit().unwrap();
+    });
+    locked_rx.recv().unwrap();
+    let invoker = {
+        let (id, epoch) = (c2.id.to_string(), c2.claim_epoch);
+        std::thread::spawn(move || e2.wait_begin(&id, epoch, "kid", invoke()))
+    };
+    // Once the invoke waits for the child's row lock (it has read the
+    // child as it was before the completion), the completion commits.
+    let mut watch = postgres::Client::connect(&cfg.url, postgres::NoTls).unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    loop {
+        let waiting: i64 = watch
+            .query_one(
+                "SELECT count(*) FROM pg_stat_activity WHERE application_name = $1 \
+                 AND wait_event_type = 'Lock'",
+                &[&format!("jobforge:{}", cfg.schema)],
+            )
+            .unwrap()
+            .get(0);
+        if waiting > 0 {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the invoke never reached the child's row"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    commit_tx.send(()).unwrap();
+    completer.join().unwrap();
+    let answer = invoker.join().unwrap().unwrap();
+    assert_eq!(
+        done_with(answer).as_deref(),
+        Some(r#"{"r": 7}"#),
+        "the invoke must answer with the end it waited behind"
+    );
+}

@@ -3,6 +3,7 @@
 //! tests print why and pass, unless `JOBFORGE_REQUIRE_PG=1` (CI) makes a
 //! missing server a failure. Each test works in its own schema.
 
+use jobforge_core::engine::{WaitBegin, WaitRequest};
 use jobforge_core::store::postgres::{PgConfig, PgStore};
 use jobforge_core::*;
 use serde_json::value::RawValue;
@@ -36,13 +37,17 @@ fn engine(tag: &str) -> Option<(Engine<PgStore>, PgConfig)> {
 }
 
 fn engine_on(cfg: &PgConfig) -> Engine<PgStore> {
+    engine_clocked(cfg, ClockKind::System)
+}
+
+fn engine_clocked(cfg: &PgConfig, clock: ClockKind) -> Engine<PgStore> {
     let store = PgStore::new(cfg.clone()).unwrap();
     store.migrate().unwrap();
     Engine::new(
         store,
         EngineOptions {
             multi_tenant: false,
-            clock: ClockKind::System,
+            clock,
             retention: Default::default(),
         },
     )
@@ -940,4 +945,956 @@ fn retry_options_are_stored_in_the_definition_row_and_applied_by_another_engine(
     // Equal jitter of the capped 150 ms: [75, 150] (+ the ms the call took).
     assert!((75..=150 + 1_000).contains(&delay), "delay {delay}");
     assert!(delay < 1_000_000, "maxDelayMs capped the exponential delay");
+}
+
+// ── durable waits ──────────────────────────────────────────────────────
+
+/// A fresh schema and an engine on it with a manual clock: deadlines fall
+/// when the test moves the clock, not when the machine is slow.
+fn manual_engine(tag: &str) -> Option<(Engine<PgStore>, PgConfig)> {
+    let (_, cfg) = engine(tag)?;
+    Some((engine_clocked(&cfg, ClockKind::Manual), cfg))
+}
+
+/// A connection listening on the schema's wake-up channel.
+fn wake_listener(cfg: &PgConfig) -> postgres::Client {
+    let mut c = postgres::Client::connect(&cfg.url, postgres::NoTls).unwrap();
+    c.batch_execute(&format!("LISTEN \"jobforge_{}\"", cfg.schema))
+        .unwrap();
+    c
+}
+
+/// Whether a wake-up ("something may be claimable") arrived within 2 s.
+fn heard_wake(c: &mut postgres::Client) -> bool {
+    let mut notes = c.notifications();
+    let mut it = notes.timeout_iter(std::time::Duration::from_secs(2));
+    while let Some(n) = postgres::fallible_iterator::FallibleIterator::next(&mut it).unwrap() {
+        if n.payload().is_empty() {
+            return true;
+        }
+    }
+    false
+}
+
+fn row_of(e: &Engine<PgStore>, id: &RunId) -> RunRow {
+    e.find_by_id(&id.to_string(), &TenantArg::Missing)
+        .unwrap()
+        .expect("the run's row")
+}
+
+fn claim(e: &Engine<PgStore>, pool: &str) -> RunRow {
+    e.claim_next(pool).unwrap().expect("a run to claim")
+}
+
+fn parked(e: &Engine<PgStore>, run: &RunRow) -> RunRow {
+    e.finish_attempt(&run.id, run.claim_epoch, AttemptOutcome::Parked)
+        .unwrap()
+        .expect("the parked row")
+}
+
+fn wait(e: &Engine<PgStore>, run: &RunRow, step: &str, w: WaitRequest) -> WaitBegin {
+    e.wait_begin(&run.id.to_string(), run.claim_epoch, step, w)
+        .unwrap()
+}
+
+fn done_with(w: WaitBegin) -> Option<String> {
+    match w {
+        WaitBegin::Done(v) => v.map(|v| v.get().to_owned()),
+        other => panic!("expected a resolved wait, got {other:?}"),
+    }
+}
+
+fn signal_wait(name: &str, timeout_ms: Option<i64>) -> WaitRequest {
+    WaitRequest::Signal {
+        signal: name.to_owned(),
+        timeout_ms,
+    }
+}
+
+/// What the store writes for a waiting run (kind, deadline, the waits its
+/// end resolves) and for a wait step (its kind) reads back as written, on
+/// every path that writes a run: one changed row, many changed rows in one
+/// statement, a new row.
+#[test]
+fn wait_fields_awaited_by_and_step_kinds_are_stored_and_read_back() {
+    let Some((e, _)) = engine("waitrows") else {
+        return;
+    };
+    e.register(spec("w")).unwrap();
+    let a = e.start(req("w", "{}")).unwrap();
+    let b = e.start(req("w", "{}")).unwrap();
+    let parent = e.start(req("w", "{}")).unwrap();
+    let at = e.now() + 60_000;
+
+    // One changed row: the single-row update.
+    e.store()
+        .transaction(|tx| {
+            tx.update_run(&a.id, &mut |r| {
+                r.status = RunStatus::Waiting;
+                r.wait_kind = Some(WaitKind::Sleep);
+                r.wait_deadline = at.into();
+            });
+            Ok(())
+        })
+        .unwrap();
+    let back = row_of(&e, &a.id);
+    assert_eq!(back.status, RunStatus::Waiting);
+    assert_eq!(back.wait_kind, Some(WaitKind::Sleep));
+    assert_eq!(back.wait_deadline.get(), Some(at));
+    assert!(back.awaited_by().is_empty());
+    assert!(back.to_json().contains(&format!(
+        r#""waitKind":"sleep","resumeToken":null,"waitDeadline":{at}"#
+    )));
+
+    // Two changed rows: the batched update.
+    let step_id: Box<str> = "invoke \"é\" 1".into();
+    e.store()
+        .transaction(|tx| {
+            for (id, kind) in [(a.id, WaitKind::Child), (b.id, WaitKind::Token)] {
+                tx.update_run(&id, &mut |r| {
+                    r.status = RunStatus::Waiting;
+                    r.wait_kind = Some(kind);
+                    r.wait_deadline = match kind {
+                        WaitKind::Child => OptMillis::NONE,
+                        _ => (at + 1).into(),
+                    };
+                    let extras = r.extras.get_or_insert_with(Default::default);
+                    extras.awaited_by.push((parent.id, step_id.clone()));
+                    extras.awaited_by.push((b.id, "second".into()));
+                });
+            }
+            Ok(())
+        })
+        .unwrap();
+    let (ra, rb) = (row_of(&e, &a.id), row_of(&e, &b.id));
+    assert_eq!(
+        (ra.wait_kind, ra.wait_deadline.get()),
+        (Some(WaitKind::Child), None)
+    );
+    assert_eq!(
+        (rb.wait_kind, rb.wait_deadline.get()),
+        (Some(WaitKind::Token), Some(at + 1))
+    );
+    let expected = vec![(parent.id, step_id.clone()), (b.id, Box::from("second"))];
+    assert_eq!(ra.awaited_by(), expected.as_slice());
+    assert_eq!(rb.awaited_by(), expected.as_slice());
+
+    // Cleared again (a resumption): the columns go back to null.
+    e.store()
+        .transaction(|tx| {
+            tx.update_run(&a.id, &mut |r| {
+                r.status = RunStatus::Pending;
+                r.clear_wait();
+                if let Some(x) = r.extras.as_mut() {
+                    x.awaited_by.clear();
+                }
+            });
+            Ok(())
+        })
+        .unwrap();
+    let back = row_of(&e, &a.id);
+    assert_eq!((back.wait_kind, back.wait_deadline.get()), (None, None));
+    assert!(back.awaited_by().is_empty());
+    assert!(back.extras.is_none(), "nothing left of the extras");
+
+    // A new row with them set: the insert.
+    let mut fresh = rb.clone();
+    fresh.id = RunId::new_v4();
+    fresh.wait_kind = Some(WaitKind::Signal);
+    fresh.wait_deadline = (at + 2).into();
+    e.store()
+        .transaction(|tx| {
+            fresh.seq = tx.next_seq();
+            tx.insert_run(fresh.clone());
+            Ok(())
+        })
+        .unwrap();
+    let back = row_of(&e, &fresh.id);
+    assert_eq!(back.status, RunStatus::Waiting);
+    assert_eq!(
+        (back.wait_kind, back.wait_deadline.get()),
+        (Some(WaitKind::Signal), Some(at + 2))
+    );
+    assert_eq!(back.awaited_by(), expected.as_slice());
+
+    // Steps: a task step, then the same id rewritten as a wait (the upsert
+    // changes the kind too), and a wait step of its own.
+    let spec = WaitSpec::Signal {
+        signal: "go".to_owned(),
+        deadline: Some(at),
+        timeout_ms: Some(60_000),
+    };
+    let step = |step_id: &str, kind: &'static str, seq: u32| StepRow {
+        id: RunId::new_v4(),
+        job_run_id: parent.id,
+        step_id: step_id.into(),
+        kind,
+        seq,
+        status: StepStatus::Running,
+        input: Some(spec.to_raw()),
+        output: None,
+        error: None,
+        attempts: 1,
+        started_at: Some(at),
+        finished_at: None,
+        epoch: 1,
+    };
+    e.store()
+        .transaction(|tx| {
+            tx.put_step(step("s1", "task", 1));
+            Ok(())
+        })
+        .unwrap();
+    let kinds = |e: &Engine<PgStore>| -> Vec<(String, &'static str)> {
+        e.list_steps(&parent.id.to_string(), &TenantArg::Missing)
+            .unwrap()
+            .into_iter()
+            .map(|s| (s.step_id.to_string(), s.kind))
+            .collect()
+    };
+    assert_eq!(kinds(&e), [("s1".to_owned(), "task")]);
+    e.store()
+        .transaction(|tx| {
+            tx.put_step(step("s1", "wait", 1));
+            tx.put_step(step("s2", "wait", 2));
+            Ok(())
+        })
+        .unwrap();
+    assert_eq!(
+        kinds(&e),
+        [("s1".to_owned(), "wait"), ("s2".to_owned(), "wait")]
+    );
+    let s2 = e
+        .find_step(&TenantArg::Missing, &parent.id.to_string(), "s2")
+        .unwrap()
+        .unwrap();
+    assert_eq!(WaitSpec::of_step(&s2), Some(spec));
+}
+
+/// The inbox: FIFO per name, counted per run, emptied on demand, a take
+/// undone by a rollback, and gone with its run when retention purges it
+/// (with the run's steps).
+#[test]
+fn the_inbox_is_fifo_per_name_and_goes_with_its_purged_run() {
+    let Some((e, cfg)) = engine("inbox") else {
+        return;
+    };
+    e.register(spec("w")).unwrap();
+    let run = e.start(req("w", "{}")).unwrap();
+    let mut done_req = req("w", "{}");
+    done_req.pool = Some("done".to_owned());
+    let other = e.start(done_req).unwrap();
+    let push = |id: RunId, name: &str, payload: &str| {
+        e.store()
+            .transaction(|tx| {
+                tx.push_signal(&id, name, raw(payload), e.now());
+                Ok(())
+            })
+            .unwrap()
+    };
+    let len = |id: RunId| e.store().read(|tx| Ok(tx.inbox_len(&id))).unwrap();
+    let take = |id: RunId, name: &str| {
+        e.store()
+            .transaction(|tx| Ok(tx.take_signal(&id, name).map(|p| p.get().to_owned())))
+            .unwrap()
+    };
+    push(run.id, "a", r#"{"n":1}"#);
+    push(run.id, "b", "2");
+    push(run.id, "a", r#"{"n":3}"#);
+    push(run.id, "a", "null");
+    push(other.id, "a", "9");
+    assert_eq!((len(run.id), len(other.id)), (4, 1));
+
+    assert_eq!(take(run.id, "a").as_deref(), Some(r#"{"n": 1}"#));
+    // A take in a transaction that rolls back leaves the signal in place.
+    let r: Result<()> = e.store().transaction(|tx| {
+        assert!(tx.take_signal(&run.id, "a").is_some());
+        Err(JobError::JobInputInvalid {
+            reason: "roll back".to_owned(),
+        })
+    });
+    assert!(r.is_err());
+    assert_eq!(take(run.id, "a").as_deref(), Some(r#"{"n": 3}"#));
+    assert_eq!(take(run.id, "b").as_deref(), Some("2"));
+    // A signal sent without a payload is JSON null, still a signal.
+    assert_eq!(take(run.id, "a").as_deref(), Some("null"));
+    assert_eq!(take(run.id, "a"), None);
+    assert_eq!(take(run.id, "b"), None);
+    assert_eq!(take(run.id, "nothing"), None);
+    assert_eq!((len(run.id), len(other.id)), (0, 1));
+
+    // Two takes in one transaction take two signals.
+    push(run.id, "c", "1");
+    push(run.id, "c", "2");
+    let both = e
+        .store()
+        .transaction(|tx| {
+            let first = tx.take_signal(&run.id, "c").map(|p| p.get().to_owned());
+            let second = tx.take_signal(&run.id, "c").map(|p| p.get().to_owned());
+            Ok((first, second, tx.inbox_len(&run.id)))
+        })
+        .unwrap();
+    assert_eq!(both, (Some("1".to_owned()), Some("2".to_owned()), 0));
+
+    push(run.id, "d", "1");
+    push(run.id, "e", "2");
+    e.store()
+        .transaction(|tx| {
+            tx.clear_signals(&run.id);
+            Ok(())
+        })
+        .unwrap();
+    assert_eq!((len(run.id), len(other.id)), (0, 1), "one run's inbox only");
+
+    // Purged: the run's signals go with it, as its steps do; a live run's stay.
+    push(run.id, "kept", "1");
+    let c = claim(&e, "done");
+    assert_eq!(c.id, other.id);
+    e.store()
+        .transaction(|tx| {
+            tx.put_step(StepRow {
+                id: RunId::new_v4(),
+                job_run_id: other.id,
+                step_id: "s".into(),
+                kind: "wait",
+                seq: 1,
+                status: StepStatus::Completed,
+                input: None,
+                output: None,
+                error: None,
+                attempts: 1,
+                started_at: None,
+                finished_at: None,
+                epoch: c.claim_epoch,
+            });
+            Ok(())
+        })
+        .unwrap();
+    e.finish_attempt(&c.id, c.claim_epoch, AttemptOutcome::Completed(None))
+        .unwrap();
+    let purged = e
+        .store()
+        .transaction(|tx| Ok(tx.purge_finished(Some(e.now()), None)))
+        .unwrap();
+    assert_eq!(purged, 1);
+    let mut sql = postgres::Client::connect(&cfg.url, postgres::NoTls).unwrap();
+    let left = |sql: &mut postgres::Client, table: &str, col: &str| -> i64 {
+        sql.query_one(
+            &format!(
+                "SELECT count(*) FROM \"{}\".{table} WHERE {col} = $1",
+                cfg.schema
+            ),
+            &[&other.id],
+        )
+        .unwrap()
+        .get(0)
+    };
+    assert_eq!(left(&mut sql, "job_run", "id"), 0);
+    assert_eq!(left(&mut sql, "job_step", "job_run_id"), 0);
+    assert_eq!(left(&mut sql, "job_signal", "run_id"), 0);
+    assert_eq!(len(run.id), 1);
+    assert_eq!(take(run.id, "kept").as_deref(), Some("1"));
+}
+
+/// The resumer's reads: waiting runs past their deadline, earliest first
+/// (created order breaking ties), at most the limit, skipping rows another
+/// transaction holds rather than waiting for them; the next deadline, with
+/// what this transaction resumed already left out.
+#[test]
+fn due_waits_come_earliest_first_and_skip_runs_held_elsewhere() {
+    let Some((e, cfg)) = engine("duewaits") else {
+        return;
+    };
+    e.register(spec("w")).unwrap();
+    let t = e.now() + 1_000;
+    let runs: Vec<RunRow> = (0..6).map(|_| e.start(req("w", "{}")).unwrap()).collect();
+    let (w1, w2, w3, w4, not_waiting, untimed) = (
+        runs[0].id, runs[1].id, runs[2].id, runs[3].id, runs[4].id, runs[5].id,
+    );
+    e.store()
+        .transaction(|tx| {
+            for (id, status, deadline) in [
+                (w1, RunStatus::Waiting, Some(t + 10)),
+                (w2, RunStatus::Waiting, Some(t + 20)),
+                (w3, RunStatus::Waiting, Some(t + 10)),
+                (w4, RunStatus::Waiting, Some(t + 30)),
+                // Only waiting runs resume, whatever their columns say.
+                (not_waiting, RunStatus::Running, Some(t)),
+                (untimed, RunStatus::Waiting, None),
+            ] {
+                tx.update_run(&id, &mut |r| {
+                    r.status = status;
+                    r.wait_kind = Some(WaitKind::Signal);
+                    r.wait_deadline = deadline.into();
+                });
+            }
+            Ok(())
+        })
+        .unwrap();
+    let due = |now: Millis, limit: usize| {
+        e.store()
+            .transaction(|tx| Ok(tx.due_waits(now, limit)))
+            .unwrap()
+    };
+    let next = || {
+        e.store()
+            .transaction(|tx| Ok(tx.next_wait_deadline()))
+            .unwrap()
+    };
+    assert_eq!(next(), Some(t + 10));
+    assert_eq!(due(t + 9, 10), Vec::<RunId>::new());
+    assert_eq!(due(t + 10, 10), vec![w1, w3]);
+    assert_eq!(due(t + 25, 10), vec![w1, w3, w2]);
+    assert_eq!(due(t + 1_000, 2), vec![w1, w3]);
+
+    let release = hold_row_locks(&cfg, vec![w1]);
+    let started = std::time::Instant::now();
+    assert_eq!(due(t + 1_000, 10), vec![w3, w2, w4]);
+    assert!(
+        started.elapsed() < std::time::Duration::from_secs(3),
+        "due_waits waited for a lock"
+    );
+    release.send(()).unwrap();
+    // The holder commits on its own thread: wait until it has.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    while due(t + 1_000, 10).len() < 4 {
+        assert!(std::time::Instant::now() < deadline, "never released");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+
+    // Resumed in this transaction: neither due nor next any more.
+    let (resumed, next_after) = e
+        .store()
+        .transaction(|tx| {
+            let ids = tx.due_waits(t + 20, 10);
+            for id in &ids {
+                tx.update_run(id, &mut |r| {
+                    r.status = RunStatus::Pending;
+                    r.clear_wait();
+                });
+            }
+            Ok((ids, tx.next_wait_deadline()))
+        })
+        .unwrap();
+    assert_eq!(resumed, vec![w1, w3, w2]);
+    assert_eq!(next_after, Some(t + 30));
+    assert_eq!(due(t + 1_000, 10), vec![w4]);
+}
+
+/// A database made by the version before durable waits (schema versions 1
+/// and 2, as that version wrote them) is upgraded in place by `migrate`:
+/// its checks then take the wait kinds and the wait steps it refused, its
+/// rows still work, and migrating again changes nothing.
+#[test]
+fn a_database_of_schema_version_2_upgrades_in_place_to_durable_waits() {
+    let Some((_, cfg)) = engine("v2") else {
+        return;
+    };
+    let s = format!("\"{}\"", cfg.schema);
+    let mut c = postgres::Client::connect(&cfg.url, postgres::NoTls).unwrap();
+    let old = include_str!("fixtures/schema_v2.sql").replace("{S}", &s);
+    c.batch_execute(&format!(
+        "DROP SCHEMA {s} CASCADE; CREATE SCHEMA {s}; {old}
+         INSERT INTO {s}.job_run (id, job_type, root_run_id, pool, status, run_at)
+         VALUES ('22222222-2222-4222-8222-222222222222', 'w', '22222222-2222-4222-8222-222222222222',
+           'batch', 'pending', now() - interval '1 minute');
+         INSERT INTO {s}.job_step (id, job_run_id, step_id, seq, status, output, attempts)
+         VALUES ('33333333-3333-4333-8333-333333333333', '22222222-2222-4222-8222-222222222222',
+           'old', 1, 'completed', '1', 1);"
+    ))
+    .unwrap();
+    // The old checks refuse what waits write.
+    assert!(c
+        .batch_execute(&format!("UPDATE {s}.job_run SET wait_kind = 'sleep'"))
+        .is_err());
+    assert!(c
+        .batch_execute(&format!("UPDATE {s}.job_step SET kind = 'wait'"))
+        .is_err());
+
+    let e = engine_clocked(&cfg, ClockKind::Manual); // migrates
+    let versions: Vec<i32> = c
+        .query(
+            &format!("SELECT version FROM {s}.jobforge_migration ORDER BY version"),
+            &[],
+        )
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert_eq!(versions, [1, 2, 3]);
+    let checks = |c: &mut postgres::Client| -> Vec<(String, u32, String)> {
+        c.query(
+            "SELECT conname::text, oid, pg_get_constraintdef(oid) FROM pg_constraint \
+             WHERE connamespace = $1::text::regnamespace \
+             AND conname IN ('job_run_wait_kind_check', 'job_step_kind_check') ORDER BY conname",
+            &[&s],
+        )
+        .unwrap()
+        .iter()
+        .map(|r| (r.get(0), r.get(1), r.get(2)))
+        .collect()
+    };
+    let before = checks(&mut c);
+    assert_eq!(before.len(), 2, "{before:?}");
+    assert!(before[0].2.contains("'child'"), "{before:?}");
+    assert!(before[1].2.contains("'wait'"), "{before:?}");
+    // Again: the checks are left as they are (not dropped and re-added,
+    // which would scan the table to validate them each time).
+    e.store().migrate().unwrap();
+    assert_eq!(checks(&mut c), before);
+
+    // The old run parks on a sleep: wait_kind 'sleep', a step of kind 'wait'.
+    e.register(spec("w")).unwrap();
+    let run = claim(&e, "batch");
+    assert_eq!(run.id.to_string(), "22222222-2222-4222-8222-222222222222");
+    let until = e.now() + 5_000;
+    assert!(matches!(
+        wait(&e, &run, "nap", WaitRequest::Sleep { until }),
+        WaitBegin::Open
+    ));
+    let p = parked(&e, &run);
+    assert_eq!(p.status, RunStatus::Waiting);
+    let stored = c
+        .query_one(
+            &format!("SELECT wait_kind, wait_deadline IS NOT NULL FROM {s}.job_run WHERE id = $1"),
+            &[&run.id],
+        )
+        .unwrap();
+    assert_eq!(stored.get::<_, Option<&str>>(0), Some("sleep"));
+    assert!(stored.get::<_, bool>(1));
+    let steps: Vec<(String, &'static str)> = e
+        .list_steps(&run.id.to_string(), &TenantArg::Missing)
+        .unwrap()
+        .into_iter()
+        .map(|s| (s.step_id.to_string(), s.kind))
+        .collect();
+    assert_eq!(
+        steps,
+        [("old".to_owned(), "task"), ("nap".to_owned(), "wait")]
+    );
+    // The widened checks still refuse what no version writes.
+    assert!(c
+        .batch_execute(&format!("UPDATE {s}.job_run SET wait_kind = 'nap'"))
+        .is_err());
+    assert!(c
+        .batch_execute(&format!("UPDATE {s}.job_step SET kind = 'nap'"))
+        .is_err());
+    // And it resumes at its deadline.
+    e.advance_time(5_000);
+    assert_eq!(e.resume_due_waits_then_next().unwrap(), (1, None));
+    let again = claim(&e, "batch");
+    assert_eq!(
+        done_with(wait(&e, &again, "nap", WaitRequest::Sleep { until })),
+        None
+    );
+}
+
+/// `ctx.sleep` on PostgreSQL: the attempt parks, the run waits with its
+/// deadline (two parked in one settle, the batched write), the resumer
+/// turns it pending at the deadline and wakes the workers, and the sleep
+/// answers when the handler runs again.
+#[test]
+fn a_sleep_parks_the_run_until_its_deadline_resumes_it() {
+    let Some((e, cfg)) = manual_engine("sleep") else {
+        return;
+    };
+    e.register(spec("w")).unwrap();
+    e.start(req("w", r#"{"i":1}"#)).unwrap();
+    e.start(req("w", r#"{"i":2}"#)).unwrap();
+    let pool: Arc<str> = Arc::from("batch");
+    let Settled { tickets, .. } = e.settle(Vec::new(), &[(pool, 2)]).unwrap();
+    assert_eq!(tickets.len(), 2);
+    let t0 = e.now();
+    let until = |i: usize| t0 + 1_000 * (i as i64 + 1);
+    for (i, t) in tickets.iter().enumerate() {
+        let w = e
+            .wait_begin(
+                &t.run.id.to_string(),
+                t.epoch,
+                "nap",
+                WaitRequest::Sleep { until: until(i) },
+            )
+            .unwrap();
+        assert!(matches!(w, WaitBegin::Open), "{w:?}");
+    }
+    let ends = tickets
+        .iter()
+        .map(|t| AttemptEnd {
+            id: t.run.id,
+            epoch: t.epoch,
+            outcome: Some(AttemptOutcome::Parked),
+            ended_at: None,
+        })
+        .collect();
+    assert_eq!(e.settle(ends, &[]).unwrap().applied, 2);
+    for (i, t) in tickets.iter().enumerate() {
+        let r = row_of(&e, &t.run.id);
+        assert_eq!(r.status, RunStatus::Waiting);
+        assert_eq!(r.wait_kind, Some(WaitKind::Sleep));
+        assert_eq!(r.wait_deadline.get(), Some(until(i)));
+        assert_eq!(r.attempts, 0, "parking is no attempt");
+        assert_eq!(r.claimed_at.get(), None);
+        assert!(!r.executing);
+    }
+
+    // Nothing due yet: the next deadline is the earliest.
+    assert_eq!(e.resume_due_waits_then_next().unwrap(), (0, Some(until(0))));
+    e.advance_time(999);
+    assert_eq!(e.resume_due_waits_then_next().unwrap(), (0, Some(until(0))));
+    assert!(e.claim_next("batch").unwrap().is_none());
+
+    let mut listener = wake_listener(&cfg);
+    e.advance_time(1);
+    assert_eq!(e.resume_due_waits_then_next().unwrap(), (1, Some(until(1))));
+    assert!(heard_wake(&mut listener), "the resumed run woke no worker");
+    let first = row_of(&e, &tickets[0].run.id);
+    assert_eq!(first.status, RunStatus::Pending);
+    assert_eq!((first.wait_kind, first.wait_deadline.get()), (None, None));
+    assert_eq!(first.run_at, until(0));
+    assert_eq!(row_of(&e, &tickets[1].run.id).status, RunStatus::Waiting);
+
+    // Run again, the sleep answers at once; the attempt kept its start.
+    let c = claim(&e, "batch");
+    assert_eq!(c.id, tickets[0].run.id);
+    assert_eq!(c.started_at, tickets[0].run.started_at);
+    assert_eq!(
+        done_with(wait(&e, &c, "nap", WaitRequest::Sleep { until: until(0) })),
+        None
+    );
+    let step = e
+        .find_step(&TenantArg::Missing, &c.id.to_string(), "nap")
+        .unwrap()
+        .unwrap();
+    assert_eq!((step.kind, step.status), ("wait", StepStatus::Completed));
+    let end = e
+        .finish_attempt(&c.id, c.claim_epoch, AttemptOutcome::Completed(None))
+        .unwrap()
+        .unwrap();
+    assert_eq!((end.status, end.attempts), (RunStatus::Completed, 1));
+
+    // A claim resumes due waits first (no worker timer needed).
+    e.advance_time(1_000);
+    let c2 = claim(&e, "batch");
+    assert_eq!(c2.id, tickets[1].run.id);
+    assert_eq!(e.resume_due_waits_then_next().unwrap(), (0, None));
+}
+
+/// `ctx.waitForSignal` on PostgreSQL: signals no wait took wait in the
+/// inbox and answer later waits oldest first; a signal for an open wait
+/// resolves it and resumes the run; a wait's timeout resumes it too.
+#[test]
+fn signals_wait_in_the_inbox_or_resume_the_run_waiting_for_them() {
+    let Some((e, cfg)) = manual_engine("signal") else {
+        return;
+    };
+    e.register(spec("w")).unwrap();
+    let run = e.start(req("w", "{}")).unwrap();
+    let id = run.id.to_string();
+    let c = claim(&e, "batch");
+    let send = |name: &str, payload: Option<&str>| {
+        e.signal(&id, name, payload.map(raw), &TenantArg::Missing)
+            .unwrap()
+    };
+    assert!(!send("go", Some(r#"{"n":1}"#)), "no wait yet: to the inbox");
+    assert!(!send("go", Some(r#"{"n":2}"#)));
+    assert!(!send("other", None));
+    assert_eq!(
+        done_with(wait(&e, &c, "s1", signal_wait("go", None))).as_deref(),
+        Some(r#"{"n": 1}"#)
+    );
+    assert_eq!(
+        done_with(wait(&e, &c, "s2", signal_wait("go", None))).as_deref(),
+        Some(r#"{"n": 2}"#)
+    );
+    assert!(matches!(
+        wait(&e, &c, "s3", signal_wait("go", Some(5_000))),
+        WaitBegin::Open
+    ));
+    let p = parked(&e, &c);
+    assert_eq!(p.status, RunStatus::Waiting);
+    assert_eq!(p.wait_kind, Some(WaitKind::Signal));
+    assert_eq!(p.wait_deadline.get(), Some(e.now() + 5_000));
+    let inbox = e.store().read(|tx| Ok(tx.inbox_len(&run.id))).unwrap();
+    assert_eq!(inbox, 1, "the signal no wait took");
+
+    let mut listener = wake_listener(&cfg);
+    assert!(send("go", Some("3")), "taken by the open wait");
+    assert!(heard_wake(&mut listener));
+    let r = row_of(&e, &run.id);
+    assert_eq!(r.status, RunStatus::Pending);
+    assert_eq!((r.wait_kind, r.wait_deadline.get()), (None, None));
+
+    let c = claim(&e, "batch");
+    assert_eq!(
+        done_with(wait(&e, &c, "s1", signal_wait("go", None))).as_deref(),
+        Some(r#"{"n": 1}"#),
+        "a resolved wait answers from its row"
+    );
+    assert_eq!(
+        done_with(wait(&e, &c, "s3", signal_wait("go", Some(5_000)))).as_deref(),
+        Some("3")
+    );
+
+    // A wait's timeout: the deadline resumes the run and the wait fails.
+    assert!(matches!(
+        wait(&e, &c, "s4", signal_wait("never", Some(100))),
+        WaitBegin::Open
+    ));
+    assert_eq!(parked(&e, &c).wait_deadline.get(), Some(e.now() + 100));
+    e.advance_time(100);
+    assert_eq!(e.resume_due_waits_then_next().unwrap(), (1, None));
+    let c = claim(&e, "batch");
+    match wait(&e, &c, "s4", signal_wait("never", Some(100))) {
+        WaitBegin::Failed(err) => assert!(err.get().contains("JobWaitTimeoutError"), "{err}"),
+        other => panic!("expected a timeout, got {other:?}"),
+    }
+    e.finish_attempt(&c.id, c.claim_epoch, AttemptOutcome::Completed(None))
+        .unwrap();
+    assert!(matches!(
+        e.signal(&id, "go", None, &TenantArg::Missing),
+        Err(JobError::JobRunState { .. })
+    ));
+}
+
+/// `ctx.waitForToken` on PostgreSQL: the token's hash is stored, never the
+/// token; `resume` with it resolves the wait and resumes the run, once.
+#[test]
+fn a_token_wait_resumes_with_its_token_once() {
+    let Some((e, cfg)) = manual_engine("token") else {
+        return;
+    };
+    e.register(spec("w")).unwrap();
+    let run = e.start(req("w", "{}")).unwrap();
+    let c = claim(&e, "batch");
+    let token = match wait(&e, &c, "approval", WaitRequest::Token { timeout_ms: None }) {
+        WaitBegin::Token(t) => t,
+        other => panic!("expected a token, got {other:?}"),
+    };
+    let step = e
+        .find_step(&TenantArg::Missing, &run.id.to_string(), "approval")
+        .unwrap()
+        .unwrap();
+    assert_eq!(step.status, StepStatus::Pending, "being delivered");
+    let input = step.input.as_ref().unwrap().get().to_owned();
+    assert!(!input.contains(&token), "{input}");
+    assert!(
+        input.contains(&jobforge_core::engine::resume_token_hash(&token)),
+        "{input}"
+    );
+    assert!(matches!(
+        e.wait_delivered(&run.id.to_string(), c.claim_epoch, "approval")
+            .unwrap(),
+        WaitBegin::Open
+    ));
+    let p = parked(&e, &c);
+    assert_eq!(
+        (p.status, p.wait_kind, p.wait_deadline.get()),
+        (RunStatus::Waiting, Some(WaitKind::Token), None)
+    );
+    assert_eq!(e.resume_due_waits_then_next().unwrap(), (0, None));
+
+    let forged = format!("jft_{}{}", run.id.simple(), "0".repeat(64));
+    assert!(matches!(
+        e.resume(&forged, None, &TenantArg::Missing),
+        Err(JobError::JobResumeToken { .. })
+    ));
+    let mut listener = wake_listener(&cfg);
+    let resumed = e
+        .resume(&token, Some(raw(r#"{"ok":true}"#)), &TenantArg::Missing)
+        .unwrap();
+    assert_eq!(resumed, run.id);
+    assert!(heard_wake(&mut listener));
+    assert_eq!(row_of(&e, &run.id).status, RunStatus::Pending);
+    assert!(matches!(
+        e.resume(&token, None, &TenantArg::Missing),
+        Err(JobError::JobResumeToken { .. })
+    ));
+    let c = claim(&e, "batch");
+    assert_eq!(
+        done_with(wait(
+            &e,
+            &c,
+            "approval",
+            WaitRequest::Token { timeout_ms: None }
+        ))
+        .as_deref(),
+        Some(r#"{"ok": true}"#)
+    );
+}
+
+/// `ctx.invoke` on PostgreSQL: the child records the wait its end resolves
+/// (`awaited_by`); a second invoke answered by the same child (a dedupe
+/// hit) adds its wait to the stored row; the child's completion resumes
+/// both parents and their waits answer with its output.
+#[test]
+fn an_invoked_childs_completion_resumes_its_waiting_parents() {
+    let Some((e, cfg)) = manual_engine("child") else {
+        return;
+    };
+    e.register(spec("parent")).unwrap();
+    e.register(DefinitionSpec {
+        dedupe_key: Some("c:{{k}}".to_owned()),
+        dedupe_window_ms: Some(60_000),
+        ..spec("child")
+    })
+    .unwrap();
+    let p1 = e.start(req("parent", "{}")).unwrap();
+    let p2 = e.start(req("parent", "{}")).unwrap();
+    let c1 = claim(&e, "batch");
+    let c2 = claim(&e, "batch");
+    assert_eq!((c1.id, c2.id), (p1.id, p2.id));
+    let invoke = || WaitRequest::Child {
+        start: Box::new(req("child", r#"{"k":1}"#)),
+        timeout_ms: None,
+    };
+    assert!(matches!(wait(&e, &c1, "kid", invoke()), WaitBegin::Open));
+    let step = e
+        .find_step(&TenantArg::Missing, &p1.id.to_string(), "kid")
+        .unwrap()
+        .unwrap();
+    let Some(WaitSpec::Child { child_run_id, .. }) = WaitSpec::of_step(&step) else {
+        panic!("a child wait: {step:?}");
+    };
+    let child = row_of(&e, &child_run_id);
+    assert_eq!(child.parent_run_id(), Some(p1.id));
+    assert_eq!(child.awaited_by(), [(p1.id, Box::from("kid"))].as_slice());
+
+    assert!(matches!(
+        wait(&e, &c2, "same kid", invoke()),
+        WaitBegin::Open
+    ));
+    assert_eq!(
+        row_of(&e, &child_run_id).awaited_by(),
+        [(p1.id, Box::from("kid")), (p2.id, Box::from("same kid"))].as_slice()
+    );
+    for c in [&c1, &c2] {
+        let p = parked(&e, c);
+        assert_eq!(
+            (p.status, p.wait_kind, p.wait_deadline.get()),
+            (RunStatus::Waiting, Some(WaitKind::Child), None)
+        );
+    }
+
+    let kid = claim(&e, "batch");
+    assert_eq!(kid.id, child_run_id);
+    let mut listener = wake_listener(&cfg);
+    e.finish_attempt(
+        &kid.id,
+        kid.claim_epoch,
+        AttemptOutcome::Completed(Some(raw(r#"{"r":42}"#))),
+    )
+    .unwrap();
+    assert!(heard_wake(&mut listener));
+    for p in [&p1, &p2] {
+        let r = row_of(&e, &p.id);
+        assert_eq!(r.status, RunStatus::Pending);
+        assert_eq!(r.wait_kind, None);
+    }
+    let c1 = claim(&e, "batch");
+    let c2 = claim(&e, "batch");
+    assert_eq!(
+        done_with(wait(&e, &c1, "kid", invoke())).as_deref(),
+        Some(r#"{"r": 42}"#)
+    );
+    assert_eq!(
+        done_with(wait(&e, &c2, "same kid", invoke())).as_deref(),
+        Some(r#"{"r": 42}"#)
+    );
+}
+
+/// An invoke answered by a live child (a dedupe hit) while that child's
+/// completion commits in another transaction: the invoke must see the end
+/// (and answer with it), not add its wait to a child that already ended,
+/// which would leave its run waiting for ever. The completion is held
+/// open on another connection, as a worker's settle in flight.
+#[test]
+fn an_invoke_hitting_a_child_that_completes_meanwhile_answers_with_its_end() {
+    let Some((e, cfg)) = engine("invokerace") else {
+        return;
+    };
+    e.register(spec("parent")).unwrap();
+    e.register(DefinitionSpec {
+        dedupe_key: Some("c:{{k}}".to_owned()),
+        dedupe_window_ms: Some(60_000),
+        ..spec("child")
+    })
+    .unwrap();
+    let invoke = || WaitRequest::Child {
+        start: Box::new(req("child", r#"{"k":1}"#)),
+        timeout_ms: None,
+    };
+    let p1 = e.start(req("parent", "{}")).unwrap();
+    let c1 = claim(&e, "batch");
+    assert_eq!(c1.id, p1.id);
+    assert!(matches!(wait(&e, &c1, "kid", invoke()), WaitBegin::Open));
+    let kid = claim(&e, "batch");
+    let p2 = e.start(req("parent", "{}")).unwrap();
+    let c2 = claim(&e, "batch");
+    assert_eq!(c2.id, p2.id);
+
+    // Another engine (another process) invokes; made first, as its
+    // migrate would queue behind the transaction held open below.
+    let e2 = Arc::new(engine_on(&cfg));
+    e2.register(spec("parent")).unwrap();
+    e2.register(DefinitionSpec {
+        dedupe_key: Some("c:{{k}}".to_owned()),
+        dedupe_window_ms: Some(60_000),
+        ..spec("child")
+    })
+    .unwrap();
+
+    // The child's completion, in flight: row locked and changed, not committed.
+    let (locked_tx, locked_rx) = std::sync::mpsc::channel();
+    let (commit_tx, commit_rx) = std::sync::mpsc::channel::<()>();
+    let (url, schema, kid_id) = (cfg.url.clone(), cfg.schema.clone(), kid.id);
+    let completer = std::thread::spawn(move || {
+        let mut client = postgres::Client::connect(&url, postgres::NoTls).unwrap();
+        let mut tx = client.transaction().unwrap();
+        tx.execute(
+            &format!(
+                "UPDATE \"{schema}\".job_run SET status = 'completed', output = '{{\"r\":7}}', \
+                 finished_at = now(), executing = false WHERE id = $1"
+            ),
+            &[&kid_id],
+        )
+        .unwrap();
+        locked_tx.send(()).unwrap();
+        let _ = commit_rx.recv_timeout(std::time::Duration::from_secs(10));
+        tx.commit().unwrap();
+    });
+    locked_rx.recv().unwrap();
+    let invoker = {
+        let (id, epoch) = (c2.id.to_string(), c2.claim_epoch);
+        std::thread::spawn(move || e2.wait_begin(&id, epoch, "kid", invoke()))
+    };
+    // Once the invoke waits for the child's row lock (it has read the
+    // child as it was before the completion), the completion commits.
+    let mut watch = postgres::Client::connect(&cfg.url, postgres::NoTls).unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    loop {
+        let waiting: i64 = watch
+            .query_one(
+                "SELECT count(*) FROM pg_stat_activity WHERE application_name = $1 \
+                 AND wait_event_type = 'Lock'",
+                &[&format!("jobforge:{}", cfg.schema)],
+            )
+            .unwrap()
+            .get(0);
+        if waiting > 0 {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the invoke never reached the child's row"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    commit_tx.send(()).unwrap();
+    completer.join().unwrap();
+    let answer = invoker.join().unwrap().unwrap();
+    assert_eq!(
+        done_with(answer).as_deref(),
+        Some(r#"{"r": 7}"#),
+        "the invoke must answer with the end it waited behind"
+    );
 }

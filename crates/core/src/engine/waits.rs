@@ -264,13 +264,37 @@ impl<S: Store> Engine<S> {
                     let mut start = *start;
                     start.parent_run_id = Some(id.to_string());
                     start.awaited_by = Some((id, step_id.to_owned()));
-                    let child = match self.start_in(tx, start, now, true, &mut fx)? {
+                    let mut child = match self.start_in(tx, start, now, true, &mut fx)? {
                         super::Started::Row(r) => *r,
                         super::Started::Created { .. } => {
                             return Err(JobError::invalid("invoke: the child row is missing"))
                         }
                     };
                     child_pool = Some(child.pool.clone());
+                    if !child.status.is_terminal()
+                        && !child
+                            .awaited_by()
+                            .iter()
+                            .any(|(r, s)| *r == id && **s == *step_id)
+                    {
+                        // A live dedupe hit: its end must resolve this wait
+                        // too. Decided on the row `update_run` holds, not on
+                        // the dedupe read: a networked store reads that one
+                        // unlocked, and re-reads it locked here, so an end
+                        // committed meanwhile (whose waiters did not include
+                        // this one) is seen and answered below instead of
+                        // leaving the wait open on a run that ended.
+                        let (child_id, entry) = (child.id, (id, Box::<str>::from(step_id)));
+                        tx.update_run(&child_id, &mut |r| {
+                            if !r.status.is_terminal() {
+                                r.extras
+                                    .get_or_insert_with(Default::default)
+                                    .awaited_by
+                                    .push(entry.clone());
+                            }
+                            child = r.clone();
+                        });
+                    }
                     let spec = WaitSpec::Child {
                         child_run_id: child.id,
                         deadline: deadline_after(now, timeout_ms),
@@ -289,20 +313,6 @@ impl<S: Store> Engine<S> {
                         return Ok(match status {
                             StepStatus::Completed => WaitBegin::Done(output),
                             _ => WaitBegin::Failed(output.unwrap_or_else(empty_object)),
-                        });
-                    }
-                    if !child
-                        .awaited_by()
-                        .iter()
-                        .any(|(r, s)| *r == id && **s == *step_id)
-                    {
-                        // A live dedupe hit: its end must resolve this wait too.
-                        let entry = (id, Box::<str>::from(step_id));
-                        tx.update_run(&child.id, &mut |r| {
-                            r.extras
-                                .get_or_insert_with(Default::default)
-                                .awaited_by
-                                .push(entry.clone());
                         });
                     }
                     tx.put_step(step(StepStatus::Running, &spec, None));

@@ -23,7 +23,8 @@
 //!   collision) and lane positions are handed out in commit order;
 //! - claims take the best due rows with `FOR UPDATE SKIP LOCKED`; a lane
 //!   member is claimable only when no earlier member is live and none is
-//!   running;
+//!   running; the resumer takes waiting runs past their deadline the same
+//!   way, so two processes never resume one run;
 //! - a claimed run's `claimed_at` is its lease: the worker renews it
 //!   ([`PgStore::heartbeat`]) and [`PgStore::expired_leases`] finds runs
 //!   whose worker died;
@@ -483,13 +484,30 @@ fn quote_ident(s: &str) -> String {
 const RUN_COLS: &str = "id, job_type, job_version, parent_run_id, root_run_id, parent_close_policy, \
      scope_entity_type, scope_entity_id, tenant_id, tags, pool, priority, concurrency_key, dedupe_key, \
      status, input, output, error, trigger_source, trigger_ref, run_at, started_at, finished_at, \
-     claimed_at, attempts, created_at, updated_at, seq, lane_seq, claim_epoch, executing";
+     claimed_at, attempts, created_at, updated_at, seq, lane_seq, claim_epoch, executing, \
+     wait_kind, wait_deadline, awaited_by";
 
 const STEP_COLS: &str = "id, job_run_id, step_id, seq, status, input, output, error, attempts, \
-     started_at, finished_at, epoch";
+     started_at, finished_at, epoch, kind";
 
 fn enum_or<T>(v: &str, parse: fn(&str) -> Option<T>, default: T) -> T {
     parse(v).unwrap_or(default)
+}
+
+/// A run's `awaited_by` as stored: `[["<run id>", "<step id>"], ...]`, or
+/// null when empty (most runs), so a plain run writes no JSON.
+fn awaited_json(list: &[(RunId, Box<str>)]) -> Option<String> {
+    if list.is_empty() {
+        return None;
+    }
+    serde_json::to_string(list).ok()
+}
+
+/// The stored `awaited_by` (see [`awaited_json`]); empty for null or for
+/// JSON of another shape (edited by hand), as an unreadable error is none.
+fn parse_awaited(v: Option<JsonText>) -> Vec<(RunId, Box<str>)> {
+    v.and_then(|j| serde_json::from_str(j.0.get()).ok())
+        .unwrap_or_default()
 }
 
 fn run_from_row(r: &Row) -> std::result::Result<RunRow, postgres::Error> {
@@ -518,7 +536,7 @@ fn run_from_row(r: &Row) -> std::result::Result<RunRow, postgres::Error> {
         dedupe_key: boxed(13)?,
         trigger_ref: boxed(19)?,
         lane_seq: None,
-        awaited_by: Vec::new(),
+        awaited_by: parse_awaited(r.try_get(33)?),
     };
     let mut row = RunRow {
         id,
@@ -541,8 +559,8 @@ fn run_from_row(r: &Row) -> std::result::Result<RunRow, postgres::Error> {
         finished_at: opt_ms(22)?.into(),
         claimed_at: opt_ms(23)?.into(),
         attempts: r.try_get::<_, i32>(24)?.max(0) as u32,
-        wait_kind: None,
-        wait_deadline: OptMillis::NONE,
+        wait_kind: r.try_get::<_, Option<&str>>(31)?.and_then(WaitKind::parse),
+        wait_deadline: opt_ms(32)?.into(),
         extras: extras.boxed(),
         created_at: r.try_get::<_, Ms>(25)?.0,
         updated_at: r.try_get::<_, Ms>(26)?.0,
@@ -563,7 +581,12 @@ fn step_from_row(r: &Row) -> std::result::Result<StepRow, postgres::Error> {
         id: r.try_get(0)?,
         job_run_id: r.try_get(1)?,
         step_id: Box::from(r.try_get::<_, &str>(2)?),
-        kind: "task",
+        // The model's kinds are static strings; a kind this version does
+        // not know (a database another system wrote) runs as a task.
+        kind: match r.try_get::<_, &str>(12)? {
+            "wait" => "wait",
+            _ => "task",
+        },
         seq: r.try_get::<_, i32>(3)?.max(0) as u32,
         status: enum_or(status, StepStatus::parse, StepStatus::Pending),
         input: input.map(|j| j.0),
@@ -708,7 +731,18 @@ impl PgStore {
         let Some(conn) = lease.conn.as_mut() else {
             return Err(JobError::invalid("connection pool is closed"));
         };
-        let ddl = include_str!("schema.sql").replace("{S}", &self.schema_sql);
+        // The catalog lookups of the schema text name the schema in a string
+        // literal inside a `$jobforge$`-quoted block: a name holding that
+        // tag would end the block early.
+        if self.config.schema.contains("$jobforge$") {
+            return Err(JobError::invalid(
+                "postgres.schema cannot contain the text $jobforge$",
+            ));
+        }
+        let literal = format!("'{}'", self.schema_sql.replace('\'', "''"));
+        let ddl = include_str!("schema.sql")
+            .replace("{S_LIT}", &literal)
+            .replace("{S}", &self.schema_sql);
         let sql = format!(
             "BEGIN; SELECT pg_advisory_xact_lock({}); CREATE SCHEMA IF NOT EXISTS {}; {} COMMIT;",
             lock_key(b'm', None, &self.config.schema, ""),
@@ -1210,17 +1244,21 @@ const SQL_RUNS_LOCK: &str = "SELECT {R} FROM {S}.job_run WHERE id = ANY($1) ORDE
 const SQL_UPDATE_RUNS: &str = "UPDATE {S}.job_run r SET status=u.status, output=u.output, error=u.error, \
     run_at=u.run_at, started_at=u.started_at, finished_at=u.finished_at, claimed_at=u.claimed_at, \
     attempts=u.attempts, updated_at=u.updated_at, lane_seq=u.lane_seq, claim_epoch=u.claim_epoch, \
-    executing=u.executing, priority=u.priority, pool=u.pool \
+    executing=u.executing, priority=u.priority, pool=u.pool, wait_kind=u.wait_kind, \
+    wait_deadline=u.wait_deadline, awaited_by=u.awaited_by \
     FROM unnest($1::uuid[], $2::text[], $3::jsonb[], $4::jsonb[], $5::timestamptz[], $6::timestamptz[], \
     $7::timestamptz[], $8::timestamptz[], $9::int4[], $10::timestamptz[], $11::int8[], $12::int4[], \
-    $13::bool[], $14::int4[], $15::text[]) AS u(id, status, output, error, run_at, started_at, \
-    finished_at, claimed_at, attempts, updated_at, lane_seq, claim_epoch, executing, priority, pool) \
+    $13::bool[], $14::int4[], $15::text[], $16::text[], $17::timestamptz[], $18::jsonb[]) \
+    AS u(id, status, output, error, run_at, started_at, finished_at, claimed_at, attempts, updated_at, \
+    lane_seq, claim_epoch, executing, priority, pool, wait_kind, wait_deadline, awaited_by) \
     WHERE r.id = u.id";
 const SQL_INSERT_RUN: &str = "INSERT INTO {S}.job_run ({R}) VALUES \
-    ($1,$2,$3,$4,$5,$6,$7,$8,$9,$10,$11,$12,$13,$14,$15,$16,$17,$18,$19,$20,$21,$22,$23,$24,$25,$26,$27,$28,$29,$30,$31)";
+    ($1,$2,$3,$4,$5,$6,$7,$8,$9,$10,$11,$12,$13,$14,$15,$16,$17,$18,$19,$20,$21,$22,$23,$24,$25,$26,$27,$28,$29,$30,$31,\
+    $32,$33,$34)";
 const SQL_UPDATE_RUN: &str = "UPDATE {S}.job_run SET status=$2, output=$3, error=$4, run_at=$5, \
     started_at=$6, finished_at=$7, claimed_at=$8, attempts=$9, updated_at=$10, lane_seq=$11, \
-    claim_epoch=$12, executing=$13, priority=$14, pool=$15 WHERE id = $1";
+    claim_epoch=$12, executing=$13, priority=$14, pool=$15, wait_kind=$16, wait_deadline=$17, \
+    awaited_by=$18 WHERE id = $1";
 const SQL_NEXTVAL: &str = "SELECT nextval('{S}.job_run_seq')";
 const SQL_LOCK: &str = "SELECT pg_advisory_xact_lock($1)";
 const SQL_DEDUPE: &str = "SELECT {R} FROM {S}.job_run WHERE {T} AND job_type = $2 AND dedupe_key = $3 \
@@ -1243,10 +1281,10 @@ const SQL_CHILDREN: &str = "SELECT id FROM {S}.job_run WHERE parent_run_id = $1 
 const SQL_STEP: &str = "SELECT {P} FROM {S}.job_step WHERE job_run_id = $1 AND step_id = $2";
 const SQL_STEPS: &str = "SELECT {P} FROM {S}.job_step WHERE job_run_id = $1 ORDER BY seq";
 const SQL_MAX_STEP: &str = "SELECT coalesce(max(seq), 0) FROM {S}.job_step WHERE job_run_id = $1";
-const SQL_PUT_STEP: &str = "INSERT INTO {S}.job_step ({P}, kind) VALUES ($1,$2,$3,$4,$5,$6,$7,$8,$9,$10,$11,$12,'task') \
+const SQL_PUT_STEP: &str = "INSERT INTO {S}.job_step ({P}) VALUES ($1,$2,$3,$4,$5,$6,$7,$8,$9,$10,$11,$12,$13) \
     ON CONFLICT (job_run_id, step_id) DO UPDATE SET id=EXCLUDED.id, seq=EXCLUDED.seq, status=EXCLUDED.status, \
     input=EXCLUDED.input, output=EXCLUDED.output, error=EXCLUDED.error, attempts=EXCLUDED.attempts, \
-    started_at=EXCLUDED.started_at, finished_at=EXCLUDED.finished_at, epoch=EXCLUDED.epoch";
+    started_at=EXCLUDED.started_at, finished_at=EXCLUDED.finished_at, epoch=EXCLUDED.epoch, kind=EXCLUDED.kind";
 const SQL_DELETE_STEPS: &str = "DELETE FROM {S}.job_step WHERE job_run_id = $1";
 const SQL_DELETE_OPEN_STEPS: &str =
     "DELETE FROM {S}.job_step WHERE job_run_id = $1 AND status <> 'completed'";
@@ -1320,14 +1358,19 @@ const SQL_PUT_DEF: &str = "INSERT INTO {S}.job (type, version, pool, scope_entit
     dedupe_window_ms=EXCLUDED.dedupe_window_ms, priority_default=EXCLUDED.priority_default, \
     replay_from=EXCLUDED.replay_from, updated_at=EXCLUDED.updated_at";
 const SQL_JOB_TYPES: &str = "SELECT type FROM {S}.job ORDER BY type";
-/// Skips rows another transaction holds (see the module docs): a purge
-/// that waited deadlocked with transactions that lock terminal rows before
-/// their own purge (a cancel's tree walk, a settle of a run canceled meanwhile).
+/// Deletes up to 1,000 runs past their retention, with their steps and
+/// their inboxes (a delete of each in the one statement, by index), and
+/// answers how many runs went. Skips rows another transaction holds (see
+/// the module docs): a purge that waited deadlocked with transactions that
+/// lock terminal rows before their own purge (a cancel's tree walk, a
+/// settle of a run canceled meanwhile).
 const SQL_PURGE: &str =
     "WITH gone AS (DELETE FROM {S}.job_run WHERE id IN (SELECT id FROM {S}.job_run \
     WHERE finished_at IS NOT NULL AND ((status = 'completed' AND finished_at <= $1) \
-    OR (status <> 'completed' AND finished_at <= $2)) LIMIT 1000 FOR UPDATE SKIP LOCKED) RETURNING id) \
-    DELETE FROM {S}.job_step WHERE job_run_id IN (SELECT id FROM gone)";
+    OR (status <> 'completed' AND finished_at <= $2)) LIMIT 1000 FOR UPDATE SKIP LOCKED) RETURNING id), \
+    steps AS (DELETE FROM {S}.job_step WHERE job_run_id IN (SELECT id FROM gone)), \
+    signals AS (DELETE FROM {S}.job_signal WHERE run_id IN (SELECT id FROM gone)) \
+    SELECT count(*) FROM gone";
 const SQL_SCOPE: &str = "SELECT {R} FROM {S}.job_run WHERE {T} AND scope_entity_type = $2 \
     AND scope_entity_id = $3 ORDER BY seq";
 const SQL_COUNTS: &str =
@@ -1354,6 +1397,26 @@ const SQL_HEARTBEAT: &str =
     FROM (SELECT j.id FROM {S}.job_run j JOIN unnest($1::uuid[], $2::int4[]) AS h(id, epoch) \
     ON j.id = h.id AND j.claim_epoch = h.epoch WHERE j.status = 'running' ORDER BY j.id \
     FOR UPDATE OF j SKIP LOCKED) AS l WHERE r.id = l.id RETURNING r.id";
+/// The resumer: waiting runs past their deadline, earliest first, locked,
+/// skipping those another transaction holds (another process resuming
+/// them, a signal delivered to them right now). `job_run_wait_deadline_idx`.
+const SQL_DUE_WAITS: &str = "SELECT {R} FROM {S}.job_run WHERE status = 'waiting' \
+    AND wait_deadline IS NOT NULL AND wait_deadline <= $1 ORDER BY wait_deadline, seq LIMIT $2 \
+    FOR UPDATE SKIP LOCKED";
+/// The first entry of `job_run_wait_deadline_idx`.
+const SQL_NEXT_WAIT: &str = "SELECT min(wait_deadline) FROM {S}.job_run \
+    WHERE status = 'waiting' AND wait_deadline IS NOT NULL";
+const SQL_PUSH_SIGNAL: &str =
+    "INSERT INTO {S}.job_signal (run_id, name, payload, created_at) VALUES ($1, $2, $3, $4)";
+/// The oldest signal of a name, out of the inbox in one statement. The
+/// inner `FOR UPDATE` makes a transaction that finds it taken meanwhile
+/// go on to the next one rather than answer none (the engine locks the
+/// run first anyway, so takes of one run queue up before this).
+const SQL_TAKE_SIGNAL: &str = "DELETE FROM {S}.job_signal WHERE run_id = $1 AND name = $2 \
+    AND id = (SELECT id FROM {S}.job_signal WHERE run_id = $1 AND name = $2 ORDER BY id LIMIT 1 \
+    FOR UPDATE) RETURNING payload";
+const SQL_INBOX_LEN: &str = "SELECT count(*) FROM {S}.job_signal WHERE run_id = $1";
+const SQL_CLEAR_SIGNALS: &str = "DELETE FROM {S}.job_signal WHERE run_id = $1";
 const SQL_EXPIRED: &str = "SELECT id, claim_epoch FROM {S}.job_run WHERE status = 'running' \
     AND claimed_at < $1 ORDER BY claimed_at LIMIT $2";
 
@@ -1531,6 +1594,7 @@ impl PgTx<'_> {
             let lane_seq = r.lane_seq() as i64;
             let epoch = r.claim_epoch as i32;
             let pool: &str = &r.pool;
+            let awaited = awaited_json(r.awaited_by());
             self.exec(
                 SQL_UPDATE_RUN,
                 &[
@@ -1549,6 +1613,9 @@ impl PgTx<'_> {
                     &r.executing,
                     &r.priority,
                     &pool,
+                    &r.wait_kind.map(WaitKind::as_str),
+                    &r.wait_deadline.get().map(Ms),
+                    &awaited.as_deref().map(Jsonb),
                 ],
             );
         }
@@ -1577,11 +1644,39 @@ impl PgTx<'_> {
         let executing: Vec<bool> = rows.iter().map(|r| r.executing).collect();
         let priority: Vec<i32> = rows.iter().map(|r| r.priority).collect();
         let pool: Vec<&str> = rows.iter().map(|r| &*r.pool).collect();
+        let wait_kind: Vec<Option<&str>> = rows
+            .iter()
+            .map(|r| r.wait_kind.map(WaitKind::as_str))
+            .collect();
+        let wait_deadline: Vec<Option<Ms>> =
+            rows.iter().map(|r| r.wait_deadline.get().map(Ms)).collect();
+        let awaited_text: Vec<Option<String>> =
+            rows.iter().map(|r| awaited_json(r.awaited_by())).collect();
+        let awaited: Vec<Option<Jsonb<'_>>> = awaited_text
+            .iter()
+            .map(|a| a.as_deref().map(Jsonb))
+            .collect();
         self.exec(
             SQL_UPDATE_RUNS,
             &[
-                &ids, &status, &output, &error, &run_at, &started, &finished, &claimed, &attempts,
-                &updated, &lane_seq, &epoch, &executing, &priority, &pool,
+                &ids,
+                &status,
+                &output,
+                &error,
+                &run_at,
+                &started,
+                &finished,
+                &claimed,
+                &attempts,
+                &updated,
+                &lane_seq,
+                &epoch,
+                &executing,
+                &priority,
+                &pool,
+                &wait_kind,
+                &wait_deadline,
+                &awaited,
             ],
         );
     }
@@ -1661,6 +1756,7 @@ impl StoreTx for PgTx<'_> {
         let epoch = row.claim_epoch as i32;
         let jt: &str = &row.job_type;
         let pool: &str = &row.pool;
+        let awaited = awaited_json(row.awaited_by());
         self.exec(
             SQL_INSERT_RUN,
             &[
@@ -1695,6 +1791,9 @@ impl StoreTx for PgTx<'_> {
                 &lane_seq,
                 &epoch,
                 &row.executing,
+                &row.wait_kind.map(WaitKind::as_str),
+                &row.wait_deadline.get().map(Ms),
+                &awaited.as_deref().map(Jsonb),
             ],
         );
         if row.status == RunStatus::Pending {
@@ -1890,6 +1989,7 @@ impl StoreTx for PgTx<'_> {
                 &row.started_at.map(Ms),
                 &row.finished_at.map(Ms),
                 &epoch,
+                &row.kind,
             ],
         );
         let key = (row.job_run_id, row.step_id.to_string());
@@ -1926,26 +2026,57 @@ impl StoreTx for PgTx<'_> {
         self.steps.as_mut().retain(|(r, _), _| r != run);
     }
 
-    // Durable waits: not stored on PostgreSQL yet (placeholders).
-    fn due_waits(&mut self, _now: Millis, _limit: usize) -> Vec<RunId> {
-        Vec::new()
+    fn due_waits(&mut self, now: Millis, limit: usize) -> Vec<RunId> {
+        // The query must see runs this transaction parked or resumed.
+        self.flush();
+        let limit = limit as i64;
+        let rows = self.query(SQL_DUE_WAITS, &[&Ms(now), &limit], None);
+        // Locked until commit: the resumer changes them without another read.
+        self.absorb(&rows, true)
     }
 
     fn next_wait_deadline(&mut self) -> Option<Millis> {
-        None
+        // Runs resumed in this transaction no longer count.
+        self.flush();
+        let rows = self.query(SQL_NEXT_WAIT, &[], None);
+        rows.first()
+            .and_then(|r| r.try_get::<_, Option<Ms>>(0).ok().flatten())
+            .map(|m| m.0)
     }
 
-    fn push_signal(&mut self, _run: &RunId, _name: &str, _payload: Box<RawValue>, _at: Millis) {}
-
-    fn take_signal(&mut self, _run: &RunId, _name: &str) -> Option<Box<RawValue>> {
-        None
+    // The inbox is no run row: its statements run at once, nothing is
+    // cached, so they need no flush.
+    fn push_signal(&mut self, run: &RunId, name: &str, payload: Box<RawValue>, at: Millis) {
+        self.exec(
+            SQL_PUSH_SIGNAL,
+            &[run, &name, &Jsonb(payload.get()), &Ms(at)],
+        );
     }
 
-    fn inbox_len(&self, _run: &RunId) -> usize {
-        0
+    fn take_signal(&mut self, run: &RunId, name: &str) -> Option<Box<RawValue>> {
+        let rows = self.query(SQL_TAKE_SIGNAL, &[run, &name], None);
+        match rows.first()?.try_get::<_, JsonText>(0) {
+            Ok(p) => Some(p.0),
+            Err(e) => {
+                // Taken but unreadable: the transaction must not commit
+                // the take.
+                self.fail(e);
+                None
+            }
+        }
     }
 
-    fn clear_signals(&mut self, _run: &RunId) {}
+    fn inbox_len(&self, run: &RunId) -> usize {
+        let rows = self.query(SQL_INBOX_LEN, &[run], None);
+        rows.first()
+            .and_then(|r| r.try_get::<_, i64>(0).ok())
+            .unwrap_or(0)
+            .max(0) as usize
+    }
+
+    fn clear_signals(&mut self, run: &RunId) {
+        self.exec(SQL_CLEAR_SIGNALS, &[run]);
+    }
 
     fn set_retention_tracking(&mut self, _on: bool) {}
 
@@ -1961,7 +2092,10 @@ impl StoreTx for PgTx<'_> {
         let c = Ms(completed_before.unwrap_or(PG_MIN_MS));
         let o = Ms(other_before.unwrap_or(PG_MIN_MS));
         let rows = self.query(SQL_PURGE, &[&c, &o], None);
-        rows.len()
+        rows.first()
+            .and_then(|r| r.try_get::<_, i64>(0).ok())
+            .unwrap_or(0)
+            .max(0) as usize
     }
 
     fn scope_runs(&self, tenant: TenantRef<'_>, entity_type: &str, entity_id: &str) -> Vec<RunId> {
@@ -2237,6 +2371,62 @@ mod tests {
         let named = events_channel(&long);
         assert!(named.len() <= 63, "{named}");
         assert_ne!(named, events_channel(&"t".repeat(80)));
+    }
+
+    /// Every statement of the durable waits is index-backed: planned with
+    /// sequential scans off (so a small table does not hide a missing
+    /// index), none scans a table whole. Needs a server, as
+    /// `tests/postgres.rs` does (and skips the same way without one).
+    #[test]
+    fn the_wait_statements_are_index_backed() {
+        use super::*;
+        let url = std::env::var("JOBFORGE_PG_URL")
+            .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned());
+        let mut c = match postgres::Client::connect(&url, NoTls) {
+            Ok(c) => c,
+            Err(e) => {
+                if std::env::var("JOBFORGE_REQUIRE_PG").is_ok_and(|v| v == "1") {
+                    panic!("JOBFORGE_REQUIRE_PG=1 but PostgreSQL is unreachable: {e}");
+                }
+                eprintln!("skipping postgres test: no server at JOBFORGE_PG_URL ({e})");
+                return;
+            }
+        };
+        let schema = format!("jf_rs_explain_{}", std::process::id());
+        let s = quote_ident(&schema);
+        c.batch_execute(&format!("DROP SCHEMA IF EXISTS {s} CASCADE"))
+            .expect("drop");
+        let mut cfg = PgConfig::new(url);
+        cfg.schema = schema;
+        PgStore::new(cfg)
+            .expect("store")
+            .migrate()
+            .expect("migrate");
+        c.batch_execute("SET enable_seqscan = off").expect("set");
+        let (run, now, limit) = (Uuid::new_v4(), Ms(0), 10i64);
+        let cases: [(&str, &[&(dyn ToSql + Sync)], &str); 7] = [
+            (SQL_DUE_WAITS, &[&now, &limit], "job_run_wait_deadline_idx"),
+            (SQL_NEXT_WAIT, &[], "job_run_wait_deadline_idx"),
+            (SQL_TAKE_SIGNAL, &[&run, &"go"], "job_signal_pkey"),
+            (SQL_INBOX_LEN, &[&run], "job_signal_pkey"),
+            (SQL_CLEAR_SIGNALS, &[&run], "job_signal_pkey"),
+            (SQL_PURGE, &[&now, &now], "job_signal_pkey"),
+            (SQL_PUSH_SIGNAL, &[&run, &"go", &Jsonb("1"), &now], "Insert"),
+        ];
+        for (tpl, params, index) in cases {
+            let sql = tpl.replace("{S}", &s).replace("{R}", RUN_COLS);
+            let plan = c
+                .query(&format!("EXPLAIN {sql}"), params)
+                .expect("explain")
+                .iter()
+                .map(|r| r.get::<_, String>(0))
+                .collect::<Vec<_>>()
+                .join("\n");
+            assert!(!plan.contains("Seq Scan"), "{sql}\n{plan}");
+            assert!(plan.contains(index), "{sql}\n{plan}");
+        }
+        c.batch_execute(&format!("DROP SCHEMA {s} CASCADE"))
+            .expect("drop");
     }
 
     #[test]

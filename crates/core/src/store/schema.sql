@@ -1,4 +1,5 @@
--- jobforge schema, version 1. `{S}` is the quoted schema name.
+-- jobforge schema, version 1. `{S}` is the quoted schema name, `{S_LIT}`
+-- the same as an SQL string literal (for catalog lookups).
 -- Tables and columns follow the seed's persistence model (the row shapes of
 -- CONTRACT.md in snake_case); the columns marked "jobforge" are additions a
 -- database created for the TypeScript system gains through ADD COLUMN IF
@@ -52,7 +53,7 @@ CREATE TABLE IF NOT EXISTS {S}.job_run (
   finished_at         timestamptz,
   claimed_at          timestamptz,
   attempts            integer NOT NULL DEFAULT 0,
-  wait_kind           text CHECK (wait_kind IN ('signal')),
+  wait_kind           text CHECK (wait_kind IN ('sleep', 'signal', 'token', 'child')),
   resume_token        text,
   wait_deadline       timestamptz,
   created_at          timestamptz NOT NULL DEFAULT now(),
@@ -63,7 +64,7 @@ CREATE TABLE IF NOT EXISTS {S}.job_step (
   id          uuid PRIMARY KEY,
   job_run_id  uuid NOT NULL,
   step_id     text NOT NULL,
-  kind        text NOT NULL DEFAULT 'task' CHECK (kind IN ('task')),
+  kind        text NOT NULL DEFAULT 'task' CHECK (kind IN ('task', 'wait')),
   seq         integer NOT NULL,
   status      text NOT NULL
               CHECK (status IN ('pending', 'running', 'completed', 'failed', 'skipped')),
@@ -139,3 +140,46 @@ CREATE UNIQUE INDEX IF NOT EXISTS job_schedule_key_idx
 CREATE INDEX IF NOT EXISTS job_schedule_due_idx ON {S}.job_schedule (next_fire_at)
   WHERE next_fire_at IS NOT NULL;
 INSERT INTO {S}.jobforge_migration (version) VALUES (2) ON CONFLICT DO NOTHING;
+
+-- jobforge, version 3: durable waits. A waiting run says what it waits for
+-- (wait_kind) and when it resumes at the latest (wait_deadline); a wait
+-- step is a job_step of kind 'wait'. The checks of earlier versions allowed
+-- less: they are replaced, once (a check that already allows the new values
+-- is left alone, so running migrate again neither rewrites the constraint
+-- nor scans the table to validate it).
+DO $jobforge$
+BEGIN
+  IF NOT EXISTS (SELECT 1 FROM pg_constraint
+      WHERE conrelid = ({S_LIT} || '.job_run')::regclass AND conname = 'job_run_wait_kind_check'
+        AND pg_get_constraintdef(oid) LIKE '%''child''%') THEN
+    ALTER TABLE {S}.job_run DROP CONSTRAINT IF EXISTS job_run_wait_kind_check;
+    ALTER TABLE {S}.job_run ADD CONSTRAINT job_run_wait_kind_check
+      CHECK (wait_kind IN ('sleep', 'signal', 'token', 'child'));
+  END IF;
+  IF NOT EXISTS (SELECT 1 FROM pg_constraint
+      WHERE conrelid = ({S_LIT} || '.job_step')::regclass AND conname = 'job_step_kind_check'
+        AND pg_get_constraintdef(oid) LIKE '%''wait''%') THEN
+    ALTER TABLE {S}.job_step DROP CONSTRAINT IF EXISTS job_step_kind_check;
+    ALTER TABLE {S}.job_step ADD CONSTRAINT job_step_kind_check CHECK (kind IN ('task', 'wait'));
+  END IF;
+END
+$jobforge$;
+-- The invoke waits a run's end resolves: [["<run id>", "<step id>"], ...]
+-- (null when none, as for most runs).
+ALTER TABLE {S}.job_run ADD COLUMN IF NOT EXISTS awaited_by jsonb;
+-- The resumer: waiting runs by deadline (seq breaks ties, as in memory).
+CREATE INDEX IF NOT EXISTS job_run_wait_deadline_idx ON {S}.job_run (wait_deadline, seq)
+  WHERE status = 'waiting' AND wait_deadline IS NOT NULL;
+-- A run's inbox: signals sent that no wait took yet, FIFO per (run, name).
+-- The key is the inbox order itself, so one index serves taking the oldest
+-- of a name, counting a run's signals and deleting them; a primary key
+-- also gives deletes a replica identity (logical replication).
+CREATE TABLE IF NOT EXISTS {S}.job_signal (
+  id         bigint GENERATED ALWAYS AS IDENTITY,
+  run_id     uuid NOT NULL,
+  name       text NOT NULL,
+  payload    jsonb NOT NULL DEFAULT 'null',
+  created_at timestamptz NOT NULL DEFAULT now(),
+  PRIMARY KEY (run_id, name, id)
+);
+INSERT INTO {S}.jobforge_migration (version) VALUES (3) ON CONFLICT DO NOTHING;

@@ -20,6 +20,7 @@ interface RunView {
   id: string;
   jobType: string;
   status: string;
+  waitKind: string | null;
   attempts: number;
   parentRunId: string | null;
   scope: string | null;
@@ -162,6 +163,58 @@ test.serial('a second order for an in-flight order is a 409; a failing job retri
     [['reserve-stock', 'failed', 3]],
   );
   t.deepEqual(v.children, []);
+});
+
+/** Polls the app's stdout until `re` matches (or fails after 10 s). */
+async function logged(re: RegExp): Promise<RegExpExecArray> {
+  const deadline = Date.now() + 10_000;
+  for (;;) {
+    const m = re.exec(stdout);
+    if (m) return m;
+    if (Date.now() > deadline) throw new Error(`not logged: ${re}\n${stdout}`);
+    await new Promise((res) => setTimeout(res, 20));
+  }
+}
+
+test.serial('an approval: the run waits on a token; POST /approvals/:token resumes it and it completes', async (t) => {
+  const submitted = await post('/expenses', { expenseId: 'e-1', amountCents: 4_200, approver: 'boss@example.com' });
+  t.is(submitted.status, 202);
+  const runId = submitted.json.runId as string;
+
+  const parked = await until(runId, (x) => x.run.status === 'waiting');
+  t.is(parked.run.waitKind, 'token');
+  t.is(parked.run.attempts, 0);
+  t.deepEqual(
+    parked.steps.map((s) => [s.stepId, s.status]),
+    [['manager-approval', 'running']],
+  );
+  // The link the handler "mailed" (the example logs it).
+  const linkLine = new RegExp(`approval link for run ${runId} sent to boss@example\\.com: POST /approvals/(jft_[0-9a-f]{96})`, 'g');
+  const token = (await logged(linkLine))[1]!;
+
+  t.is((await post(`/approvals/${token}`, { approved: 'yes' })).status, 400, 'a malformed decision');
+  t.is((await post(`/approvals/${token.slice(0, -1)}${token.endsWith('0') ? '1' : '0'}`, { approved: true })).status, 404, 'a tampered token');
+  t.is((await until(runId, () => true)).run.status, 'waiting', 'refused calls changed nothing');
+
+  const resumed = await post(`/approvals/${token}`, { approved: true, note: 'fine' });
+  t.is(resumed.status, 201);
+  t.deepEqual(resumed.json, { runId });
+  t.is((await post(`/approvals/${token}`, { approved: false })).status, 404, 'a link works once');
+
+  const done = await until(runId, (x) => TERMINAL.has(x.run.status));
+  t.is(done.run.status, 'completed');
+  t.is(done.run.waitKind, null);
+  t.is(done.run.attempts, 1, 'the resumption was not another attempt');
+  t.is(done.run.scope, 'expense:e-1');
+  t.deepEqual(done.run.output, { expenseId: 'e-1', approved: true, note: 'fine', entry: 'paid-e-1-4200' });
+  t.deepEqual(
+    done.steps.map((s) => [s.stepId, s.status]),
+    [
+      ['manager-approval', 'completed'],
+      ['book', 'completed'],
+    ],
+  );
+  t.is(stdout.match(linkLine)?.length, 1, 'the link was sent once: deliver is not called again on resumption');
 });
 
 test.serial('SIGTERM drains the in-flight run, then the process exits by itself', async (t) => {

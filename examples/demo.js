@@ -5,9 +5,12 @@
 // retried in place), then fans out child runs for shipping and email.
 // Along the way it shows a concurrency lane, a dedupe hit, a cancel cascade,
 // a replay and a schedule fired by the worker, and prints what happened to
-// every run.
+// every run. The second part shows durable waits on the worker: a trip
+// booking that sleeps, fans out to child runs and joins them, waits for a
+// manager's approval link (a resume token) and for a payment signal, and a
+// quote whose signal arrives before it runs and whose second wait times out.
 'use strict';
-const { JobOrchestrator, JobCollisionError } = require('..');
+const { JobOrchestrator, JobCollisionError, JobWaitTimeoutError } = require('..');
 
 const jobs = new JobOrchestrator({ loggerFactory: () => quietLogger });
 const quietLogger = { log() {}, warn() {}, error() {}, debug() {} };
@@ -61,6 +64,39 @@ jobs.registerHandler(
 );
 
 jobs.registerHandler('stock.sync', {}, async (ctx) => ({ synced: ctx.input.warehouse }));
+
+// ── durable waits ──
+const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
+const approvalLinks = new Map(); // run id → the link deliver() "mailed"
+let tripExecutions = 0;
+// timeoutMs counts per execution: the time parked in waits does not count.
+jobs.registerHandler('trip.plan', { pool: 'trips', timeoutMs: 2_000 }, async (ctx) => {
+  tripExecutions++; // every resumption runs the handler again from the top
+  await ctx.sleep('cool-off', 150);
+  // Fan-out / fan-in: the three bookings run as child runs while this run waits.
+  const bookings = await Promise.all(
+    ['flight', 'hotel', 'car'].map((item) => ctx.invoke(`book-${item}`, 'trip.book', { item, city: ctx.input.city })),
+  );
+  const approval = await ctx.waitForToken('approval', (token) => {
+    approvalLinks.set(ctx.run.id, `https://example.test/approve/${token}`);
+  });
+  const payment = await ctx.waitForSignal('payment', { timeoutMs: 5_000 });
+  return { bookings: bookings.map((b) => b.ref), approvedBy: approval.by, paid: payment.amount };
+});
+jobs.registerHandler('trip.book', { pool: 'trips' }, async (ctx) => {
+  // A supplier call: a step, so a re-run would not book twice.
+  return ctx.step('reserve', async () => (await sleep(60), { ref: `${ctx.input.item}@${ctx.input.city}` }));
+});
+jobs.registerHandler('quote.send', { pool: 'quotes' }, async (ctx) => {
+  const accepted = await ctx.waitForSignal('accept'); // sent before the run started: taken from its inbox
+  try {
+    await ctx.waitForSignal('counter-offer', { timeoutMs: 100 });
+    return { accepted, counter: true };
+  } catch (e) {
+    if (!(e instanceof JobWaitTimeoutError)) throw e;
+    return { accepted, counterOffer: `none within ${e.timeoutMs} ms` };
+  }
+});
 
 /** Claims and executes runs until nothing is due for `idleMs`. */
 async function drain(pools = ['batch'], idleMs = 40) {
@@ -144,6 +180,57 @@ async function main() {
     const stepInfo = steps.length ? ` steps [${steps.map((s) => `${s.stepId}:${s.status}x${s.attempts}`).join(' ')}]` : '';
     console.log(`  ${name.padEnd(22)} ${run.status.padEnd(9)} attempts=${run.attempts} ${detail}${stepInfo}`);
   }
+
+  await durableWaits();
+}
+
+/**
+ * Part two: durable waits on the worker (system clock). The `trips` pool
+ * has one slot: the bookings can run only because their waiting parent
+ * gives its slot up while it is parked.
+ */
+async function durableWaits() {
+  console.log('\ndurable waits (worker, pool "trips" with one slot):');
+  const worker = jobs.startWorker({ pools: { trips: { concurrency: 1 }, quotes: { concurrency: 1 } } });
+  const t0 = Date.now();
+  const at = () => `+${String(Date.now() - t0).padStart(4)} ms`;
+
+  const quote = await jobs.start('quote.send', { tripFor: 'ada' }, { runAt: new Date(Date.now() + 50) });
+  const early = await jobs.signal(quote.id, 'accept', { price: 420 });
+  console.log(`${at()}  quote: signal 'accept' sent before it ran → delivered=${early.delivered} (kept in its inbox)`);
+
+  const trip = await jobs.start('trip.plan', { city: 'Lisbon' });
+  let last = '';
+  for (;;) {
+    const run = await jobs.findById(trip.id);
+    const state = run.status === 'waiting' ? `waiting (waitKind=${run.waitKind})` : run.status;
+    if (state !== last) {
+      const resumed = last.startsWith('waiting') && run.status === 'pending' ? ' (a wait resolved: due now, runs again from the top)' : '';
+      last = state;
+      const deadline = run.waitDeadline ? `, resumes by +${run.waitDeadline.getTime() - t0} ms` : '';
+      const kids = run.waitKind === 'child' ? `, children: ${(await jobs.getRunTree(trip.id)).children.map((c) => c.run.status).join(' ')}` : '';
+      console.log(`${at()}  trip:  ${state} attempts=${run.attempts}${deadline}${kids}${resumed}`);
+    }
+    if (run.status === 'waiting' && run.waitKind === 'token' && approvalLinks.has(trip.id)) {
+      const link = approvalLinks.get(trip.id);
+      approvalLinks.delete(trip.id);
+      const token = link.slice(link.lastIndexOf('/') + 1);
+      const { runId } = await jobs.resume(token, { by: 'manager' });
+      console.log(`${at()}  the manager opened ${link.slice(0, 42)}… → resume() resumed ${runId === trip.id ? 'the trip' : runId}`);
+    }
+    if (run.status === 'waiting' && run.waitKind === 'signal') {
+      const { delivered } = await jobs.signal(trip.id, 'payment', { amount: 1290 });
+      console.log(`${at()}  the bank sent signal 'payment' → delivered=${delivered}`);
+    }
+    if (['completed', 'failed', 'timed_out', 'canceled'].includes(run.status)) break;
+    await sleep(2);
+  }
+  const done = await jobs.findById(trip.id);
+  console.log(`        trip:  output ${JSON.stringify(done.output)}; handler ran ${tripExecutions} times in one attempt`);
+  console.log(`        trip steps: ${(await jobs.listSteps(trip.id)).map((s) => `${s.stepId}(${s.kind}):${s.status}`).join(' ')}`);
+  const q = await jobs.waitForRun(quote.id, { timeoutMs: 2_000 });
+  console.log(`        quote: ${q.status} output ${JSON.stringify(q.output)}`);
+  await worker.stop();
 }
 
 main().catch((e) => {

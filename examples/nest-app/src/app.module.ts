@@ -1,5 +1,6 @@
 import { Module } from '@nestjs/common';
 import { JobsModule } from 'jobforge/nest';
+import { ApprovalsModule } from './approvals/approvals.module';
 import { OrdersModule } from './orders/orders.module';
 
 @Module({
@@ -9,6 +10,7 @@ import { OrdersModule } from './orders/orders.module';
       worker: { shutdownTimeoutMs: 15_000 },
     }),
     OrdersModule,
+    ApprovalsModule,
   ],
 })
 export class AppModule {}

@@ -15,6 +15,8 @@ const runView = (r: JobRun) => ({
   id: r.id,
   jobType: r.jobType,
   status: r.status,
+  // While the run is parked on a durable wait: what it waits for.
+  waitKind: r.waitKind,
   attempts: r.attempts,
   parentRunId: r.parentRunId,
   scope: r.scopeEntityType ? `${r.scopeEntityType}:${r.scopeEntityId}` : null,

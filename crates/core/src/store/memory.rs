@@ -91,9 +91,6 @@ impl RunSteps {
     }
 }
 
-/// A run's inbox: signals `(name, payload)` no wait took yet, oldest first.
-type Inbox = std::collections::VecDeque<(Box<str>, Box<RawValue>)>;
-
 #[derive(Default)]
 pub struct MemoryState {
     definitions: HashMap<Arc<str>, Arc<JobDefinition>>,

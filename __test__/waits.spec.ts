@@ -161,7 +161,7 @@ forBackends('a wait timeout resumes the run at its deadline and throws JobWaitTi
   // A signal after the deadline is not delivered to the expired wait.
   t.deepEqual(await o.signal(a.id, 'answer', 1), { delivered: false });
   const done = await tickRun(o, a.id);
-  t.is(done.output, 'gave up');
+  t.is(done.output as unknown, 'gave up');
   t.true(caught instanceof JobWaitTimeoutError);
   const e = caught as JobWaitTimeoutError;
   t.is(e.runId, a.id);
@@ -235,7 +235,7 @@ forBackends('waitForToken: a deliver that throws fails the wait and is rethrown;
   o.advanceTime(100);
   await rejects(t, () => o.resume(tokens[0]!, 1), JobResumeTokenError, 'JOB_RESUME_TOKEN', 'expired');
   const done = await tickRun(o, b.id);
-  t.is(done.output, 'JobWaitTimeoutError');
+  t.is(done.output as unknown, 'JobWaitTimeoutError');
   tokens = [];
 });
 
@@ -315,7 +315,7 @@ forBackends('invoke deadline: the child is canceled first, then the call throws 
   await tickRun(o, p.id);
   o.advanceTime(500);
   const done = await tickRun(o, p.id);
-  t.is(done.output, 'JobWaitTimeoutError');
+  t.is(done.output as unknown, 'JobWaitTimeoutError');
   const kid = (await o.getRunTree(p.id))?.children[0]?.run;
   t.is(kid?.status, 'canceled');
 });
@@ -341,7 +341,7 @@ forBackends('cancel ends a waiting run and its invoked children; a canceled chil
   await o.cancel(kid.id);
   t.is((await get(o, d.id)).status, 'pending', 'the canceled child resumed its parent');
   const done = await tickRun(o, d.id);
-  t.is(done.output, 'child gone');
+  t.is(done.output as unknown, 'child gone');
   t.true(caught instanceof JobChildFailedError);
   t.is((caught as JobChildFailedError).status, 'canceled');
 
@@ -439,12 +439,12 @@ forBackends('replay: last_step keeps a finished sleep (not slept again); scratch
   await o.replay(r.id);
   const replayed = await tickRun(o, r.id);
   t.is(replayed.status, 'completed', 'the kept sleep answered at once');
-  t.is(replayed.output, 3);
+  t.is(replayed.output as unknown, 3);
 
   const f = await o.start('fresh', {});
   await o.signal(f.id, 's', 'one');
   await o.signal(f.id, 's', 'two');
-  t.is((await tickRun(o, f.id)).output, 'one');
+  t.is((await tickRun(o, f.id)).output as unknown, 'one');
   await o.replay(f.id);
   const parked = await tickRun(o, f.id);
   t.is(parked.status, 'waiting', 'from scratch the inbox was emptied: "two" is gone');

@@ -105,7 +105,8 @@ export interface JobStepRow {
   id: string;
   jobRunId: string;
   stepId: string;
-  kind: 'task';
+  /** `'wait'`: a durable wait (`ctx.sleep`, `waitForSignal`, `waitForToken`, `invoke`). */
+  kind: 'task' | 'wait';
   seq: number;
   status: 'pending' | 'running' | 'completed' | 'failed' | 'skipped';
   input: Record<string, unknown> | null;

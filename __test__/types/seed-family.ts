@@ -71,7 +71,9 @@ namespace Family {
     finishedAt: Date | null;
     claimedAt: Date | null;
     attempts: number;
-    waitKind: 'signal' | null;
+    // The family's `job_wait_kind` enum reserves only 'signal' for its Phase 3;
+    // jobforge's durable waits add the kinds that phase names (README DF3).
+    waitKind: 'signal' | 'sleep' | 'token' | 'child' | null;
     resumeToken: string | null;
     waitDeadline: Date | null;
     createdAt: Date;
@@ -83,7 +85,9 @@ namespace Family {
     id: string;
     jobRunId: string;
     stepId: string;
-    kind: 'task';
+    // The family's `job_step_kind` enum is ['task'] with `wait` named by its
+    // Phase 3; jobforge's wait steps are kind 'wait' (README DF3).
+    kind: 'task' | 'wait';
     seq: number;
     status: 'pending' | 'running' | 'completed' | 'failed' | 'skipped';
     input: Record<string, unknown> | null;

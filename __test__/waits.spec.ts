@@ -16,8 +16,10 @@ import {
   JobWaitTimeoutError,
   MissingTenantIdError,
 } from '../dist';
-import type { JobContext, JobOrchestrator, JobRun } from '../dist';
-import { forBackends } from './backends';
+import { JobOrchestrator } from '../dist';
+import type { JobContext, JobRun } from '../dist';
+import { silentLogger } from './helpers';
+import { forBackends, postgresOnly } from './backends';
 import { get, rejects, stepsById, waitFor } from './helpers';
 
 /** Claims the run `id` (it must be the next of `pool`) and executes it once. */
@@ -533,4 +535,69 @@ test('parked runs keep nothing of their handlers alive: 2,000 continuations hold
   t.is(out.waiting, 2000, 'every run parked');
   t.is(out.alive, 0, 'no handler continuation survived a collection');
   t.true(out.heapPerRunBytes < 4096, `JS heap per parked run: ${out.heapPerRunBytes} B`);
+});
+
+postgresOnly('waits survive a restart of every process: a run parked by one orchestrator is resumed by a signal from a second and run by a third', async (t, make) => {
+  const full = make.options({ loggerFactory: () => silentLogger, logger: silentLogger });
+  const made: JobOrchestrator[] = [];
+  t.teardown(async () => {
+    for (const x of made) await x.close();
+  });
+  const orchestrator = (): JobOrchestrator => {
+    const o = new JobOrchestrator(full);
+    made.push(o);
+    o.registerHandler('durable', {}, async (ctx: JobContext<unknown>) => {
+      await ctx.sleep('nap', 200);
+      const said = await ctx.waitForSignal<string>('say');
+      return { said };
+    });
+    return o;
+  };
+  const a = orchestrator();
+  await a.migrate();
+  const wa = a.startWorker({ pools: { batch: { concurrency: 2 } } });
+  const run = await a.start('durable', {});
+  await waitFor(async () => (await get(a, run.id)).waitKind === 'sleep', 'parked in its sleep', 5_000);
+  await wa.stop();
+  await a.close();
+  // Nobody runs a worker while the sleep falls due; a second process signals.
+  const b = orchestrator();
+  t.deepEqual(await b.signal(run.id, 'say', 'hello'), { delivered: false }, 'into the inbox: the run is still in its sleep');
+  await b.close();
+  // A third process's worker resumes the due sleep and takes the signal.
+  const c = orchestrator();
+  const wc = c.startWorker({ pools: { batch: { concurrency: 2 } } });
+  try {
+    const done = await c.waitForRun(run.id, { timeoutMs: 10_000 });
+    t.is(done.status, 'completed');
+    t.deepEqual(done.output, { said: 'hello' });
+    t.is(done.attempts, 1);
+  } finally {
+    await wc.stop();
+  }
+});
+
+postgresOnly('a signal from another process wakes a waiting run at once (NOTIFY, not the poll)', async (t, make) => {
+  const base = make.options({ loggerFactory: () => silentLogger, logger: silentLogger });
+  // A poll far slower than the bound below: only a notification can meet it.
+  const full = { ...base, postgres: { ...base.postgres!, pollMs: 5_000 } };
+  const a = new JobOrchestrator(full);
+  const b = new JobOrchestrator(full);
+  t.teardown(async () => {
+    await a.close();
+    await b.close();
+  });
+  await a.migrate();
+  a.registerHandler('ping', {}, async (ctx: JobContext<unknown>) => ctx.waitForSignal('go'));
+  const w = a.startWorker({ pools: { batch: { concurrency: 2 } } });
+  try {
+    const run = await a.start('ping', {});
+    await waitFor(async () => (await get(a, run.id)).status === 'waiting', 'parked', 5_000);
+    const t0 = Date.now();
+    t.deepEqual(await b.signal(run.id, 'go', 1), { delivered: true });
+    await a.waitForRun(run.id, { timeoutMs: 5_000 });
+    t.true(Date.now() - t0 < 1_500, `resumed in ${Date.now() - t0} ms (the poll interval is 5 s)`);
+  } finally {
+    await w.stop();
+  }
 });

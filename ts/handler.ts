@@ -110,6 +110,8 @@ export interface JobContext<TInput = unknown, Jobs extends JobMap = AnyJobs> {
    * that ends failed, timed out or canceled throws `JobChildFailedError`.
    */
   invoke<O = unknown, K extends JobTypeName<Jobs> = JobTypeName<Jobs>>(stepId: string, type: K, input: Jobs[K], opts?: InvokeOptions): Promise<O>;
+  /** A child of a job type whose input may be left out (stored as `{}`). */
+  invoke<O = unknown, K extends OptionalInputName<Jobs> = OptionalInputName<Jobs>>(stepId: string, type: K, input?: Jobs[K] | null, opts?: InvokeOptions): Promise<O>;
   readonly logger: JobLogger;
   /**
    * Aborts when the run is canceled, its attempt times out, or a worker's

@@ -313,7 +313,8 @@ export abstract class NativeBackend implements Partial<Backend> {
   }
 
   stepBegin(runId: string, epoch: number, stepId: string): Promise<{ memoized: true; output: unknown } | { memoized: false; attempt: number }> {
-    return this.request('stepBegin', requestJson({ runId, epoch, stepId }), (t) => JSON.parse(t) as { memoized: false; attempt: number });
+    // By hand: a ticket's run id is the engine's canonical UUID (nothing to escape).
+    return this.request('stepBegin', `{"runId":"${runId}","epoch":${epoch},"stepId":${requestJson(stepId)}}`, (t) => JSON.parse(t) as { memoized: false; attempt: number });
   }
 
   stepComplete(runId: string, epoch: number, stepId: string, outputText: string): Promise<void> {
@@ -328,9 +329,10 @@ export abstract class NativeBackend implements Partial<Backend> {
   }
 
   waitBegin(runId: string, epoch: number, stepId: string, waitText: string): Promise<WaitAnswer> {
-    const req = `{"runId":${requestJson(runId)},"epoch":${epoch},"stepId":${requestJson(stepId)},"wait":${waitText}}`;
-    // A child's start may cancel (a `replace` lane) or emit events.
-    return this.mutate('waitBegin', req, parseWait);
+    const req = `{"runId":"${runId}","epoch":${epoch},"stepId":${requestJson(stepId)},"wait":${waitText}}`;
+    // Only a child's start may cancel (a `replace` lane) or emit events:
+    // the other waits need not look for notices.
+    return waitText.startsWith('{"kind":"child"') ? this.mutate('waitBegin', req, parseWait) : this.request('waitBegin', req, parseWait);
   }
 
   waitDelivered(runId: string, epoch: number, stepId: string): Promise<WaitAnswer> {

@@ -40,7 +40,10 @@ export class Attempt {
   onPark?: (() => void) | undefined;
   private parkCheck = false;
 
-  constructor(readonly epoch: number) {}
+  constructor(
+    readonly epoch: number,
+    private readonly parker: Parker,
+  ) {}
 
   get aborted(): boolean {
     return this.reason !== undefined;
@@ -70,18 +73,21 @@ export class Attempt {
   /**
    * Parks the attempt once its handler is blocked only on open waits: no
    * step running, no wait call unanswered. Looked at after every microtask
-   * queued now has run (`setImmediate`), so waits started together — a
+   * queued now has run (see `Parker`), so waits started together — a
    * fan-out's `Promise.all` — are all recorded before it parks.
    */
   considerPark(): void {
     if (this.parkCheck || this.openWaits === 0 || this.parked) return;
     this.parkCheck = true;
-    setImmediate(() => {
-      this.parkCheck = false;
-      if (this.parked || this.aborted || this.openWaits === 0 || this.waitCalls > 0 || this.stepsRunning > 0) return;
-      this.parked = true;
-      this.onPark?.();
-    });
+    this.parker.add(this);
+  }
+
+  /** `Parker`'s look: parks the attempt if it is still blocked only on waits. */
+  parkIfBlocked(): void {
+    this.parkCheck = false;
+    if (this.parked || this.aborted || this.openWaits === 0 || this.waitCalls > 0 || this.stepsRunning > 0) return;
+    this.parked = true;
+    this.onPark?.();
   }
 
   /** The handler returned or its promise settled. */
@@ -98,9 +104,36 @@ export class Attempt {
   }
 }
 
+/**
+ * Parks attempts blocked only on waits, many in one pass: one
+ * `setImmediate` for every attempt that asked meanwhile, so the parked
+ * attempts end in one synchronous stretch and a worker reports them in one
+ * call (one pass per attempt cost a report and a refill per parked run).
+ */
+export class Parker {
+  private queued: Attempt[] = [];
+  private scheduled = false;
+
+  add(a: Attempt): void {
+    this.queued.push(a);
+    if (!this.scheduled) {
+      this.scheduled = true;
+      setImmediate(this.look);
+    }
+  }
+
+  private readonly look = (): void => {
+    this.scheduled = false;
+    const q = this.queued;
+    this.queued = [];
+    for (const a of q) a.parkIfBlocked();
+  };
+}
+
 /** The attempts executing in this process, by run id. */
 export class Attempts {
   private readonly byRun = new Map<string, Attempt>();
+  private readonly parker = new Parker();
 
   get size(): number {
     return this.byRun.size;
@@ -108,7 +141,7 @@ export class Attempts {
 
   /** Registered before the handler runs, so a cancel from then on reaches it. */
   begin(runId: string, epoch: number): Attempt {
-    const a = new Attempt(epoch);
+    const a = new Attempt(epoch, this.parker);
     this.byRun.set(runId, a);
     return a;
   }

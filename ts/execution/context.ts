@@ -240,7 +240,9 @@ class Waits {
     try {
       answer = await store.waitBegin(runId, epoch, stepId, waitText);
     } finally {
+      // Whatever the answer (a throw too): other open waits may now park.
       a.waitCalls--;
+      a.considerPark();
     }
     if (answer.state === 'token') {
       if (deliver === undefined) throw new JobInputInvalidError(`wait '${stepId}' is a token wait`);
@@ -252,20 +254,20 @@ class Waits {
         throw err;
       } finally {
         a.stepsRunning--;
+        a.considerPark();
       }
       a.waitCalls++;
       try {
         answer = await store.waitDelivered(runId, epoch, stepId);
       } finally {
         a.waitCalls--;
+        a.considerPark();
       }
     }
     switch (answer.state) {
       case 'done':
-        a.considerPark();
         return answer.value;
       case 'failed':
-        a.considerPark();
         throw waitError(answer.error);
       default:
         a.openWaits++;

@@ -86,7 +86,8 @@ fn token_hash(token: &str) -> String {
 }
 
 /// A new resume token for a wait of `run`: the run's id (so the token alone
-/// finds its run) and 244 random bits from the OS (two v4 UUIDs).
+/// finds its run) and 244 random bits: two v4 UUIDs, drawn by `uuid`'s
+/// `fast-rng` from `rand`'s `ThreadRng`, a CSPRNG seeded by the OS.
 fn new_token(run: &RunId) -> String {
     format!(
         "{TOKEN_PREFIX}{}{}{}",
@@ -162,6 +163,13 @@ impl<S: Store> Engine<S> {
         let answer = self.write(|tx| {
             Self::check_waiter(tx, &id, epoch, run_id)?;
             let attempt = tx.run(&id).map_or(1, |r| r.attempts + 1);
+            // A resolved wait answers without a copy of its row (the
+            // common case on a resumption: every wait before the open one).
+            if let Some(s) = tx.step(&id, step_id) {
+                if s.kind == "wait" && s.status == StepStatus::Completed {
+                    return Ok(WaitBegin::Done(s.output.clone()));
+                }
+            }
             let existing = tx.step(&id, step_id).cloned();
             if let Some(s) = &existing {
                 if s.kind != "wait" {
@@ -494,12 +502,7 @@ impl<S: Store> Engine<S> {
         epoch: u32,
         now: Millis,
     ) -> (Option<RunRow>, bool) {
-        let open: Vec<WaitSpec> = tx
-            .steps(run_id)
-            .iter()
-            .filter(|s| s.epoch == epoch && is_open(s))
-            .filter_map(WaitSpec::of_step)
-            .collect();
+        let open = tx.open_waits(run_id, epoch);
         let deadline = open.iter().filter_map(WaitSpec::deadline).min();
         let resume = open.is_empty() || deadline.is_some_and(|d| d <= now);
         let kind = open.first().map(WaitSpec::kind);
@@ -641,6 +644,8 @@ impl<S: Store> Engine<S> {
             let run = tx
                 .run(&id)
                 .filter(|r| match tenant {
+                    // Single-tenant: a tenant argument means nothing, as elsewhere.
+                    _ if !self.multi_tenant => true,
                     TenantArg::Missing => true,
                     TenantArg::Null => r.tenant_id.is_none(),
                     TenantArg::Id(t) => r.tenant_id.as_deref() == Some(t.as_str()),

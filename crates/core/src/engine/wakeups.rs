@@ -162,8 +162,10 @@ impl<S: Store> Engine<S> {
     /// Moves a manual clock. `None` on the system clock.
     pub fn advance_time(&self, ms: i64) -> Option<Millis> {
         let moved = self.clock.advance(ms);
-        if moved.is_some() && self.store.inline_timers() {
-            // Sleeps and wait deadlines now past resume at once, worker or not.
+        if moved.is_some() {
+            // Sleeps and wait deadlines now past resume at once, worker or
+            // not (a manual clock is a test's: a networked store's
+            // transaction on the caller's thread is the price of that).
             let _ = self.resume_due_waits_then_next();
         }
         if moved.is_some() {

@@ -1018,6 +1018,23 @@ impl StoreTx for MemoryTx<'_> {
         }
     }
 
+    /// A scan of the run's rows in place (no copy of every step).
+    fn open_waits(&self, run: &RunId, epoch: u32) -> Vec<crate::model::WaitSpec> {
+        let s = &*self.0;
+        let Some(steps) = s.handle(run).and_then(|h| s.steps.get(&h)) else {
+            return Vec::new();
+        };
+        let mut open: Vec<(u32, crate::model::WaitSpec)> = steps
+            .rows
+            .iter()
+            .filter(|r| r.epoch == epoch && r.kind == "wait")
+            .filter(|r| matches!(r.status, StepStatus::Pending | StepStatus::Running))
+            .filter_map(|r| crate::model::WaitSpec::of_step(r).map(|w| (r.seq, w)))
+            .collect();
+        open.sort_by_key(|(seq, _)| *seq);
+        open.into_iter().map(|(_, w)| w).collect()
+    }
+
     fn due_waits(&mut self, now: Millis, limit: usize) -> Vec<RunId> {
         let s = &*self.0;
         s.waits

@@ -93,13 +93,6 @@ pub trait Store: Send + Sync + 'static {
     fn fires_schedules_in_claims(&self) -> bool {
         false
     }
-
-    /// Whether moving a manual clock can resume the waits it made due in
-    /// the same call (the in-memory store: one indexed peek). A networked
-    /// store leaves that to the worker's timer and to claims.
-    fn inline_timers(&self) -> bool {
-        self.fires_schedules_in_claims()
-    }
 }
 
 /// How a store's runs are shared with other processes, and what that means
@@ -285,6 +278,22 @@ pub trait StoreTx {
     fn delete_steps(&mut self, run: &RunId, keep_completed: bool);
 
     // ── durable waits ──────────────────────────────────────────────────
+    /// The open waits (steps of kind `wait`, pending or running) the
+    /// attempt `epoch` of a run recorded, in `seq` order: what a parking
+    /// attempt is blocked on.
+    fn open_waits(&self, run: &RunId, epoch: u32) -> Vec<crate::model::WaitSpec> {
+        self.steps(run)
+            .iter()
+            .filter(|s| s.epoch == epoch && s.kind == "wait")
+            .filter(|s| {
+                matches!(
+                    s.status,
+                    crate::model::StepStatus::Pending | crate::model::StepStatus::Running
+                )
+            })
+            .filter_map(crate::model::WaitSpec::of_step)
+            .collect()
+    }
     /// Waiting runs whose `wait_deadline` is at or before `now`, earliest
     /// first, at most `limit`. A networked store locks them and skips those
     /// another transaction holds, so two processes never resume one run.

@@ -731,18 +731,14 @@ impl PgStore {
         let Some(conn) = lease.conn.as_mut() else {
             return Err(JobError::invalid("connection pool is closed"));
         };
-        // The catalog lookups of the schema text name the schema in a string
-        // literal inside a `$jobforge$`-quoted block: a name holding that
-        // tag would end the block early.
+        // The schema text names the schema inside a `$jobforge$`-quoted
+        // block: a name holding that tag would end the block early.
         if self.config.schema.contains("$jobforge$") {
             return Err(JobError::invalid(
                 "postgres.schema cannot contain the text $jobforge$",
             ));
         }
-        let literal = format!("'{}'", self.schema_sql.replace('\'', "''"));
-        let ddl = include_str!("schema.sql")
-            .replace("{S_LIT}", &literal)
-            .replace("{S}", &self.schema_sql);
+        let ddl = include_str!("schema.sql").replace("{S}", &self.schema_sql);
         let sql = format!(
             "BEGIN; SELECT pg_advisory_xact_lock({}); CREATE SCHEMA IF NOT EXISTS {}; {} COMMIT;",
             lock_key(b'm', None, &self.config.schema, ""),

@@ -1,5 +1,4 @@
--- jobforge schema, version 1. `{S}` is the quoted schema name, `{S_LIT}`
--- the same as an SQL string literal (for catalog lookups).
+-- jobforge schema, version 1. `{S}` is the quoted schema name.
 -- Tables and columns follow the seed's persistence model (the row shapes of
 -- CONTRACT.md in snake_case); the columns marked "jobforge" are additions a
 -- database created for the TypeScript system gains through ADD COLUMN IF
@@ -144,21 +143,17 @@ INSERT INTO {S}.jobforge_migration (version) VALUES (2) ON CONFLICT DO NOTHING;
 -- jobforge, version 3: durable waits. A waiting run says what it waits for
 -- (wait_kind) and when it resumes at the latest (wait_deadline); a wait
 -- step is a job_step of kind 'wait'. The checks of earlier versions allowed
--- less: they are replaced, once (a check that already allows the new values
--- is left alone, so running migrate again neither rewrites the constraint
--- nor scans the table to validate it).
+-- less: they are replaced once, by the migration that records version 3
+-- (running migrate again neither rewrites them nor scans the tables). The
+-- test is this schema's own migration row, not the catalog: a catalog
+-- query matching the constraints by name would read other schemas' too,
+-- and fail on one being dropped meanwhile.
 DO $jobforge$
 BEGIN
-  IF NOT EXISTS (SELECT 1 FROM pg_constraint
-      WHERE conrelid = ({S_LIT} || '.job_run')::regclass AND conname = 'job_run_wait_kind_check'
-        AND pg_get_constraintdef(oid) LIKE '%''child''%') THEN
+  IF NOT EXISTS (SELECT 1 FROM {S}.jobforge_migration WHERE version = 3) THEN
     ALTER TABLE {S}.job_run DROP CONSTRAINT IF EXISTS job_run_wait_kind_check;
     ALTER TABLE {S}.job_run ADD CONSTRAINT job_run_wait_kind_check
       CHECK (wait_kind IN ('sleep', 'signal', 'token', 'child'));
-  END IF;
-  IF NOT EXISTS (SELECT 1 FROM pg_constraint
-      WHERE conrelid = ({S_LIT} || '.job_step')::regclass AND conname = 'job_step_kind_check'
-        AND pg_get_constraintdef(oid) LIKE '%''wait''%') THEN
     ALTER TABLE {S}.job_step DROP CONSTRAINT IF EXISTS job_step_kind_check;
     ALTER TABLE {S}.job_step ADD CONSTRAINT job_step_kind_check CHECK (kind IN ('task', 'wait'));
   END IF;

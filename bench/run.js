@@ -10,7 +10,7 @@
  *   npm run bench -- --quick            n up to 100k, fewer repetitions
  *   node bench/run.js --render <file>   regenerate BENCHMARKS.md + chart from a results file
  *
- * Options: --reps <k>, --sizes 1000,10000, --only start,keyed,claim,shapes,memory,worker,pg,breakdown,
+ * Options: --reps <k>, --sizes 1000,10000, --only start,keyed,claim,shapes,memory,worker,pg,breakdown,waits,
  * --limit <seconds per point> (default 60), --no-baseline, --docs / --no-docs
  * (a full run updates BENCHMARKS.md and bench/chart.svg, a quick run does not
  * unless --docs is given), --pg-reps <k> (repetitions of bench/pg.js; default
@@ -36,6 +36,7 @@ const report = require('./report');
 const ROOT = path.resolve(__dirname, '..');
 const BASELINE_PATH = path.resolve(__dirname, '../../shared/baseline/dist');
 const WORKER_BENCH = path.join(__dirname, 'worker.js');
+const WAITS_BENCH = path.join(__dirname, 'waits.js');
 const PG_BENCH = path.join(__dirname, 'pg.js');
 const PG_DEFAULT_URL = 'postgres://postgres@127.0.0.1:5432/test'; // bench/pg.js's default
 const DOCS = path.join(ROOT, 'BENCHMARKS.md');
@@ -74,7 +75,7 @@ function parseArgs(argv) {
   }
   if (a.reps !== null && !(Number.isInteger(a.reps) && a.reps >= 1)) throw new Error('--reps needs a positive integer');
   if (a.pgReps !== null && !(Number.isInteger(a.pgReps) && a.pgReps >= 1)) throw new Error('--pg-reps needs a positive integer');
-  const known = ['start', 'keyed', 'claim', 'shapes', 'memory', 'worker', 'pg', 'breakdown'];
+  const known = ['start', 'keyed', 'claim', 'shapes', 'memory', 'worker', 'pg', 'breakdown', 'waits'];
   for (const s of a.only ?? []) if (!known.includes(s)) throw new Error(`--only takes ${known.join(',')}; got ${s}`);
   if (a.sizes && a.sizes.some((n) => !(Number.isInteger(n) && n >= 10))) throw new Error('--sizes needs integers ≥ 10');
   return a;
@@ -1233,6 +1234,16 @@ async function main(args) {
     if (!results.pg.present) console.log('PostgreSQL: bench/pg.js does not exist, skipped');
     else if (results.pg.data?.skipped) console.log(`PostgreSQL: SKIPPED, not failed: ${results.pg.data.skipped}`);
     else if (results.pg.error) console.log(`PostgreSQL: ${results.pg.error}`);
+  }
+
+  if (on('waits') && fs.existsSync(WAITS_BENCH)) {
+    // Durable waits: its own script and its own section of BENCHMARKS.md
+    // (outside the generated one), each scenario in a fresh process.
+    console.log('durable waits: bench/waits.js');
+    const docs = (args.docs ?? !args.quick) ? ['--docs'] : [];
+    const quick = args.quick ? ['--n', '20000', '--pg-n', '5000', '--lateness-n', '2000'] : [];
+    const r = spawnSync(process.execPath, [WAITS_BENCH, ...quick, ...docs], { cwd: ROOT, stdio: 'inherit' });
+    results.waits = { status: r.status, command: ['node', path.relative(ROOT, WAITS_BENCH), ...quick, ...docs].join(' ') };
   }
 
   results.durationS = sec(now() - wall0);

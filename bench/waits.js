@@ -155,10 +155,16 @@ const scenarios = {
     await startMany(o, 's', n, (i) => ({ at: base + (spread === 0 ? 0 : Math.floor((i * spread) / n)) }));
     await until(async () => (await countStatus(o, 'waiting')) === n || Date.now() > base, lead + 60_000);
     const parkedInTime = Date.now() < base;
+    // When the last sleeper was resumed (turned pending), as a poll of the
+    // waiting count sees it: the resumer's own lateness, without the time
+    // the workers then take to run them all.
+    await until(async () => Date.now() >= base + spread, lead + spread + 60_000);
+    await until(async () => (await countStatus(o, 'waiting')) === 0, 120_000);
+    const allResumedMs = Date.now() - (base + spread);
     await until(() => late.length === n, lead + spread + 120_000);
     await w.stop();
     await drop(o, backend);
-    return { n, parkedInTime, p50: pct(late, 50), p99: pct(late, 99), max: pct(late, 100), together: spread === 0 };
+    return { n, parkedInTime, allResumedMs, p50: pct(late, 50), p99: pct(late, 99), max: pct(late, 100), together: spread === 0 };
   },
   async 'idle-cpu'({ backend, n }) {
     const o = await make(backend, 'system');
@@ -258,7 +264,7 @@ async function main() {
     } else {
       console.log(`# postgres: ${int(pgN)} idle sleepers, ${int(latN)} due together`);
       const late = runChild('lateness', { backend: 'postgres', n: latN });
-      console.log(`resume lateness (${int(latN)} sleepers due together): p50 ${f1(late.p50)} ms, p99 ${f1(late.p99)} ms, max ${f1(late.max)} ms`);
+      console.log(`resume lateness (${int(latN)} sleepers due together): all resumed ${int(late.allResumedMs)} ms after the deadline; handler continuing p50 ${f1(late.p50)} ms, p99 ${f1(late.p99)} ms, max ${f1(late.max)} ms`);
       const idle = runChild('idle-cpu', { backend: 'postgres', n: pgN });
       console.log(`idle CPU with ${int(pgN)} far-off sleepers: ${idle.cpuPercent.toFixed(2)} % of a core (this process; the server's own CPU not counted)`);
       const sig = runChild('signal-rtt', { backend: 'postgres', n: 300 });
@@ -298,7 +304,8 @@ function writeDocs(r, { n, pgN, latN }) {
   }
   if (p && !p.skipped) {
     lines.push(
-      `| resume lateness, PostgreSQL, ${int(latN)} sleepers due together | p50 ${f1(p.late.p50)} ms, **p99 ${f1(p.late.p99)} ms** | p99 ≤ 250 ms | ${ok(p.late.p99 <= 250)} |`,
+      `| resume lateness, PostgreSQL, ${int(latN)} sleepers due together: every one resumed (pending) | **${int(p.late.allResumedMs)} ms** after the deadline (a poll of the waiting count, ±5 ms) | ≤ 250 ms | ${ok(p.late.allResumedMs <= 250)} |`,
+      `| … and each handler continuing past its sleep (includes running all ${int(latN)} again on one worker, concurrency 64) | p50 ${f1(p.late.p50)} ms, **p99 ${f1(p.late.p99)} ms** | p99 ≤ 250 ms | ${ok(p.late.p99 <= 250)} |`,
       `| idle CPU, PostgreSQL, ${int(pgN)} far-off sleepers (this process) | **${p.idle.cpuPercent.toFixed(2)} %** of a core | < 1 % | ${ok(p.idle.cpuPercent < 1)} |`,
       `| signal round trip, PostgreSQL | **p50 ${f1(p.sig.p50)} ms**, p99 ${f1(p.sig.p99)} ms | (report) | |`,
     );

@@ -1480,8 +1480,9 @@ fn a_database_of_schema_version_2_upgrades_in_place_to_durable_waits() {
         .batch_execute(&format!("UPDATE {s}.job_step SET kind = 'nap'"))
         .is_err());
     // And it resumes at its deadline.
+    // Moving the manual clock resumes what fell due (nothing left after).
     e.advance_time(5_000);
-    assert_eq!(e.resume_due_waits_then_next().unwrap(), (1, None));
+    assert_eq!(e.resume_due_waits_then_next().unwrap(), (0, None));
     let again = claim(&e, "batch");
     assert_eq!(
         done_with(wait(&e, &again, "nap", WaitRequest::Sleep { until })),
@@ -1544,8 +1545,9 @@ fn a_sleep_parks_the_run_until_its_deadline_resumes_it() {
     assert!(e.claim_next("batch").unwrap().is_none());
 
     let mut listener = wake_listener(&cfg);
+    // Moving the manual clock resumes what fell due, in that same call.
     e.advance_time(1);
-    assert_eq!(e.resume_due_waits_then_next().unwrap(), (1, Some(until(1))));
+    assert_eq!(e.resume_due_waits_then_next().unwrap(), (0, Some(until(1))));
     assert!(heard_wake(&mut listener), "the resumed run woke no worker");
     let first = row_of(&e, &tickets[0].run.id);
     assert_eq!(first.status, RunStatus::Pending);
@@ -1642,7 +1644,7 @@ fn signals_wait_in_the_inbox_or_resume_the_run_waiting_for_them() {
     ));
     assert_eq!(parked(&e, &c).wait_deadline.get(), Some(e.now() + 100));
     e.advance_time(100);
-    assert_eq!(e.resume_due_waits_then_next().unwrap(), (1, None));
+    assert_eq!(e.resume_due_waits_then_next().unwrap(), (0, None));
     let c = claim(&e, "batch");
     match wait(&e, &c, "s4", signal_wait("never", Some(100))) {
         WaitBegin::Failed(err) => assert!(err.get().contains("JobWaitTimeoutError"), "{err}"),

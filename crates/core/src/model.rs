@@ -487,6 +487,16 @@ impl RunRow {
     pub fn awaited_by(&self) -> &[(RunId, Box<str>)] {
         self.extras.as_ref().map_or(&[], |x| &x.awaited_by)
     }
+    /// A waiting run's wait resolved: pending, due `now`. The one place a
+    /// resumption changes a row (a networked store's set-based resume,
+    /// `StoreTx::resume_due`, writes the same fields).
+    pub fn resume_now(&mut self, now: Millis) {
+        self.status = RunStatus::Pending;
+        self.run_at = now;
+        self.clear_wait();
+        self.updated_at = now;
+    }
+
     /// Forgets what the run waited for (it resumed, or ended).
     pub fn clear_wait(&mut self) {
         self.wait_kind = None;

@@ -26,7 +26,7 @@
 
 use crate::engine::{AttemptEnd, AttemptTicket, Engine};
 use crate::error::{JobError, Result};
-use crate::model::{AbortReason, AttemptOutcome, RunId};
+use crate::model::{AbortReason, AttemptOutcome, Millis, RunId};
 use crate::store::{Coordination, Store};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
@@ -726,7 +726,7 @@ impl<S: Store + Coordination> Worker<S> {
             let r = self.on_store(|e| e.fire_timers_then_next()).await;
             let looked = matches!(r, Some(Ok(_)));
             let wait = match r {
-                Some(Ok(next)) => {
+                Some(Ok((fire, deadline))) => {
                     failures = 0;
                     if let Some(ms) = trouble_ended(&self.schedule_trouble) {
                         self.notify(format!(
@@ -734,12 +734,23 @@ impl<S: Store + Coordination> Worker<S> {
                         ));
                     }
                     let now = self.engine.now();
-                    let until = match next {
-                        // Still due after firing: another process holds it
-                        // (firing it right now). Look again soon, not at once.
-                        Some(t) if t <= now => Some(Duration::from_millis(50)),
+                    let until = |t: Option<Millis>, still_due: Duration| match t {
+                        Some(t) if t <= now => Some(still_due),
                         Some(t) => Some(Duration::from_millis((t - now) as u64)),
                         None => None,
+                    };
+                    // A schedule still due after firing: another process
+                    // holds it (firing it right now); look again soon, not
+                    // at once. A deadline due already fell due while the
+                    // timer worked (runs due every millisecond): resume it
+                    // now, unless another process holds it (shared store).
+                    let again = if self.shared { 10 } else { 0 };
+                    let until = match (
+                        until(fire, Duration::from_millis(50)),
+                        until(deadline, Duration::from_millis(again)),
+                    ) {
+                        (Some(a), Some(b)) => Some(a.min(b)),
+                        (a, b) => a.or(b),
                     };
                     if self.shared {
                         Some(until.map_or(poll, |d| d.min(poll)))

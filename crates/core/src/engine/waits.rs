@@ -31,8 +31,9 @@ use uuid::Uuid;
 /// Signals a run's inbox holds at most: a sender that outpaces the run's
 /// waits gets `JobInputInvalid` rather than growing the store without end.
 pub const MAX_INBOX: usize = 1000;
-/// Waiting runs resumed per transaction when many fall due together.
-const RESUME_BATCH: usize = 500;
+/// Waiting runs resumed per transaction when many fall due together (a
+/// networked store resumes them in one statement).
+const RESUME_BATCH: usize = 5_000;
 const TOKEN_PREFIX: &str = "jft_";
 
 /// What a wait asks for (`wait_begin`).
@@ -537,12 +538,7 @@ impl<S: Store> Engine<S> {
         if !tx.run(id).is_some_and(|r| r.status == RunStatus::Waiting) {
             return;
         }
-        tx.update_run(id, &mut |r| {
-            r.status = RunStatus::Pending;
-            r.run_at = now;
-            r.clear_wait();
-            r.updated_at = now;
-        });
+        tx.update_run(id, &mut |r| r.resume_now(now));
         fx.wake = true;
     }
 
@@ -718,16 +714,12 @@ impl<S: Store> Engine<S> {
     pub fn resume_due_waits_then_next(&self) -> Result<(usize, Option<Millis>)> {
         let now = self.now();
         let mut resumed = 0;
-        let mut fx = Effects::default();
         let next = loop {
             let (n, more, next) = self.write(|tx| {
-                let due = tx.due_waits(now, RESUME_BATCH);
-                let more = due.len() == RESUME_BATCH;
-                for id in &due {
-                    Self::wake_run(tx, id, now, &mut fx);
-                }
+                let n = tx.resume_due(now, RESUME_BATCH);
+                let more = n == RESUME_BATCH;
                 let next = if more { None } else { tx.next_wait_deadline() };
-                Ok((due.len(), more, next))
+                Ok((n, more, next))
             })?;
             resumed += n;
             if !more {
@@ -743,18 +735,16 @@ impl<S: Store> Engine<S> {
 
 impl<S: Store> Engine<S> {
     /// What the worker's timer does: fires due schedules and resumes due
-    /// waits; answers the earlier of the next fire and the next deadline.
-    pub fn fire_timers_then_next(&self) -> Result<Option<Millis>> {
+    /// waits; answers when the next schedule fires and when the next wait
+    /// deadline falls (apart: a schedule still due is another process's,
+    /// a deadline already due is work to do at once).
+    pub fn fire_timers_then_next(&self) -> Result<(Option<Millis>, Option<Millis>)> {
         use std::sync::atomic::Ordering::SeqCst;
         // Looking: every park meanwhile wakes the timer again.
         self.timer_at.store(i64::MIN, SeqCst);
         let (_, fire) = self.fire_due_schedules_then_next()?;
         let (_, deadline) = self.resume_due_waits_then_next()?;
-        let next = match (fire, deadline) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        };
-        Ok(next)
+        Ok((fire, deadline))
     }
 
     /// The timer says when it wakes next (after `fire_timers_then_next`):

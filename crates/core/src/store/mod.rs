@@ -298,6 +298,16 @@ pub trait StoreTx {
     /// first, at most `limit`. A networked store locks them and skips those
     /// another transaction holds, so two processes never resume one run.
     fn due_waits(&mut self, now: Millis, limit: usize) -> Vec<RunId>;
+    /// Resumes up to `limit` waiting runs whose deadline is at or before
+    /// `now`, earliest first (`RunRow::resume_now`: pending, due `now`);
+    /// returns how many. A networked store does it in one statement.
+    fn resume_due(&mut self, now: Millis, limit: usize) -> usize {
+        let due = self.due_waits(now, limit);
+        for id in &due {
+            self.update_run(id, &mut |r| r.resume_now(now));
+        }
+        due.len()
+    }
     /// The earliest `wait_deadline` of any waiting run.
     fn next_wait_deadline(&mut self) -> Option<Millis>;
     /// Appends a signal to a run's inbox (signals no wait took yet).

@@ -1400,6 +1400,12 @@ const SQL_DUE_WAITS: &str = "SELECT {R} FROM {S}.job_run WHERE status = 'waiting
     AND wait_deadline IS NOT NULL AND wait_deadline <= $1 ORDER BY wait_deadline, seq LIMIT $2 \
     FOR UPDATE SKIP LOCKED";
 /// The first entry of `job_run_wait_deadline_idx`.
+/// `StoreTx::resume_due` in one statement: the fields `RunRow::resume_now`
+/// sets, on the due runs no other transaction holds.
+const SQL_RESUME_DUE: &str = "WITH due AS (SELECT id FROM {S}.job_run WHERE status = 'waiting' \
+    AND wait_deadline IS NOT NULL AND wait_deadline <= $1 ORDER BY wait_deadline, seq LIMIT $2 \
+    FOR UPDATE SKIP LOCKED) UPDATE {S}.job_run r SET status = 'pending', run_at = $1, \
+    wait_kind = NULL, wait_deadline = NULL, updated_at = $1 FROM due WHERE r.id = due.id RETURNING r.id";
 const SQL_NEXT_WAIT: &str = "SELECT min(wait_deadline) FROM {S}.job_run \
     WHERE status = 'waiting' AND wait_deadline IS NOT NULL";
 const SQL_PUSH_SIGNAL: &str =
@@ -2031,6 +2037,25 @@ impl StoreTx for PgTx<'_> {
         self.absorb(&rows, true)
     }
 
+    /// One statement however many fall due together (resuming row by row
+    /// was measured at ~4 s for 10k runs due at once).
+    fn resume_due(&mut self, now: Millis, limit: usize) -> usize {
+        self.flush();
+        let rows = self.query(SQL_RESUME_DUE, &[&Ms(now), &(limit as i64)], None);
+        let ids: Vec<Uuid> = rows
+            .iter()
+            .filter_map(|r| r.try_get::<_, Uuid>(0).ok())
+            .collect();
+        // A copy of one of them cached earlier in this transaction is stale.
+        for id in &ids {
+            self.runs.as_mut().remove(id);
+        }
+        if !ids.is_empty() {
+            self.notify = true;
+        }
+        ids.len()
+    }
+
     fn next_wait_deadline(&mut self) -> Option<Millis> {
         // Runs resumed in this transaction no longer count.
         self.flush();
@@ -2400,8 +2425,9 @@ mod tests {
             .expect("migrate");
         c.batch_execute("SET enable_seqscan = off").expect("set");
         let (run, now, limit) = (Uuid::new_v4(), Ms(0), 10i64);
-        let cases: [(&str, &[&(dyn ToSql + Sync)], &str); 7] = [
+        let cases: [(&str, &[&(dyn ToSql + Sync)], &str); 8] = [
             (SQL_DUE_WAITS, &[&now, &limit], "job_run_wait_deadline_idx"),
+            (SQL_RESUME_DUE, &[&now, &limit], "job_run_wait_deadline_idx"),
             (SQL_NEXT_WAIT, &[], "job_run_wait_deadline_idx"),
             (SQL_TAKE_SIGNAL, &[&run, &"go"], "job_signal_pkey"),
             (SQL_INBOX_LEN, &[&run], "job_signal_pkey"),

@@ -72,7 +72,7 @@ forBackends('sleep: zero, and sleepUntil a past instant, do not park; bad durati
   o.registerHandler('quick', {}, async (ctx: JobContext<unknown>) => {
     await ctx.sleep('zero', 0);
     await ctx.sleepUntil('past', new Date(o.now().getTime() - 1));
-    for (const bad of [-1, Number.NaN, 1.5, Infinity, '10' as unknown as number]) {
+    for (const bad of [-1, Number.NaN, 1.5, Infinity, 1e300, '10' as unknown as number]) {
       try {
         await ctx.sleep(`bad-${String(bad)}`, bad);
       } catch (e) {
@@ -94,7 +94,7 @@ forBackends('sleep: zero, and sleepUntil a past instant, do not park; bad durati
   const run = await o.start('quick', {});
   const done = await tickRun(o, run.id);
   t.is(done.status, 'completed');
-  t.deepEqual(errors, Array(7).fill('JobInputInvalidError'));
+  t.deepEqual(errors, Array(8).fill('JobInputInvalidError'));
   t.deepEqual(Object.keys(await stepsById(o, run.id)).sort(), ['past', 'zero'], 'no step row for a refused wait');
 });
 

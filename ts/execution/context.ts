@@ -172,7 +172,7 @@ class Waits {
 
   readonly sleep = (stepId: string, ms: number): Promise<void> =>
     this.ask(stepId, () => {
-      if (typeof ms !== 'number' || !Number.isInteger(ms) || ms < 0) {
+      if (typeof ms !== 'number' || !Number.isSafeInteger(ms) || ms < 0) {
         throw new JobInputInvalidError(`sleep '${stepId}': ms must be a non-negative integer, got ${String(ms)}`);
       }
       return `{"kind":"sleep","until":${this.host.clock.now() + ms}}`;
@@ -279,7 +279,7 @@ class Waits {
 
 const timeoutField = (t: unknown): string => {
   if (t === undefined || t === null) return '';
-  if (typeof t !== 'number' || !Number.isInteger(t) || t <= 0) {
+  if (typeof t !== 'number' || !Number.isSafeInteger(t) || t <= 0) {
     throw new JobInputInvalidError(`timeoutMs must be a positive integer, got ${String(t)}`);
   }
   return `,"timeoutMs":${t}`;

@@ -601,3 +601,105 @@ postgresOnly('a signal from another process wakes a waiting run at once (NOTIFY,
     await w.stop();
   }
 });
+
+forBackends('a wait that resolves while its attempt still runs resumes the run at once when it parks on its other waits (Promise.race)', async (t, make) => {
+  const o = await make.manual();
+  o.registerHandler('race', {}, async (ctx: JobContext<unknown>) => {
+    const winner = Promise.race([
+      ctx.waitForSignal<string>('approve').then((v) => `approve:${v}`),
+      ctx.waitForSignal<string>('reject').then((v) => `reject:${v}`),
+    ]);
+    // The signal lands after both waits answered "open", before the attempt parks.
+    if (ctx.input && (ctx.input as { send?: boolean }).send) await o.signal(ctx.run.id, 'approve', 'yes');
+    return winner;
+  });
+  const r = await o.start('race', { send: true });
+  const after = await tickRun(o, r.id);
+  // Memory answers both waits before the signal (calls are synchronous):
+  // the run must not park on the loser. On PostgreSQL the signal may also
+  // come first and be taken from the inbox: the run then completes at once.
+  if (make.backend === 'memory') t.is(after.status, 'pending', 'not parked on the loser');
+  t.not(after.status, 'waiting', 'never left waiting on the loser');
+  const done = after.status === 'completed' ? after : await tickRun(o, r.id);
+  t.is(done.output as unknown, 'approve:yes');
+});
+
+forBackends('invoke refuses a child in a lane its waiting caller holds, and a dedupe hit on the caller itself; nothing is started', async (t, make) => {
+  const o = await make.manual();
+  o.registerHandler('charge', { pool: 'kids', concurrency: { key: 'customer:{{customerId}}' } }, async () => 'charged');
+  o.registerHandler('order', { concurrency: { key: 'customer:{{customerId}}' } }, async (ctx: JobContext<{ customerId: string }>) => {
+    try {
+      await ctx.invoke('charge', 'charge', { customerId: ctx.input.customerId });
+    } catch (e) {
+      return (e as Error).name;
+    }
+  });
+  o.registerHandler('self', { dedupe: { key: '{{k}}', windowMs: 60_000 } }, async (ctx: JobContext<{ k: string }>) => {
+    try {
+      await ctx.invoke('me', 'self', { k: ctx.input.k });
+    } catch (e) {
+      return (e as Error).name;
+    }
+  });
+  const r = await o.start('order', { customerId: 'c1' });
+  t.is((await tickRun(o, r.id)).output as unknown, 'JobInputInvalidError');
+  t.is((await o.getRunTree(r.id))?.children.length, 0, 'no child was started');
+  const s = await o.start('self', { k: 'x' });
+  t.is((await tickRun(o, s.id)).output as unknown, 'JobInputInvalidError');
+});
+
+forBackends("an invoke deadline cancels only the caller's own child, not a dedupe hit another run started", async (t, make) => {
+  const o = await make.manual();
+  o.registerHandler('shared', { pool: 'kids', dedupe: { key: 'shared', windowMs: 600_000 } }, async () => 'done');
+  o.registerHandler('waiter', {}, async (ctx: JobContext<unknown>) => {
+    try {
+      return await ctx.invoke('s', 'shared', {}, { timeoutMs: 100 });
+    } catch (e) {
+      return (e as Error).name;
+    }
+  });
+  const shared = await o.start('shared', {});
+  const w = await o.start('waiter', {});
+  await tickRun(o, w.id);
+  o.advanceTime(100);
+  t.is((await tickRun(o, w.id)).output as unknown, 'JobWaitTimeoutError');
+  t.is((await get(o, shared.id)).status, 'pending', 'the shared run lives on');
+});
+
+forBackends('a resume that lands while deliver throws stands: the retry answers with its payload', async (t, make) => {
+  const o = await make.manual();
+  let delivered = 0;
+  o.registerHandler('flaky', { retry: { attempts: 2, backoff: 'fixed', baseMs: 0 } }, async (ctx: JobContext<unknown>) => {
+    return ctx.waitForToken('t', async (token) => {
+      delivered++;
+      await o.resume(token, 'ok');
+      throw new Error('mailer crashed after sending');
+    });
+  });
+  const r = await o.start('flaky', {});
+  const failed = await tickRun(o, r.id);
+  t.is(failed.status, 'pending', 'the attempt failed (deliver threw), retried');
+  const done = await tickRun(o, r.id);
+  t.is(done.output as unknown, 'ok');
+  t.is(delivered, 1, 'the resumed wait was not delivered again');
+});
+
+forBackends('a run canceled while blocked only on waits frees its worker slot at once', async (t, make) => {
+  const o = await make.system();
+  o.registerHandler('self-cancel', {}, async (ctx: JobContext<unknown>) => {
+    const w = ctx.waitForSignal('never');
+    await o.cancel(ctx.run.id);
+    await w;
+  });
+  o.registerHandler('next', {}, async () => 'ran');
+  const w = o.startWorker({ pools: { batch: { concurrency: 1 } }, abandonAfterMs: 60_000 });
+  try {
+    const a = await o.start('self-cancel', {});
+    await waitFor(async () => (await get(o, a.id)).status === 'canceled', 'canceled', 5_000);
+    const b = await o.start('next', {});
+    const done = await o.waitForRun(b.id, { timeoutMs: 3_000 });
+    t.is(done.output as unknown, 'ran', 'the slot was free long before abandonAfterMs');
+  } finally {
+    await w.stop();
+  }
+});

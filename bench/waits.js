@@ -20,6 +20,9 @@
  * 5. Signal round trip: one run at a time waits for a signal; the time
  *    from `signal()` to its handler continuing past the wait. p50 / p99.
  *
+ * 6. Bounds: one memoized ctx call to the engine, a run with no wait in the
+ *    same harness, and the PostgreSQL resume statement alone on 10k runs.
+ *
  *   node bench/waits.js [--n 100000] [--pg-n 20000] [--lateness-n 10000] [--only memory|postgres] [--json <file>] [--docs]
  *   JOBFORGE_PG_URL   database URL (default postgres://postgres@127.0.0.1:5432/test); PostgreSQL parts
  *                     are skipped with a message when no server answers.
@@ -218,6 +221,70 @@ const scenarios = {
     await drop(o, backend);
     return { n, p50: pct(rtt, 50), p99: pct(rtt, 99) };
   },
+
+  // The bound of park + resume: what one memoized ctx call to the engine
+  // costs (a sleep, a step), and a run with no wait at all, in the same
+  // harness as 'park-resume' (a run that parks once is two executions and
+  // two wait calls).
+  async 'ctx-calls'({ n }) {
+    const o = await make('memory', 'manual');
+    const out = {};
+    o.registerHandler('calls', {}, async (ctx) => {
+      await ctx.sleep('s', 0);
+      await ctx.step('t', () => 1);
+      const K = 100_000;
+      let t0 = nowMs();
+      for (let i = 0; i < K; i++) await ctx.sleep('s', 0);
+      out.sleepCallUs = ((nowMs() - t0) * 1000) / K;
+      t0 = nowMs();
+      for (let i = 0; i < K; i++) await ctx.step('t', () => 1);
+      out.stepCallUs = ((nowMs() - t0) * 1000) / K;
+    });
+    const r = await o.start('calls', {});
+    await o.claimNext('batch');
+    await o.tick(r.id);
+    let done = 0;
+    o.registerHandler('plain', {}, async () => {
+      done++;
+    });
+    await startMany(o, 'plain', n);
+    const t0 = nowMs();
+    const w = o.startWorker({ pools: { batch: { concurrency: 64 } } });
+    await until(() => done === n, 600_000);
+    out.plainRunsPerS = n / ((nowMs() - t0) / 1000);
+    await w.stop();
+    return out;
+  },
+  // The bound of resuming on PostgreSQL: the resume statement alone on
+  // 10k due waiting runs, no worker, no other load (the table with all its
+  // indexes, as migrated).
+  async 'pg-resume-bound'({ n }) {
+    const o = await make('postgres', 'system');
+    await o.close();
+    const { Client } = require('pg');
+    const c = new Client({ connectionString: process.env.JOBFORGE_PG_URL || DEFAULT_URL });
+    await c.connect();
+    const s = `jf_wbench_${process.pid}`;
+    await c.query(`INSERT INTO ${s}.job_run (id, job_type, root_run_id, pool, status, wait_kind, wait_deadline, input)
+      SELECT gen_random_uuid(), 's', gen_random_uuid(), 'batch', 'waiting', 'sleep', now() - interval '1 second', '{}' FROM generate_series(1, $1::int)`, [n]);
+    await c.query(`VACUUM ANALYZE ${s}.job_run`);
+    await c.query('CHECKPOINT');
+    const indexes = Number((await c.query(`SELECT count(*)::int AS c FROM pg_indexes WHERE schemaname = $1 AND tablename = 'job_run'`, [s])).rows[0].c);
+    const sql = `WITH due AS (SELECT id FROM ${s}.job_run WHERE status = 'waiting' AND wait_deadline IS NOT NULL AND wait_deadline <= now() ORDER BY wait_deadline, seq LIMIT 5000 FOR UPDATE SKIP LOCKED) UPDATE ${s}.job_run r SET status = 'pending', run_at = now(), wait_kind = NULL, wait_deadline = NULL, updated_at = now() FROM due WHERE r.id = due.id`;
+    const t0 = nowMs();
+    let resumed = 0;
+    for (;;) {
+      await c.query('BEGIN');
+      const r = await c.query(sql);
+      await c.query('COMMIT');
+      resumed += r.rowCount;
+      if (r.rowCount < 5000) break;
+    }
+    const ms = nowMs() - t0;
+    await c.end();
+    await drop(o, 'postgres');
+    return { n: resumed, ms, indexes };
+  },
 };
 
 async function child() {
@@ -270,7 +337,10 @@ async function main() {
     console.log(`idle CPU with ${int(n)} far-off sleepers: ${idle.cpuPercent.toFixed(2)} % of a core`);
     const sig = runChild('signal-rtt', { backend: 'memory', n: 1000 });
     console.log(`signal round trip: p50 ${f1(sig.p50)} ms, p99 ${f1(sig.p99)} ms`);
-    res.memory = { n, pending, waiting, retrying, rssRatio: waiting.bytesPerRun / pending.bytesPerRun, park, late, idle, sig };
+    const calls = runChild('ctx-calls', { n });
+    console.log(`bound: a memoized ctx call ${f1(calls.sleepCallUs)} µs (sleep), ${f1(calls.stepCallUs)} µs (step); a run with no wait ${int(calls.plainRunsPerS)} runs/s`);
+    res.memory = {
+      calls, n, pending, waiting, retrying, rssRatio: waiting.bytesPerRun / pending.bytesPerRun, park, late, idle, sig };
   }
   if (only !== 'memory') {
     const why = pgReachable();
@@ -285,7 +355,9 @@ async function main() {
       console.log(`idle CPU with ${int(pgN)} far-off sleepers: ${idle.cpuPercent.toFixed(2)} % of a core (this process; the server's own CPU not counted)`);
       const sig = runChild('signal-rtt', { backend: 'postgres', n: 300 });
       console.log(`signal round trip: p50 ${f1(sig.p50)} ms, p99 ${f1(sig.p99)} ms`);
-      res.postgres = { n: pgN, late, idle, sig };
+      const bound = runChild('pg-resume-bound', { n: latN });
+      console.log(`bound: the resume statement alone on ${int(bound.n)} due runs: ${int(bound.ms)} ms (${bound.indexes} indexes on job_run)`);
+      res.postgres = { n: pgN, late, idle, sig, bound };
     }
   }
   const json = arg('json', null);
@@ -317,6 +389,7 @@ function writeDocs(r, { n, pgN, latN }) {
       `| resume lateness, memory worker, ${int(latN)} sleepers due over 2 s | p50 ${f1(m.late.p50)} ms, **p99 ${f1(m.late.p99)} ms** | p99 ≤ 10 ms | ${ok(m.late.p99 <= 10)} |`,
       `| idle CPU, memory, ${int(n)} far-off sleepers | **${m.idle.cpuPercent.toFixed(2)} %** of a core | < 1 % | ${ok(m.idle.cpuPercent < 1)} |`,
       `| signal round trip (send → handler continues), memory | **p50 ${f1(m.sig.p50)} ms**, p99 ${f1(m.sig.p99)} ms | (report) | |`,
+      `| bound of park + resume: one memoized ctx call (sleep / step); a run with no wait, same harness | ${f1(m.calls.sleepCallUs)} µs / ${f1(m.calls.stepCallUs)} µs; ${int(m.calls.plainRunsPerS)} runs/s | (bound) | |`,
     );
   }
   if (p && !p.skipped) {
@@ -325,6 +398,7 @@ function writeDocs(r, { n, pgN, latN }) {
       `| … and each handler continuing past its sleep (includes running all ${int(latN)} again on one worker, concurrency 64) | p50 ${f1(p.late.p50)} ms, **p99 ${f1(p.late.p99)} ms** | p99 ≤ 250 ms | ${ok(p.late.p99 <= 250)} |`,
       `| idle CPU, PostgreSQL, ${int(pgN)} far-off sleepers (this process) | **${p.idle.cpuPercent.toFixed(2)} %** of a core | < 1 % | ${ok(p.idle.cpuPercent < 1)} |`,
       `| signal round trip, PostgreSQL | **p50 ${f1(p.sig.p50)} ms**, p99 ${f1(p.sig.p99)} ms | (report) | |`,
+      `| bound of the PostgreSQL resume: the resume statement alone on ${int(p.bound.n)} due runs, no other load (${p.bound.indexes} indexes on job_run) | **${int(p.bound.ms)} ms** | (bound) | |`,
     );
   } else if (p) {
     lines.push(`| PostgreSQL | skipped: ${p.skipped} | | |`);

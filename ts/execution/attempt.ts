@@ -85,7 +85,14 @@ export class Attempt {
   /** `Parker`'s look: parks the attempt if it is still blocked only on waits. */
   parkIfBlocked(): void {
     this.parkCheck = false;
-    if (this.parked || this.aborted || this.openWaits === 0 || this.waitCalls > 0 || this.stepsRunning > 0) return;
+    if (this.parked || this.openWaits === 0 || this.waitCalls > 0 || this.stepsRunning > 0) return;
+    if (this.aborted) {
+      // Canceled (or timed out) while blocked only on waits: the handler
+      // will never settle, so a worker holding its slot until it does
+      // would hold it for nothing.
+      this.handlerEnded();
+      return;
+    }
     this.parked = true;
     this.onPark?.();
   }

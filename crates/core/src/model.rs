@@ -787,6 +787,10 @@ pub struct StartRequest {
     pub dedupe_key: Option<String>,
     /// The wait (`ctx.invoke`: run, step id) the new run's end resolves.
     pub awaited_by: Option<(RunId, String)>,
+    /// Concurrency keys the new run may not take: the lanes its invoking
+    /// run and that run's live ancestors hold (a child queued behind a run
+    /// that waits for it would never run).
+    pub lane_guard: Vec<String>,
     /// Id and creation time chosen by the caller (a JS start buffered and
     /// flushed in a batch, see `Engine::start_plain_batch`); `None` = the engine's.
     pub preset: Option<(RunId, Millis)>,

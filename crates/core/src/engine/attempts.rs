@@ -342,6 +342,8 @@ impl<S: Store> Engine<S> {
                         r.updated_at = now;
                         r.attempts = attempts;
                         r.executing = false;
+                        // A wake-up marker of a wait resolved meanwhile (`wake_run`).
+                        r.clear_wait();
                         lane = r.concurrency_key().is_some();
                         if copy {
                             out = Some(r.clone());
@@ -426,6 +428,7 @@ impl<S: Store> Engine<S> {
                     r.updated_at = now;
                     r.set_error(error.take().map(|e| *e));
                     r.executing = false;
+                    r.clear_wait();
                     out = Some(r.clone());
                 });
             } else {
@@ -436,6 +439,7 @@ impl<S: Store> Engine<S> {
                     r.updated_at = now;
                     r.set_error(error.take().map(|e| *e));
                     r.executing = false;
+                    r.clear_wait();
                     out = Some(r.clone());
                 });
                 tx.announce(Transition {
@@ -484,9 +488,9 @@ impl<S: Store> Engine<S> {
                 r.status = RunStatus::Pending;
                 r.claimed_at = OptMillis::NONE;
                 r.started_at = OptMillis::NONE;
-                r.run_at = now;
                 r.updated_at = now;
                 r.executing = false;
+                r.clear_wait();
             });
             Ok(true)
         })?;

@@ -372,6 +372,13 @@ impl<S: Store> Engine<S> {
             &req.concurrency_key,
             "concurrency",
         )?;
+        if let Some(k) = &concurrency_key {
+            if req.lane_guard.iter().any(|g| g == k) {
+                return Err(JobError::invalid(format!(
+                    "invoke: the child's concurrency key '{k}' is a lane its waiting caller (or one of its callers) holds: it would queue behind the run that waits for it"
+                )));
+            }
+        }
         // Only `replace` needs the whole lane; `queue` joins it and
         // `reject` asks only who holds it (O(log n) either way, not O(lane)).
         let (lane, head): (Vec<RunId>, Option<RunId>) = match &concurrency_key {

@@ -176,6 +176,11 @@ impl<S: Store> Engine<S> {
             if s.epoch != epoch {
                 return Ok(None);
             }
+            // A token wait a `resume` completed while its `deliver` threw:
+            // the resume stands (its caller was told it did).
+            if s.status == StepStatus::Completed {
+                return Ok(None);
+            }
             let still_running = tx
                 .run(&id)
                 .is_some_and(|r| r.status == RunStatus::Running && r.claim_epoch == epoch);

@@ -273,12 +273,27 @@ impl<S: Store> Engine<S> {
                     let mut start = *start;
                     start.parent_run_id = Some(id.to_string());
                     start.awaited_by = Some((id, step_id.to_owned()));
+                    // The lanes of the caller and of the live runs above it
+                    // (they may be waiting on it in turn). O(depth).
+                    let mut up = Some(id);
+                    while let Some(r) = up.and_then(|u| tx.run(&u)).filter(|r| !r.status.is_terminal()) {
+                        if let Some(k) = r.concurrency_key() {
+                            start.lane_guard.push(k.to_owned());
+                        }
+                        up = r.parent_run_id();
+                    }
                     let mut child = match self.start_in(tx, start, now, true, &mut fx)? {
                         super::Started::Row(r) => *r,
                         super::Started::Created { .. } => {
                             return Err(JobError::invalid("invoke: the child row is missing"))
                         }
                     };
+                    if child.id == id {
+                        // A dedupe hit on the caller itself: it would wait for itself.
+                        return Err(JobError::invalid(format!(
+                            "invoke '{step_id}': the child's dedupe key names the invoking run itself"
+                        )));
+                    }
                     child_pool = Some(child.pool.clone());
                     if !child.status.is_terminal()
                         && !child
@@ -478,13 +493,17 @@ impl<S: Store> Engine<S> {
             "timeoutMs": timeout_ms,
         }));
         drop(message);
+        let s_run = s.job_run_id;
         finish_wait(tx, s, StepStatus::Failed, Some(detail.clone()), now);
         // The step no longer waits: the child's cancel below cannot resolve it.
+        // Only the caller's own child: a dedupe hit another run started (and
+        // others may wait on) is not the caller's to cancel.
         if let WaitSpec::Child { child_run_id, .. } = spec {
-            if tx
+            let caller = s_run;
+            let own = tx
                 .run(child_run_id)
-                .is_some_and(|c| !c.status.is_terminal())
-            {
+                .is_some_and(|c| !c.status.is_terminal() && c.parent_run_id() == Some(caller));
+            if own {
                 self.cancel_tree(tx, *child_run_id, true, true, now, fx);
             }
         }
@@ -504,8 +523,12 @@ impl<S: Store> Engine<S> {
         now: Millis,
     ) -> (Option<RunRow>, bool) {
         let open = tx.open_waits(run_id, epoch);
+        // A wait resolved while the attempt ran (see `wake_run`).
+        let woken = tx
+            .run(run_id)
+            .is_some_and(|r| r.wait_deadline.get().is_some());
         let deadline = open.iter().filter_map(WaitSpec::deadline).min();
-        let resume = open.is_empty() || deadline.is_some_and(|d| d <= now);
+        let resume = woken || open.is_empty() || deadline.is_some_and(|d| d <= now);
         let kind = open.first().map(WaitSpec::kind);
         let mut out = None;
         tx.update_run(run_id, &mut |r| {
@@ -533,13 +556,21 @@ impl<S: Store> Engine<S> {
         (out, resume)
     }
 
-    /// A waiting run whose wait resolved turns pending, due now.
+    /// A wait of `id` resolved: a waiting run turns pending, due now. A
+    /// running one may be about to park on its other waits without having
+    /// seen this one resolve (its answer was "open"): its `wait_deadline`
+    /// is set to now, which `park_in` reads as "a wait resolved while the
+    /// attempt ran: resume at once" (a running run has no deadline
+    /// otherwise; the deadline index holds waiting runs only).
     fn wake_run(tx: &mut S::Tx<'_>, id: &RunId, now: Millis, fx: &mut Effects) {
-        if !tx.run(id).is_some_and(|r| r.status == RunStatus::Waiting) {
-            return;
+        match tx.run(id).map(|r| r.status) {
+            Some(RunStatus::Waiting) => {
+                tx.update_run(id, &mut |r| r.resume_now(now));
+                fx.wake = true;
+            }
+            Some(RunStatus::Running) => tx.update_run(id, &mut |r| r.wait_deadline = now.into()),
+            _ => {}
         }
-        tx.update_run(id, &mut |r| r.resume_now(now));
-        fx.wake = true;
     }
 
     /// Sends a signal to a run: it resolves the run's oldest open wait for

@@ -1900,3 +1900,45 @@ fn an_invoke_hitting_a_child_that_completes_meanwhile_answers_with_its_end() {
         "the invoke must answer with the end it waited behind"
     );
 }
+
+// ── redelivery ─────────────────────────────────────────────────────────
+
+/// A run returned to `pending` without an outcome keeps its due time, so
+/// it is claimed before the runs started after it: whether its attempt was
+/// released (a shutdown) or its lease expired (its worker died; here
+/// another process's sweeper returns it).
+#[test]
+fn a_released_or_swept_run_keeps_its_due_time_and_is_claimed_before_runs_started_after_it() {
+    let Some((e, cfg)) = manual_engine("redeliver") else {
+        return;
+    };
+    e.register(spec("t")).unwrap();
+    let a = e.start(req("t", r#"{"n":0}"#)).unwrap();
+    let c1 = claim(&e, "batch");
+    assert_eq!(c1.id, a.id);
+    e.advance_time(10);
+    let b = e.start(req("t", r#"{"n":1}"#)).unwrap();
+    e.advance_time(10);
+    let c = e.start(req("t", r#"{"n":2}"#)).unwrap();
+    e.advance_time(10);
+
+    // Released (stop()): back in its place, ahead of b and c.
+    assert!(e.release_attempt(&a.id, c1.claim_epoch).unwrap());
+    let back = row_of(&e, &a.id);
+    assert_eq!(back.status, RunStatus::Pending);
+    assert_eq!(back.run_at, a.run_at, "release keeps the due time");
+    let c2 = claim(&e, "batch");
+    assert_eq!(c2.id, a.id, "the released run is claimed first");
+
+    // Its worker dies; once its lease expires another process sweeps it.
+    let other = engine_clocked(&cfg, ClockKind::Manual);
+    e.advance_time(5_000);
+    other.advance_time((e.now() - other.now()).max(0));
+    assert_eq!(jobforge_core::worker::sweep(&other, 1_000).unwrap(), 1);
+    let swept = row_of(&e, &a.id);
+    assert_eq!(swept.status, RunStatus::Pending);
+    assert_eq!(swept.run_at, a.run_at, "the sweep keeps the due time");
+    assert_eq!(swept.attempts, 0, "a lost attempt is not counted");
+    let order: Vec<RunId> = (0..3).map(|_| claim(&other, "batch").id).collect();
+    assert_eq!(order, vec![a.id, b.id, c.id]);
+}

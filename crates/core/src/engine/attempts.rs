@@ -468,9 +468,17 @@ impl<S: Store> Engine<S> {
         }
     }
 
-    /// Puts a run whose attempt was interrupted by a shutdown back to
-    /// `pending` (attempts unchanged, due now, still its lane's head).
-    /// Returns whether it was released. O(log n).
+    /// Puts a run whose attempt ended without an outcome back to `pending`
+    /// (attempts unchanged, still its lane's head): the one path for a
+    /// shutdown (`stop()`), a dispatch JS never received, and the lease
+    /// sweeper (its worker died). Returns whether it was released. O(log n).
+    ///
+    /// `run_at` is left as it was: it is the run's due time (its first due
+    /// time, its retry time or its resume time), and a claimed run was due
+    /// when it was claimed, so it is due again at once and keeps its place
+    /// among the due runs of its priority. Setting it to now (as this did)
+    /// sent a redelivered run behind every run queued while it ran: a
+    /// killed worker's runs waited for the whole backlog.
     pub fn release_attempt(&self, run_id: &RunId, epoch: u32) -> Result<bool> {
         let now = self.now();
         let released = self.write(|tx| {
@@ -484,7 +492,6 @@ impl<S: Store> Engine<S> {
                 r.status = RunStatus::Pending;
                 r.claimed_at = OptMillis::NONE;
                 r.started_at = OptMillis::NONE;
-                r.run_at = now;
                 r.updated_at = now;
                 r.executing = false;
             });

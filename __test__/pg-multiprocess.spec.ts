@@ -1,8 +1,9 @@
 // The Postgres backend across processes: several worker processes on one
 // schema (exactly-once execution, lanes serial and in start order across
 // processes), recovery of a SIGKILLed worker's runs through lease expiry
-// (at-least-once) with its runs kept in their place in the backlog, and `start` racing from several processes on a dedupe
-// key and on a reject lane.
+// (at-least-once), each in its place ahead of the backlog queued behind
+// it, and `start` racing from several processes on a dedupe key and on a
+// reject lane.
 //
 // Postgres only (`postgresOnly`): the memory backend lives in one process,
 // so nothing here applies to it. Each test has its own schema (dropped at

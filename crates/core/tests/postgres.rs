@@ -1942,3 +1942,66 @@ fn a_released_or_swept_run_keeps_its_due_time_and_is_claimed_before_runs_started
     let order: Vec<RunId> = (0..3).map(|_| claim(&other, "batch").id).collect();
     assert_eq!(order, vec![a.id, b.id, c.id]);
 }
+
+// ── stored text ────────────────────────────────────────────────────────
+
+/// PostgreSQL cannot hold NUL in an error's texts and keeps U+FFFD: the
+/// rows the engine answers with (an applied outcome, a recorded step) are
+/// the rows a read returns, not the in-memory copies with the raw text.
+#[test]
+fn an_error_holding_nul_is_answered_as_it_is_stored() {
+    let Some((e, _)) = engine("nulerr") else {
+        return;
+    };
+    e.register(spec("t")).unwrap();
+    let run = e.start(req("t", "{}")).unwrap();
+    let c = claim(&e, "batch");
+    let failed = e
+        .finish_attempt(
+            &run.id,
+            c.claim_epoch,
+            AttemptOutcome::Failed(FailureInfo {
+                message: "a\0b".to_owned(),
+                stack: Some("Error: a\0b\n    at x".to_owned()),
+                name: Some("Error".to_owned()),
+                code: None,
+            }),
+        )
+        .unwrap()
+        .expect("the failed row");
+    let stored = row_of(&e, &run.id);
+    let (answered, read) = (failed.error().unwrap(), stored.error().unwrap());
+    assert_eq!(read.message, "a\u{FFFD}b");
+    assert_eq!(answered.message, read.message, "the settle answer");
+    assert_eq!(read.stack.as_deref(), Some("Error: a\u{FFFD}b\n    at x"));
+    assert_eq!(answered.stack, read.stack);
+
+    let recorded = e
+        .record_step(
+            &TenantArg::Missing,
+            jobforge_core::engine::RecordStep {
+                job_run_id: run.id.to_string(),
+                step_id: "s".to_owned(),
+                seq: 0,
+                status: StepStatus::Failed,
+                input: None,
+                output: None,
+                error: Some(RunError {
+                    message: "x\0y".to_owned(),
+                    stack: None,
+                    retryable: false,
+                    attempt: 1,
+                }),
+                attempts: Some(1),
+                started_at: None,
+                finished_at: None,
+            },
+        )
+        .unwrap();
+    let steps = e
+        .list_steps(&run.id.to_string(), &TenantArg::Missing)
+        .unwrap();
+    let read = steps[0].error.as_deref().unwrap();
+    assert_eq!(read.message, "x\u{FFFD}y");
+    assert_eq!(recorded.error.as_deref().unwrap().message, read.message);
+}

@@ -518,20 +518,29 @@ impl<S: Store> Engine<S> {
         self.read(|tx| Ok(tx.next_due(pool, now))).ok().flatten()
     }
 
-    /// An output the store cannot hold fails the attempt instead (the run
-    /// must not stay `running` because its result cannot be written).
+    /// The outcome as the store will keep it, before it is applied: an
+    /// output the store cannot hold fails the attempt instead (the run must
+    /// not stay `running` because its result cannot be written), and a
+    /// failure's texts are what the store keeps of them (`storable_error`),
+    /// so the row answered and announced is the row stored.
     fn storable_outcome(&self, outcome: AttemptOutcome) -> AttemptOutcome {
-        let AttemptOutcome::Completed(Some(output)) = &outcome else {
-            return outcome;
-        };
-        match self.store.json_problem(output.get()) {
-            None => outcome,
-            Some(p) => AttemptOutcome::Failed(FailureInfo {
-                message: format!("handler output cannot be stored: it holds {p}"),
-                stack: None,
-                name: Some("JobOutputInvalidError".to_owned()),
-                code: None,
-            }),
+        match outcome {
+            AttemptOutcome::Failed(mut info) => {
+                self.storable_error(&mut info.message, &mut info.stack);
+                AttemptOutcome::Failed(info)
+            }
+            AttemptOutcome::Completed(Some(output)) => {
+                match self.store.json_problem(output.get()) {
+                    None => AttemptOutcome::Completed(Some(output)),
+                    Some(p) => AttemptOutcome::Failed(FailureInfo {
+                        message: format!("handler output cannot be stored: it holds {p}"),
+                        stack: None,
+                        name: Some("JobOutputInvalidError".to_owned()),
+                        code: None,
+                    }),
+                }
+            }
+            other => other,
         }
     }
 }

@@ -190,6 +190,9 @@ fn error_json(e: &RunError) -> String {
     }
     // A NUL in a thrown error's message (or stack) cannot go into jsonb:
     // store U+FFFD in its place rather than fail to record the outcome.
+    // The engine applies the same rule before an outcome is applied
+    // (`Store::storable_text`), so its answers match; this is the backstop
+    // for an error written any other way.
     let mut v = serde_json::to_value(e).unwrap_or(serde_json::Value::Null);
     replace_nul(&mut v);
     v.to_string()
@@ -197,10 +200,18 @@ fn error_json(e: &RunError) -> String {
 
 fn replace_nul(v: &mut serde_json::Value) {
     match v {
-        serde_json::Value::String(s) if s.contains('\0') => *s = s.replace('\0', "\u{FFFD}"),
+        serde_json::Value::String(s) => nul_to_replacement(s),
         serde_json::Value::Array(a) => a.iter_mut().for_each(replace_nul),
         serde_json::Value::Object(o) => o.values_mut().for_each(replace_nul),
         _ => {}
+    }
+}
+
+/// The store's rule for a NUL in a text it keeps lossily: U+FFFD in its
+/// place (`Store::storable_text`, and what `error_json` writes).
+fn nul_to_replacement(s: &mut String) {
+    if s.contains('\0') {
+        *s = s.replace('\0', "\u{FFFD}");
     }
 }
 
@@ -1073,6 +1084,10 @@ impl Store for PgStore {
 
     fn text_problem(&self, text: &str) -> Option<&'static str> {
         text.contains('\0').then_some(NUL)
+    }
+
+    fn storable_text(&self, text: &mut String) {
+        nul_to_replacement(text)
     }
 
     fn transaction<R>(&self, f: impl FnOnce(&mut PgTx<'_>) -> Result<R>) -> Result<R> {

@@ -2005,3 +2005,80 @@ fn an_error_holding_nul_is_answered_as_it_is_stored() {
     assert_eq!(read.message, "x\u{FFFD}y");
     assert_eq!(recorded.error.as_deref().unwrap().message, read.message);
 }
+
+// ── reads on a fresh connection ────────────────────────────────────────
+
+/// Runs `f` on a thread while this store's table is locked, so its first
+/// statement waits on the server, and ends its backend while it waits
+/// (as `pg_terminate_backend`, a failover or a restart would mid-query);
+/// then lets the table go and answers what `f` returned.
+fn cut_off_mid_query<T: Send + 'static>(
+    cfg: &PgConfig,
+    f: impl FnOnce() -> T + Send + 'static,
+) -> T {
+    let mut locker = postgres::Client::connect(&cfg.url, postgres::NoTls).unwrap();
+    let mut lock = locker.transaction().unwrap();
+    lock.batch_execute(&format!(
+        "LOCK TABLE \"{}\".job_run IN ACCESS EXCLUSIVE MODE",
+        cfg.schema
+    ))
+    .unwrap();
+    let call = std::thread::spawn(f);
+    let mut admin = postgres::Client::connect(&cfg.url, postgres::NoTls).unwrap();
+    let app = format!("jobforge:{}", cfg.schema);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    let pid: i32 = loop {
+        let rows = admin
+            .query(
+                "SELECT pid FROM pg_stat_activity WHERE application_name = $1 \
+                 AND wait_event_type = 'Lock'",
+                &[&app],
+            )
+            .unwrap();
+        if let Some(r) = rows.first() {
+            break r.get(0);
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the call never waited"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    };
+    admin
+        .execute("SELECT pg_terminate_backend($1)", &[&pid])
+        .unwrap();
+    // A call that tries again waits for the table on a new connection.
+    std::thread::sleep(std::time::Duration::from_millis(50));
+    lock.rollback().unwrap();
+    call.join().unwrap()
+}
+
+/// A read cut off mid-query runs again on a fresh connection instead of
+/// failing (before, it failed whenever the client had not yet seen the
+/// close when the server's FATAL reached the caller). A write is never run
+/// again: it fails, and its dead connection is not handed out again.
+#[test]
+fn a_read_cut_off_mid_query_runs_again_on_a_fresh_connection() {
+    let Some((e, cfg)) = engine("midread") else {
+        return;
+    };
+    e.register(spec("t")).unwrap();
+    let run = e.start(req("t", "{}")).unwrap();
+    let e = Arc::new(e);
+    for round in 0..5 {
+        let (e2, id) = (e.clone(), run.id.to_string());
+        let back = cut_off_mid_query(&cfg, move || e2.find_by_id(&id, &TenantArg::Missing));
+        assert_eq!(
+            back.map(|r| r.map(|r| r.status)).map_err(|e| e.to_string()),
+            Ok(Some(RunStatus::Pending)),
+            "round {round}: the read whose backend was ended mid-query"
+        );
+    }
+    let (e2, id) = (e.clone(), run.id.to_string());
+    let canceled = cut_off_mid_query(&cfg, move || e2.cancel(&id, true, &TenantArg::Missing));
+    match canceled {
+        Err(JobError::Store { retryable, .. }) => assert!(retryable),
+        other => panic!("a write cut off mid-query fails, not runs again: {other:?}"),
+    }
+    assert_eq!(row_of(&e, &run.id).status, RunStatus::Pending);
+}

@@ -2330,3 +2330,46 @@ forBackends('definitions: createdAt/updatedAt are the time of registerHandler, e
   t.is(again?.createdAt.getTime(), at, 'createdAt stays');
   t.is(again?.updatedAt.getTime(), at + 1_000);
 });
+
+// ─── stored text ─────────────────────────────────────────────────────────────
+
+forBackends('stored text: an error message holding NUL reads the same from waitForRun, findById, run events and listRecentFailed', async (t, make) => {
+  const o = await make.system();
+  // PostgreSQL's jsonb cannot hold U+0000: it stores U+FFFD. Memory holds it.
+  const expected = make.backend === 'postgres' ? 'a\ufffdb' : 'a\u0000b';
+  o.registerHandler('nul.throws', { retry: { attempts: 2, backoff: 'fixed', baseMs: 1 } }, async () => {
+    throw new Error('a\u0000b');
+  });
+  const heard: { event: string; message: string | undefined; stack: string | undefined }[] = [];
+  const listen = (event: 'run:failed' | 'run:retrying') =>
+    o.on(event, (run) => heard.push({ event, message: run.error?.message, stack: run.error?.stack }));
+  listen('run:retrying');
+  listen('run:failed');
+  const run = await o.start('nul.throws', {});
+  const worker = o.startWorker({ pools: { batch: { concurrency: 1 } } });
+  t.teardown(() => worker.stop());
+  const done = await o.waitForRun(run.id, { timeoutMs: 10_000 });
+  t.is(done.status, 'failed');
+  t.is(done.error?.message, expected, 'waitForRun');
+  const found = await o.findById(run.id);
+  t.is(found?.error?.message, expected, 'findById');
+  t.is(done.error?.stack, found?.error?.stack, 'the stack (it holds the message) reads the same too');
+  t.true(found?.error?.stack?.includes(expected) ?? false, 'the stack holds the stored message');
+  await waitFor(() => heard.length === 2, 'both run events');
+  // (Each attempt threw its own error: only the last one's stack is the row's.)
+  t.deepEqual(
+    heard.map((h) => [h.event, h.message, h.stack?.includes(expected)]),
+    [
+      ['run:retrying', expected, true],
+      ['run:failed', expected, true],
+    ],
+    'run events',
+  );
+  t.is(heard[1]?.stack, found?.error?.stack, 'the run:failed stack is the stored one');
+  const failures = await o.listRecentFailed();
+  t.deepEqual(
+    failures.map((f) => [f.runId, f.errorMessage]),
+    [[run.id, expected]],
+    'listRecentFailed',
+  );
+});

@@ -1,8 +1,9 @@
 // The Postgres backend across processes: several worker processes on one
 // schema (exactly-once execution, lanes serial and in start order across
 // processes), recovery of a SIGKILLed worker's runs through lease expiry
-// (at-least-once), and `start` racing from several processes on a dedupe
-// key and on a reject lane.
+// (at-least-once), each in its place ahead of the backlog queued behind
+// it, and `start` racing from several processes on a dedupe key and on a
+// reject lane.
 //
 // Postgres only (`postgresOnly`): the memory backend lives in one process,
 // so nothing here applies to it. Each test has its own schema (dropped at
@@ -473,6 +474,102 @@ postgresOnly('multiprocess: runs held by a SIGKILLed worker are recovered after 
       `(all ${held.size} re-executed by survivors), the first ${recoveredAfter.toFixed(0)} ms after the kill (lease ${LEASE_MS} ms); ` +
       `${twice.length} run(s) with two completed side effects (victim finished, outcome lost); ` +
       `all completed ${(tDone - tKill).toFixed(0)} ms after the kill; test ${(performance.now() - T0).toFixed(0)} ms`,
+  );
+});
+
+// ── 2b. SIGKILL of a worker with a backlog: its runs keep their place ──
+
+postgresOnly('multiprocess: runs of a SIGKILLed worker with a backlog execute, once swept, before the runs queued behind them', async (t, make) => {
+  t.timeout(90_000);
+  const T0 = performance.now();
+  const RUNS = 200;
+  const LEASE_MS = 1000;
+
+  const { o, postgres } = await parentOrchestrator(t, make, 4);
+  o.registerHandler('mp.slow', {}, () => null);
+  const db = await pgClient(t);
+  const schema = `"${postgres.schema}"`;
+  // The claim order of the runs left (priority, then due time, then created).
+  const queued = async (status: string): Promise<string[]> =>
+    (await db.query(`SELECT id FROM ${schema}.job_run WHERE status = $1 ORDER BY priority DESC, run_at, seq`, [status])).rows.map((r) => r.id as string);
+
+  const ends: Fx[] = [];
+  const fleet = new Fleet(t, (_c, m) => {
+    if (m.t === 'fx') for (const r of m.rows as Fx[]) ends.push(r);
+  });
+  const base = { mode: 'worker', postgres: { ...postgres, maxConnections: 4, leaseMs: LEASE_MS }, flushMs: 20, waitForWork: true };
+  const victim = fleet.spawn('victim', { ...base, concurrency: 5, workMs: 30 });
+  // One slot: it executes the runs one at a time, in the order it claims them.
+  const survivor = fleet.spawn('survivor', { ...base, concurrency: 1, workMs: 10 });
+  await fleet.race(Promise.all([victim.next('ready'), survivor.next('ready')]), 'the workers to be ready', 30_000);
+
+  // The whole backlog is queued before any worker claims.
+  const ids: string[] = [];
+  for (let i = 0; i < RUNS; i += 50) {
+    const batch = [];
+    for (let j = i; j < Math.min(RUNS, i + 50); j++) batch.push(o.start('mp.slow', { i: j }));
+    for (const r of await Promise.all(batch)) ids.push(r.id);
+  }
+  const order = await queued('pending');
+  t.is(order.length, RUNS);
+
+  const working = victim.next('working');
+  victim.send({ t: 'work' });
+  await fleet.race(working, 'the victim to work', 10_000);
+  await fleet.until(() => ends.length >= 10, () => `10 completions by the victim (${ends.length})`, 30_000, 5);
+  const holding = victim.next('holding');
+  victim.send({ t: 'hold' });
+  await fleet.race(holding, 'the victim to hold its runs', 10_000);
+  victim.expectExit = true;
+  victim.proc.kill('SIGKILL');
+  await fleet.race(victim.closed, 'the victim to die', 10_000);
+
+  // What the victim held, and the backlog behind it, as the database has them.
+  const orphans = await queued('running');
+  const behind = await queued('pending');
+  t.true(orphans.length > 0, 'the victim was killed holding runs');
+  t.true(behind.length >= RUNS / 2, `a backlog is left behind them (${behind.length} runs)`);
+  const pos = (id: string) => order.indexOf(id);
+  t.true(
+    Math.max(...orphans.map(pos)) < Math.min(...behind.map(pos)),
+    'the victim claimed in order: every run it held was queued before every run left pending',
+  );
+
+  // The survivor starts once their leases expired: its sweeper returns them.
+  await sleep(LEASE_MS + 200);
+  const started = survivor.next('working');
+  survivor.send({ t: 'work' });
+  await fleet.race(started, 'the survivor to work', 10_000);
+  let counts: PoolStatusCount[] = [];
+  await fleet.until(
+    async () => {
+      counts = await o.countByPoolAndStatus();
+      return completedOf(counts) >= RUNS;
+    },
+    () => `all ${RUNS} runs to complete: ${countsText(counts)}`,
+    60_000,
+    100,
+  );
+  await fleet.stopAll();
+  t.deepEqual(counts, [{ pool: 'batch', status: 'completed', count: RUNS }], countsText(counts));
+
+  // The survivor's executions in the order they began.
+  const mine = ends.filter((r) => r[1] === survivor.pid).sort((a, b) => a[2] - b[2]);
+  const at = new Map(mine.map((r, i) => [r[0], i]));
+  const unrun = orphans.filter((id) => !at.has(id));
+  t.deepEqual(unrun, [], 'the survivor executed every run the victim held');
+  const lastOrphan = Math.max(...orphans.map((id) => at.get(id) ?? Infinity));
+  const ahead = behind.filter((id) => (at.get(id) ?? Infinity) < lastOrphan);
+  // Its first claim may race its own sweep (both begin when the worker
+  // starts): at most a run or two of its one slot. Before the fix every
+  // run of the backlog went first (the sweep made their due time "now").
+  t.true(
+    ahead.length <= 3,
+    `runs queued behind the orphans executed before them: ${ahead.length} of ${behind.length} (${orphans.length} orphans, the last at position ${lastOrphan} of the survivor's ${mine.length} executions)`,
+  );
+  t.log(
+    `victim held ${orphans.length} run(s), ${behind.length} queued behind them; the survivor ran ${ahead.length} of those before the last orphan; ` +
+      `test ${(performance.now() - T0).toFixed(0)} ms`,
   );
 });
 

@@ -174,21 +174,47 @@ pub(crate) fn backoff(first: Duration, cap: Duration, failures: u32) -> Duration
     full - full / 5 * (nanos % 1000) / 1000
 }
 
+/// What a store call of the worker did, for its outage log. A database
+/// can answer reads and refuse writes (made read-only, a standby after a
+/// failover, a full disk), so a read that succeeds says nothing of the
+/// writes that fail; a write transaction reads too, so its success says
+/// reads work.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum CallKind {
+    /// Only reads: the sweeper's look for expired leases, the listener.
+    Read,
+    /// A transaction that writes: settles and claims, the heartbeat, the
+    /// sweeper's releases, firing schedules.
+    Write,
+}
+
 /// Failing store calls, reported when they start, every `TROUBLE_REPEAT`
-/// while they go on, and when a call succeeds again.
+/// while they go on, and when the kinds of call that failed succeed again.
 #[derive(Default)]
 struct Trouble {
     since: Option<std::time::Instant>,
     reported: Option<std::time::Instant>,
+    /// Kinds of call that failed and have not succeeded since.
+    reads_failing: bool,
+    writes_failing: bool,
 }
 
 const TROUBLE_REPEAT: Duration = Duration::from_secs(30);
 
-/// Records a failure in `t`; the notice to give, if one is due (the first
-/// failure, then one every `TROUBLE_REPEAT`), from `say(seconds failing)`.
-fn trouble_began(t: &Mutex<Trouble>, say: impl FnOnce(u64) -> String) -> Option<String> {
+/// Records a failure of a `kind` call in `t`; the notice to give, if one
+/// is due (the first failure, then one every `TROUBLE_REPEAT`), from
+/// `say(seconds failing)`.
+fn trouble_began(
+    t: &Mutex<Trouble>,
+    kind: CallKind,
+    say: impl FnOnce(u64) -> String,
+) -> Option<String> {
     let now = std::time::Instant::now();
     let mut t = t.lock().ok()?;
+    match kind {
+        CallKind::Read => t.reads_failing = true,
+        CallKind::Write => t.writes_failing = true,
+    }
     let since = *t.since.get_or_insert(now);
     let due = t
         .reported
@@ -199,9 +225,22 @@ fn trouble_began(t: &Mutex<Trouble>, say: impl FnOnce(u64) -> String) -> Option<
     })
 }
 
-/// Ends a trouble of `t`: how long it lasted (ms), if there was one.
-fn trouble_ended(t: &Mutex<Trouble>) -> Option<u128> {
+/// A `kind` call succeeded: ends the trouble of `t` once no kind of call
+/// that failed is still failing (a read's success while writes fail ends
+/// nothing: the log said "succeed again" and then "failing" at once).
+/// How long it lasted (ms), if it ended.
+fn trouble_ended(t: &Mutex<Trouble>, kind: CallKind) -> Option<u128> {
     let mut t = t.lock().ok()?;
+    match kind {
+        CallKind::Read => t.reads_failing = false,
+        CallKind::Write => {
+            t.reads_failing = false;
+            t.writes_failing = false;
+        }
+    }
+    if t.reads_failing || t.writes_failing {
+        return None;
+    }
     let since = t.since.take()?;
     t.reported = None;
     Some(since.elapsed().as_millis())
@@ -433,9 +472,9 @@ impl<S: Store + Coordination> Worker<S> {
         (tickets, error)
     }
 
-    fn record_error(&self, e: impl ToString) {
+    fn record_error(&self, kind: CallKind, e: impl ToString) {
         let message = e.to_string();
-        let notice = trouble_began(&self.trouble, |secs| {
+        let notice = trouble_began(&self.trouble, kind, |secs| {
             if secs == 0 {
                 format!("the worker's database calls are failing (it keeps trying): {message}")
             } else {
@@ -447,9 +486,10 @@ impl<S: Store + Coordination> Worker<S> {
         }
     }
 
-    /// A store call of the loop succeeded: ends a reported trouble.
-    fn record_success(&self) {
-        if let Some(ms) = trouble_ended(&self.trouble) {
+    /// A `kind` store call of the loop succeeded: ends a reported trouble
+    /// once the kinds of call that failed succeed (see `trouble_ended`).
+    fn record_success(&self, kind: CallKind) {
+        if let Some(ms) = trouble_ended(&self.trouble, kind) {
             self.notify(format!(
                 "the worker's database calls succeed again (after {ms} ms of failures)"
             ));
@@ -609,13 +649,13 @@ impl<S: Store + Coordination> Worker<S> {
             Some(Ok(settled)) => {
                 self.unsaved.fetch_sub(batch.len(), Ordering::SeqCst);
                 self.settle_failures.store(0, Ordering::SeqCst);
-                self.record_success();
+                self.record_success(CallKind::Write);
                 settled.tickets
             }
             failed => {
                 match failed {
-                    Some(Err(e)) => self.record_error(e),
-                    _ => self.record_error("a store transaction did not finish"),
+                    Some(Err(e)) => self.record_error(CallKind::Write, e),
+                    _ => self.record_error(CallKind::Write, "a store transaction did not finish"),
                 }
                 // Nothing changed: give the reservations back and try the
                 // ends again shortly (their runs stay running and leased).
@@ -728,7 +768,7 @@ impl<S: Store + Coordination> Worker<S> {
             let wait = match r {
                 Some(Ok((fire, deadline))) => {
                     failures = 0;
-                    if let Some(ms) = trouble_ended(&self.schedule_trouble) {
+                    if let Some(ms) = trouble_ended(&self.schedule_trouble, CallKind::Write) {
                         self.notify(format!(
                             "the worker fires schedules again (after {ms} ms of failures)"
                         ));
@@ -762,7 +802,8 @@ impl<S: Store + Coordination> Worker<S> {
                     // A database migrated before schedules existed: nothing
                     // to fire until `migrate()` adds the table. Say so once,
                     // then keep looking, backing off, without repeating it.
-                    let first = trouble_began(&self.schedule_trouble, |_| String::new());
+                    let first =
+                        trouble_began(&self.schedule_trouble, CallKind::Write, |_| String::new());
                     if first.is_some() && !missing_table_told {
                         missing_table_told = true;
                         self.notify(
@@ -778,7 +819,7 @@ impl<S: Store + Coordination> Worker<S> {
                     ))
                 }
                 Some(Err(e)) => {
-                    let notice = trouble_began(&self.schedule_trouble, |secs| {
+                    let notice = trouble_began(&self.schedule_trouble, CallKind::Write, |secs| {
                         if secs == 0 {
                             format!("the worker cannot fire schedules (it keeps trying): {e}")
                         } else {
@@ -832,9 +873,9 @@ impl<S: Store + Coordination> Worker<S> {
             // Sweep first (a restarted process recovers what it lost).
             if ticks.is_multiple_of(2) {
                 let lease = self.timings.lease_ms;
-                match self.on_store(move |e| sweep(e, lease)).await {
-                    Some(Err(e)) => self.record_error(&e),
-                    Some(Ok(_)) => self.record_success(),
+                match self.on_store(move |e| sweep_in(e, lease)).await {
+                    Some(Err((kind, e))) => self.record_error(kind, &e),
+                    Some(Ok(swept)) => self.record_success(swept.kind),
                     None => {}
                 }
             }
@@ -849,8 +890,10 @@ impl<S: Store + Coordination> Worker<S> {
                 let r = self
                     .on_store(move |e| e.store().renew_leases(&held, e.now()))
                     .await;
-                if let Some(Err(e)) = r {
-                    self.record_error(&e);
+                match r {
+                    Some(Err(e)) => self.record_error(CallKind::Write, &e),
+                    Some(Ok(_)) => self.record_success(CallKind::Write),
+                    None => {}
                 }
             }
         }
@@ -887,7 +930,9 @@ impl<S: Store + Coordination> Worker<S> {
                 }
             });
         if let Err(e) = spawned {
-            self.record_error(e);
+            // No store call failed, but events from other processes are
+            // missed: reported until a call succeeds.
+            self.record_error(CallKind::Read, e);
         }
     }
 }
@@ -895,24 +940,77 @@ impl<S: Store + Coordination> Worker<S> {
 /// Returns runs whose lease expired (their worker is gone) to `pending`.
 /// Returns how many.
 pub fn sweep<S: Store + Coordination>(engine: &Engine<S>, lease_ms: i64) -> Result<usize> {
+    sweep_in(engine, lease_ms)
+        .map(|s| s.released)
+        .map_err(|(_, e)| e)
+}
+
+/// What a sweep did.
+struct Swept {
+    released: usize,
+    /// The kind of the calls it made: only the read when no lease expired.
+    kind: CallKind,
+}
+
+/// `sweep`, telling which kind of call it made or which one failed: the
+/// look for expired leases reads, the releases write.
+fn sweep_in<S: Store + Coordination>(
+    engine: &Engine<S>,
+    lease_ms: i64,
+) -> std::result::Result<Swept, (CallKind, JobError)> {
     let now = engine.now();
-    let expired = engine.store().expired_leases(now, lease_ms, 500)?;
+    let expired = engine
+        .store()
+        .expired_leases(now, lease_ms, 500)
+        .map_err(|e| (CallKind::Read, e))?;
+    let kind = if expired.is_empty() {
+        CallKind::Read
+    } else {
+        CallKind::Write
+    };
     let mut n = 0;
     for (id, epoch) in expired {
-        if engine.release_attempt(&id, epoch)? {
+        if engine
+            .release_attempt(&id, epoch)
+            .map_err(|e| (CallKind::Write, e))?
+        {
             n += 1;
         }
     }
     if n > 0 {
         engine.wake_worker();
     }
-    Ok(n)
+    Ok(Swept { released: n, kind })
 }
 
 #[cfg(test)]
 mod tests {
-    use super::backoff;
+    use super::{backoff, trouble_began, trouble_ended, CallKind, Trouble};
+    use std::sync::Mutex;
     use std::time::Duration;
+
+    #[test]
+    fn an_outage_ends_once_the_kinds_of_call_that_failed_succeed() {
+        let t = Mutex::new(Trouble::default());
+        let say = |_| "failing".to_owned();
+        // Writes fail (a read-only database); reads go on succeeding.
+        assert!(trouble_began(&t, CallKind::Write, say).is_some());
+        assert_eq!(trouble_ended(&t, CallKind::Read), None);
+        assert!(
+            trouble_began(&t, CallKind::Write, say).is_none(),
+            "told once"
+        );
+        assert!(trouble_ended(&t, CallKind::Write).is_some());
+        assert_eq!(trouble_ended(&t, CallKind::Write), None, "over");
+        // Everything fails (the server is gone): a write's success says
+        // reads work too.
+        assert!(trouble_began(&t, CallKind::Read, say).is_some());
+        assert!(trouble_began(&t, CallKind::Write, say).is_none());
+        assert!(trouble_ended(&t, CallKind::Write).is_some());
+        // Only reads failed: a read's success ends it.
+        assert!(trouble_began(&t, CallKind::Read, say).is_some());
+        assert!(trouble_ended(&t, CallKind::Read).is_some());
+    }
 
     #[test]
     fn backoff_doubles_up_to_its_cap_and_jitters_down_at_most_a_fifth() {

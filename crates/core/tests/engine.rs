@@ -1028,3 +1028,29 @@ fn a_scope_lists_by_run_at_in_either_direction_ties_in_created_order() {
     assert_eq!(list(ScopeOrder::RunAtAsc), vec![b, d, c, a]);
     assert_eq!(list(ScopeOrder::RunAtDesc), vec![a, c, d, b]);
 }
+
+#[test]
+fn a_released_run_keeps_its_due_time_and_is_claimed_before_runs_started_after_it() {
+    let e = engine(false);
+    e.register(spec("t")).unwrap();
+    let a = e.start(req("t", r#"{"n":0}"#)).unwrap();
+    let claimed = e.claim_next("batch").unwrap().unwrap();
+    assert_eq!(claimed.id, a.id);
+    // While `a` runs, more runs queue up behind it.
+    e.advance_time(10);
+    let b = e.start(req("t", r#"{"n":1}"#)).unwrap();
+    e.advance_time(10);
+    let c = e.start(req("t", r#"{"n":2}"#)).unwrap();
+    e.advance_time(10);
+    // Its attempt ends without an outcome (a shutdown, a dead worker).
+    assert!(e.release_attempt(&a.id, claimed.claim_epoch).unwrap());
+    let back = e.run_row(&a.id).unwrap();
+    assert_eq!(back.status, RunStatus::Pending);
+    assert_eq!(back.run_at, a.run_at, "its due time is kept");
+    assert_eq!(back.updated_at, e.now());
+    e.store().verify_indexes().unwrap();
+    // It goes back to its place: before the runs started after it.
+    assert_eq!(claim_id(&e, "batch"), Some(a.id));
+    assert_eq!(claim_id(&e, "batch"), Some(b.id));
+    assert_eq!(claim_id(&e, "batch"), Some(c.id));
+}

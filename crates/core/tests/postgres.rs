@@ -1900,3 +1900,185 @@ fn an_invoke_hitting_a_child_that_completes_meanwhile_answers_with_its_end() {
         "the invoke must answer with the end it waited behind"
     );
 }
+
+// ── redelivery ─────────────────────────────────────────────────────────
+
+/// A run returned to `pending` without an outcome keeps its due time, so
+/// it is claimed before the runs started after it: whether its attempt was
+/// released (a shutdown) or its lease expired (its worker died; here
+/// another process's sweeper returns it).
+#[test]
+fn a_released_or_swept_run_keeps_its_due_time_and_is_claimed_before_runs_started_after_it() {
+    let Some((e, cfg)) = manual_engine("redeliver") else {
+        return;
+    };
+    e.register(spec("t")).unwrap();
+    let a = e.start(req("t", r#"{"n":0}"#)).unwrap();
+    let c1 = claim(&e, "batch");
+    assert_eq!(c1.id, a.id);
+    e.advance_time(10);
+    let b = e.start(req("t", r#"{"n":1}"#)).unwrap();
+    e.advance_time(10);
+    let c = e.start(req("t", r#"{"n":2}"#)).unwrap();
+    e.advance_time(10);
+
+    // Released (stop()): back in its place, ahead of b and c.
+    assert!(e.release_attempt(&a.id, c1.claim_epoch).unwrap());
+    let back = row_of(&e, &a.id);
+    assert_eq!(back.status, RunStatus::Pending);
+    assert_eq!(back.run_at, a.run_at, "release keeps the due time");
+    let c2 = claim(&e, "batch");
+    assert_eq!(c2.id, a.id, "the released run is claimed first");
+
+    // Its worker dies; once its lease expires another process sweeps it.
+    let other = engine_clocked(&cfg, ClockKind::Manual);
+    e.advance_time(5_000);
+    other.advance_time((e.now() - other.now()).max(0));
+    assert_eq!(jobforge_core::worker::sweep(&other, 1_000).unwrap(), 1);
+    let swept = row_of(&e, &a.id);
+    assert_eq!(swept.status, RunStatus::Pending);
+    assert_eq!(swept.run_at, a.run_at, "the sweep keeps the due time");
+    assert_eq!(swept.attempts, 0, "a lost attempt is not counted");
+    let order: Vec<RunId> = (0..3).map(|_| claim(&other, "batch").id).collect();
+    assert_eq!(order, vec![a.id, b.id, c.id]);
+}
+
+// ── stored text ────────────────────────────────────────────────────────
+
+/// PostgreSQL cannot hold NUL in an error's texts and keeps U+FFFD: the
+/// rows the engine answers with (an applied outcome, a recorded step) are
+/// the rows a read returns, not the in-memory copies with the raw text.
+#[test]
+fn an_error_holding_nul_is_answered_as_it_is_stored() {
+    let Some((e, _)) = engine("nulerr") else {
+        return;
+    };
+    e.register(spec("t")).unwrap();
+    let run = e.start(req("t", "{}")).unwrap();
+    let c = claim(&e, "batch");
+    let failed = e
+        .finish_attempt(
+            &run.id,
+            c.claim_epoch,
+            AttemptOutcome::Failed(FailureInfo {
+                message: "a\0b".to_owned(),
+                stack: Some("Error: a\0b\n    at x".to_owned()),
+                name: Some("Error".to_owned()),
+                code: None,
+            }),
+        )
+        .unwrap()
+        .expect("the failed row");
+    let stored = row_of(&e, &run.id);
+    let (answered, read) = (failed.error().unwrap(), stored.error().unwrap());
+    assert_eq!(read.message, "a\u{FFFD}b");
+    assert_eq!(answered.message, read.message, "the settle answer");
+    assert_eq!(read.stack.as_deref(), Some("Error: a\u{FFFD}b\n    at x"));
+    assert_eq!(answered.stack, read.stack);
+
+    let recorded = e
+        .record_step(
+            &TenantArg::Missing,
+            jobforge_core::engine::RecordStep {
+                job_run_id: run.id.to_string(),
+                step_id: "s".to_owned(),
+                seq: 0,
+                status: StepStatus::Failed,
+                input: None,
+                output: None,
+                error: Some(RunError {
+                    message: "x\0y".to_owned(),
+                    stack: None,
+                    retryable: false,
+                    attempt: 1,
+                }),
+                attempts: Some(1),
+                started_at: None,
+                finished_at: None,
+            },
+        )
+        .unwrap();
+    let steps = e
+        .list_steps(&run.id.to_string(), &TenantArg::Missing)
+        .unwrap();
+    let read = steps[0].error.as_deref().unwrap();
+    assert_eq!(read.message, "x\u{FFFD}y");
+    assert_eq!(recorded.error.as_deref().unwrap().message, read.message);
+}
+
+// ── reads on a fresh connection ────────────────────────────────────────
+
+/// Runs `f` on a thread while this store's table is locked, so its first
+/// statement waits on the server, and ends its backend while it waits
+/// (as `pg_terminate_backend`, a failover or a restart would mid-query);
+/// then lets the table go and answers what `f` returned.
+fn cut_off_mid_query<T: Send + 'static>(
+    cfg: &PgConfig,
+    f: impl FnOnce() -> T + Send + 'static,
+) -> T {
+    let mut locker = postgres::Client::connect(&cfg.url, postgres::NoTls).unwrap();
+    let mut lock = locker.transaction().unwrap();
+    lock.batch_execute(&format!(
+        "LOCK TABLE \"{}\".job_run IN ACCESS EXCLUSIVE MODE",
+        cfg.schema
+    ))
+    .unwrap();
+    let call = std::thread::spawn(f);
+    let mut admin = postgres::Client::connect(&cfg.url, postgres::NoTls).unwrap();
+    let app = format!("jobforge:{}", cfg.schema);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    let pid: i32 = loop {
+        let rows = admin
+            .query(
+                "SELECT pid FROM pg_stat_activity WHERE application_name = $1 \
+                 AND wait_event_type = 'Lock'",
+                &[&app],
+            )
+            .unwrap();
+        if let Some(r) = rows.first() {
+            break r.get(0);
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the call never waited"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    };
+    admin
+        .execute("SELECT pg_terminate_backend($1)", &[&pid])
+        .unwrap();
+    // A call that tries again waits for the table on a new connection.
+    std::thread::sleep(std::time::Duration::from_millis(50));
+    lock.rollback().unwrap();
+    call.join().unwrap()
+}
+
+/// A read cut off mid-query runs again on a fresh connection instead of
+/// failing (before, it failed whenever the client had not yet seen the
+/// close when the server's FATAL reached the caller). A write is never run
+/// again: it fails, and its dead connection is not handed out again.
+#[test]
+fn a_read_cut_off_mid_query_runs_again_on_a_fresh_connection() {
+    let Some((e, cfg)) = engine("midread") else {
+        return;
+    };
+    e.register(spec("t")).unwrap();
+    let run = e.start(req("t", "{}")).unwrap();
+    let e = Arc::new(e);
+    for round in 0..5 {
+        let (e2, id) = (e.clone(), run.id.to_string());
+        let back = cut_off_mid_query(&cfg, move || e2.find_by_id(&id, &TenantArg::Missing));
+        assert_eq!(
+            back.map(|r| r.map(|r| r.status)).map_err(|e| e.to_string()),
+            Ok(Some(RunStatus::Pending)),
+            "round {round}: the read whose backend was ended mid-query"
+        );
+    }
+    let (e2, id) = (e.clone(), run.id.to_string());
+    let canceled = cut_off_mid_query(&cfg, move || e2.cancel(&id, true, &TenantArg::Missing));
+    match canceled {
+        Err(JobError::Store { retryable, .. }) => assert!(retryable),
+        other => panic!("a write cut off mid-query fails, not runs again: {other:?}"),
+    }
+    assert_eq!(row_of(&e, &run.id).status, RunStatus::Pending);
+}

@@ -1843,7 +1843,8 @@ impl Harness {
                     b.status == Running
                         && a.status == Pending
                         && a.attempts == b.attempts
-                        && a.run_at == now
+                        // Its due time is kept: it goes back to its place.
+                        && a.run_at == b.run_at
                         && a.claimed_at.get().is_none()
                         && a.started_at.get().is_none()
                         && a.claim_epoch == b.claim_epoch

@@ -1,4 +1,5 @@
-//! The worker's slot accounting when JS reports finished attempts in batches.
+//! The worker: its slot accounting when JS reports finished attempts in
+//! batches, and its outage log.
 
 use jobforge_core::engine::AttemptTicket;
 use jobforge_core::worker::{Worker, WorkerPool};
@@ -116,4 +117,145 @@ fn a_stale_outcome_is_ignored_and_still_frees_its_slot() {
     assert_eq!(e.run_row(&ids[0]).unwrap().status, RunStatus::Running);
     assert_eq!(next.len(), 1);
     assert_eq!(w.pools()[0].in_flight(), 2);
+}
+
+// ── the outage log ─────────────────────────────────────────────────────
+
+use jobforge_core::worker::{BatchDispatcher, WorkerTimings};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+/// A shared store whose writes fail while `read_only` is set and whose
+/// reads always answer: a database made read-only (or a standby after a
+/// failover), as the worker on PostgreSQL meets it.
+struct ReadOnlyAtTimes {
+    inner: MemoryStore,
+    read_only: AtomicBool,
+}
+
+impl Store for ReadOnlyAtTimes {
+    type Tx<'a> = <MemoryStore as Store>::Tx<'a>;
+
+    fn transaction<R>(&self, f: impl FnOnce(&mut Self::Tx<'_>) -> Result<R>) -> Result<R> {
+        if self.read_only.load(Ordering::SeqCst) {
+            return Err(JobError::Store {
+                message: "cannot execute UPDATE in a read-only transaction".to_owned(),
+                retryable: false,
+            });
+        }
+        self.inner.transaction(f)
+    }
+
+    fn read<R>(&self, f: impl Fn(&mut Self::Tx<'_>) -> Result<R>) -> Result<R> {
+        self.inner.read(f)
+    }
+}
+
+/// Shared (so the worker sweeps: a read that succeeds) and networked (so
+/// the loop settles and claims on blocking threads: writes that fail).
+impl Coordination for ReadOnlyAtTimes {
+    fn shared(&self) -> bool {
+        true
+    }
+
+    fn inline(&self) -> bool {
+        false
+    }
+
+    fn connections(&self) -> usize {
+        4
+    }
+
+    fn listen(
+        &self,
+        keep_going: &dyn Fn() -> bool,
+        _on_change: &dyn Fn(Option<(RunId, Option<u32>)>),
+    ) -> Result<()> {
+        // Nothing to hear; blocks like a listener until told to stop.
+        while keep_going() {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        Ok(())
+    }
+}
+
+/// Keeps the worker's notices.
+struct Notices(Arc<Mutex<Vec<String>>>);
+
+impl BatchDispatcher for Notices {
+    fn dispatch(&self, _tickets: Vec<AttemptTicket>) -> bool {
+        true
+    }
+
+    fn notice(&self, message: String) {
+        self.0.lock().unwrap().push(message);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_outage_log_says_succeed_again_only_once_the_failing_writes_succeed() {
+    let e = Arc::new(Engine::new(
+        ReadOnlyAtTimes {
+            inner: MemoryStore::new(),
+            read_only: AtomicBool::new(false),
+        },
+        EngineOptions {
+            multi_tenant: false,
+            clock: ClockKind::System,
+            retention: Default::default(),
+        },
+    ));
+    // The shortest lease: the sweeper (a read, as nothing expired) looks
+    // every 100 ms while the claims (writes) keep failing.
+    let w = Worker::with_timings(
+        e.clone(),
+        vec![WorkerPool::new("a", 2)],
+        WorkerTimings {
+            lease_ms: 100,
+            poll_ms: 10,
+        },
+    );
+    let heard: Arc<Mutex<Vec<String>>> = Arc::new(Mutex::new(Vec::new()));
+    let said = || -> Vec<String> {
+        heard
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|m| m.contains("database calls"))
+            .map(|m| {
+                if m.contains("succeed again") {
+                    "succeed again".to_owned()
+                } else if m.contains("are failing") {
+                    "failing".to_owned()
+                } else {
+                    m.clone()
+                }
+            })
+            .collect()
+    };
+    e.store().read_only.store(true, Ordering::SeqCst);
+    let looping = tokio::spawn(w.clone().run(Notices(heard.clone())));
+    // About ten sweeps succeed while the claims fail, backing off.
+    tokio::time::sleep(Duration::from_millis(1_000)).await;
+    assert_eq!(
+        said(),
+        vec!["failing"],
+        "reads that succeed while writes fail end no outage"
+    );
+    e.store().read_only.store(false, Ordering::SeqCst);
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while said().len() < 2 && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(
+        said(),
+        vec!["failing", "succeed again"],
+        "once the writes succeed, the outage ends"
+    );
+    w.stop();
+    tokio::time::timeout(Duration::from_secs(5), looping)
+        .await
+        .unwrap()
+        .unwrap();
 }

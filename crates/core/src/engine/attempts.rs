@@ -472,9 +472,17 @@ impl<S: Store> Engine<S> {
         }
     }
 
-    /// Puts a run whose attempt was interrupted by a shutdown back to
-    /// `pending` (attempts unchanged, due now, still its lane's head).
-    /// Returns whether it was released. O(log n).
+    /// Puts a run whose attempt ended without an outcome back to `pending`
+    /// (attempts unchanged, still its lane's head): the one path for a
+    /// shutdown (`stop()`), a dispatch JS never received, and the lease
+    /// sweeper (its worker died). Returns whether it was released. O(log n).
+    ///
+    /// `run_at` is left as it was: it is the run's due time (its first due
+    /// time, its retry time or its resume time), and a claimed run was due
+    /// when it was claimed, so it is due again at once and keeps its place
+    /// among the due runs of its priority. Setting it to now (as this did)
+    /// sent a redelivered run behind every run queued while it ran: a
+    /// killed worker's runs waited for the whole backlog.
     pub fn release_attempt(&self, run_id: &RunId, epoch: u32) -> Result<bool> {
         let now = self.now();
         let released = self.write(|tx| {
@@ -515,20 +523,29 @@ impl<S: Store> Engine<S> {
         self.read(|tx| Ok(tx.next_due(pool, now))).ok().flatten()
     }
 
-    /// An output the store cannot hold fails the attempt instead (the run
-    /// must not stay `running` because its result cannot be written).
+    /// The outcome as the store will keep it, before it is applied: an
+    /// output the store cannot hold fails the attempt instead (the run must
+    /// not stay `running` because its result cannot be written), and a
+    /// failure's texts are what the store keeps of them (`storable_error`),
+    /// so the row answered and announced is the row stored.
     fn storable_outcome(&self, outcome: AttemptOutcome) -> AttemptOutcome {
-        let AttemptOutcome::Completed(Some(output)) = &outcome else {
-            return outcome;
-        };
-        match self.store.json_problem(output.get()) {
-            None => outcome,
-            Some(p) => AttemptOutcome::Failed(FailureInfo {
-                message: format!("handler output cannot be stored: it holds {p}"),
-                stack: None,
-                name: Some("JobOutputInvalidError".to_owned()),
-                code: None,
-            }),
+        match outcome {
+            AttemptOutcome::Failed(mut info) => {
+                self.storable_error(&mut info.message, &mut info.stack);
+                AttemptOutcome::Failed(info)
+            }
+            AttemptOutcome::Completed(Some(output)) => {
+                match self.store.json_problem(output.get()) {
+                    None => AttemptOutcome::Completed(Some(output)),
+                    Some(p) => AttemptOutcome::Failed(FailureInfo {
+                        message: format!("handler output cannot be stored: it holds {p}"),
+                        stack: None,
+                        name: Some("JobOutputInvalidError".to_owned()),
+                        code: None,
+                    }),
+                }
+            }
+            other => other,
         }
     }
 }

@@ -203,6 +203,19 @@ impl<S: Store> Engine<S> {
         policy.delay_ms(attempts, |max| self.random.up_to(max))
     }
 
+    /// An error's message and stack as the store keeps them
+    /// (`Store::storable_text`): the one place a thrown error's texts are
+    /// made storable, for runs (`storable_outcome`) and steps, before they
+    /// are applied, so every answer carries the text a read returns. Its
+    /// name and code are not stored (they only pick the retry policy,
+    /// which must see what the handler threw) and are left as they are.
+    fn storable_error(&self, message: &mut String, stack: &mut Option<String>) {
+        self.store.storable_text(message);
+        if let Some(s) = stack.as_mut() {
+            self.store.storable_text(s);
+        }
+    }
+
     /// The store, for inspection (e.g. `MemoryStore::verify_indexes`).
     pub fn store(&self) -> &S {
         &self.store

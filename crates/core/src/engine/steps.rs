@@ -155,7 +155,7 @@ impl<S: Store> Engine<S> {
         run_id: &str,
         epoch: u32,
         step_id: &str,
-        info: FailureInfo,
+        mut info: FailureInfo,
         policy: Option<&RetryPolicy>,
     ) -> Result<Option<i64>> {
         let id = parse_run_id(run_id).ok_or_else(|| JobError::JobRunNotFound {
@@ -166,6 +166,8 @@ impl<S: Store> Engine<S> {
         if let Some(problem) = policy.and_then(RetryPolicy::problem) {
             return Err(JobError::invalid(format!("step '{step_id}': {problem}")));
         }
+        // Its texts as the store keeps them, like a run's error.
+        self.storable_error(&mut info.message, &mut info.stack);
         let now = self.now();
         self.write(|tx| {
             // A step of an attempt that is over still gets its failure
@@ -205,8 +207,13 @@ impl<S: Store> Engine<S> {
 
     /// Inserts or updates the row of `(jobRunId, stepId)`: given fields
     /// replace stored ones, absent fields keep theirs. O(1).
-    pub fn record_step(&self, tenant: &TenantArg, rec: RecordStep) -> Result<StepRow> {
+    pub fn record_step(&self, tenant: &TenantArg, mut rec: RecordStep) -> Result<StepRow> {
         let filter = self.gate("recordStep", tenant)?;
+        // The row answered is the row stored: the error's texts as the
+        // store keeps them, as for a step the engine ran.
+        if let Some(e) = rec.error.as_mut() {
+            self.storable_error(&mut e.message, &mut e.stack);
+        }
         let not_found = || JobError::JobRunNotFound {
             run_id: rec.job_run_id.clone(),
         };

@@ -87,6 +87,15 @@ pub trait Store: Send + Sync + 'static {
         None
     }
 
+    /// Rewrites `text` into what this store keeps of it, for the texts it
+    /// stores lossily rather than refuses (a handler's error message and
+    /// stack, whatever the handler threw). The engine applies it before an
+    /// outcome is applied, so the row it answers with (the settle answer,
+    /// run events, `waitForRun`) is the row a later read returns.
+    /// PostgreSQL's `text`/`jsonb` cannot hold NUL: U+FFFD in its place.
+    /// Memory keeps any text.
+    fn storable_text(&self, _text: &mut String) {}
+
     /// Whether a claim can fire due schedules first at no real cost (the
     /// in-memory store: a peek at the earliest next fire). A networked
     /// store fires them from the worker's own loop instead.

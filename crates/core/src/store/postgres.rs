@@ -81,6 +81,19 @@ fn caused_by_io(e: &postgres::Error) -> bool {
     false
 }
 
+/// Whether the error means the connection is gone, so nothing more can run
+/// on it: the client saw it close, the network failed, or the server ended
+/// the session (a FATAL: `pg_terminate_backend`, a shutdown, an idle
+/// timeout). The client learns of a close only once its connection task
+/// reads the end of the stream, which can come after the error reached
+/// the caller (a backend ended mid-query): so the error itself is asked.
+fn connection_lost(e: &postgres::Error) -> bool {
+    e.is_closed()
+        || caused_by_io(e)
+        || e.as_db_error()
+            .is_some_and(|d| matches!(d.severity(), "FATAL" | "PANIC"))
+}
+
 fn db_err(e: postgres::Error) -> JobError {
     let retryable = e.code().is_some_and(|c| {
         let c = c.code();
@@ -190,6 +203,9 @@ fn error_json(e: &RunError) -> String {
     }
     // A NUL in a thrown error's message (or stack) cannot go into jsonb:
     // store U+FFFD in its place rather than fail to record the outcome.
+    // The engine applies the same rule before an outcome is applied
+    // (`Store::storable_text`), so its answers match; this is the backstop
+    // for an error written any other way.
     let mut v = serde_json::to_value(e).unwrap_or(serde_json::Value::Null);
     replace_nul(&mut v);
     v.to_string()
@@ -197,10 +213,18 @@ fn error_json(e: &RunError) -> String {
 
 fn replace_nul(v: &mut serde_json::Value) {
     match v {
-        serde_json::Value::String(s) if s.contains('\0') => *s = s.replace('\0', "\u{FFFD}"),
+        serde_json::Value::String(s) => nul_to_replacement(s),
         serde_json::Value::Array(a) => a.iter_mut().for_each(replace_nul),
         serde_json::Value::Object(o) => o.values_mut().for_each(replace_nul),
         _ => {}
+    }
+}
+
+/// The store's rule for a NUL in a text it keeps lossily: U+FFFD in its
+/// place (`Store::storable_text`, and what `error_json` writes).
+fn nul_to_replacement(s: &mut String) {
+    if s.contains('\0') {
+        *s = s.replace('\0', "\u{FFFD}");
     }
 }
 
@@ -388,6 +412,20 @@ struct PoolState {
 struct Lease<'p> {
     pool: &'p Pool,
     conn: Option<Conn>,
+}
+
+impl Lease<'_> {
+    /// Closes the connection rather than returning it to the pool: it died
+    /// (`connection_lost`), though the client may not say so yet, and the
+    /// next call must not be handed it.
+    fn discard(&mut self) {
+        if self.conn.take().is_none() {
+            return;
+        }
+        let mut st = self.pool.state.lock().unwrap_or_else(|p| p.into_inner());
+        st.open -= 1;
+        self.pool.freed.notify_one();
+    }
 }
 
 impl Drop for Lease<'_> {
@@ -888,9 +926,11 @@ impl PgStore {
     }
 
     /// One transaction (`lock`) or one autocommit read on a pooled
-    /// connection. `dead`: set when the call failed because the server had
-    /// ended the connection (restart, failover, `pg_terminate_backend`, an
-    /// idle timeout); the pool only learns that by using it.
+    /// connection. `dead`: set when the call failed because the connection
+    /// is gone (`connection_lost`: the server ended it — restart, failover,
+    /// `pg_terminate_backend`, an idle timeout — while it sat in the pool or
+    /// mid-query, or the network failed); the pool only learns that by
+    /// using it, and the connection is then closed, not pooled again.
     fn run_tx<R>(
         &self,
         lock: bool,
@@ -942,12 +982,19 @@ impl PgStore {
         let failure = tx.failure.take();
         let PgTx { conn, .. } = tx;
         let conn = conn.into_inner();
+        // A statement met a connection that is gone: it leaves the pool
+        // now. A read (changes nothing) may then run again on another.
+        let failure = match failure {
+            Some(e) if connection_lost(&e) || conn.client.is_closed() => {
+                *dead = true;
+                lease.discard();
+                return Err(db_err(e));
+            }
+            other => other,
+        };
         if !lock {
             return match failure {
-                Some(e) => {
-                    *dead = conn.client.is_closed();
-                    Err(db_err(e))
-                }
+                Some(e) => Err(db_err(e)),
                 None => out,
             };
         }
@@ -1075,13 +1122,20 @@ impl Store for PgStore {
         text.contains('\0').then_some(NUL)
     }
 
+    fn storable_text(&self, text: &mut String) {
+        nul_to_replacement(text)
+    }
+
     fn transaction<R>(&self, f: impl FnOnce(&mut PgTx<'_>) -> Result<R>) -> Result<R> {
         self.run_tx(true, &mut false, f)
     }
 
     /// Read-only: rows are not locked, so readers never hold up claims. A
-    /// read changes nothing, so one that met a connection the server had
-    /// ended runs again on another (at most once per pooled connection).
+    /// read changes nothing, so one whose connection died (found dead in
+    /// the pool, or cut off mid-query) runs again on another, a fresh one
+    /// once the dead are out of the pool (at most once per pooled
+    /// connection: every one may have died at once). A write never runs
+    /// again here: its outcome may be unknown.
     fn read<R>(&self, f: impl Fn(&mut PgTx<'_>) -> Result<R>) -> Result<R> {
         let mut tries = 0;
         loop {

@@ -201,7 +201,6 @@ export interface JobPoolDef {
   description?: string | undefined;
 }
 
-/** A call's synchronous throw as its promise's rejection. */
 /** `signal`'s answer. */
 export interface SignalResult {
   /** True: a waiting `ctx.waitForSignal` took it; false: it waits in the run's inbox. */
@@ -222,6 +221,7 @@ function payloadText(payload: unknown, what: string): string | undefined {
   return j.text;
 }
 
+/** A call's synchronous throw as its promise's rejection. */
 function settled<T>(f: () => Promise<T>): Promise<T> {
   try {
     return f();

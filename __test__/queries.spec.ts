@@ -1330,6 +1330,23 @@ test('recordStep: unknown run → JobRunNotFoundError; bad status, empty stepId 
   t.is(await o.findStep(r.id, 's'), null);
 });
 
+forBackends('recordStep: a value or step id the store cannot hold (NUL on PostgreSQL) is JobInputInvalidError, with nothing stored', async (t, make) => {
+  const o = await make.manual();
+  o.registerHandler('q.ok', {}, ok);
+  const r = await o.start('q.ok', {});
+  const attempts = [
+    { jobRunId: r.id, stepId: 's', status: 'completed' as const, output: { text: 'a\u0000b' } },
+    { jobRunId: r.id, stepId: 's', status: 'completed' as const, input: 'a\u0000b' },
+    { jobRunId: r.id, stepId: 'a\u0000b', status: 'completed' as const },
+  ];
+  for (const rec of attempts) {
+    if (make.backend === 'postgres') await isInvalid(t, o.recordStep(rec), JSON.stringify(rec));
+    else await o.recordStep(rec); // memory holds any text
+  }
+  if (make.backend === 'postgres') t.deepEqual(await o.listSteps(r.id), [], 'nothing stored');
+  else t.is((await o.listSteps(r.id)).length, 2);
+});
+
 // ─── tenant gate and isolation ──────────────────────────────────────────────
 
 test('tenant gate: every query throws MissingTenantIdError {method} for an undefined tenant in multi-tenant mode', async (t) => {

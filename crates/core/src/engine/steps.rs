@@ -221,6 +221,20 @@ impl<S: Store> Engine<S> {
         if rec.step_id.is_empty() {
             return Err(JobError::invalid("stepId must be a non-empty string"));
         }
+        // What the store cannot hold is refused before anything changes
+        // (PostgreSQL's jsonb and text refuse NUL), as `start` does.
+        for (what, v) in [("input", &rec.input), ("output", &rec.output)] {
+            if let Some(p) = v.as_deref().and_then(|j| self.store.json_problem(j.get())) {
+                return Err(JobError::invalid(format!(
+                    "recordStep {what} cannot be stored: it holds {p}"
+                )));
+            }
+        }
+        if let Some(p) = self.store.text_problem(&rec.step_id) {
+            return Err(JobError::invalid(format!(
+                "stepId cannot be stored: it holds {p}"
+            )));
+        }
         self.write(|tx| {
             let run = tx
                 .run(&id)

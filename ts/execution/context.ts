@@ -111,6 +111,19 @@ export class RunContext implements JobContext<unknown> {
   }
 }
 
+/** The start options of a child of run `parentId` (`ctx.spawnChild`, `ctx.invoke`). */
+function childStart(parentId: string, opts: SpawnChildOptions | undefined): StartOptionsInput {
+  return {
+    parentRunId: parentId,
+    parentClosePolicy: opts?.closePolicy,
+    runAt: opts?.runAt,
+    priority: opts?.priority,
+    tags: opts?.tags,
+    triggerSource: 'parent',
+    triggerRef: parentId,
+  };
+}
+
 async function spawnChild(
   host: ContextHost,
   ticket: Ticket,
@@ -129,15 +142,7 @@ async function spawnChild(
     const status = attempt.aborted ? ABORTED_STATUS[attempt.abortReason ?? ''] ?? 'ended' : 'ended';
     throw new JobRunStateError(id, status, 'ctx.spawnChild after its attempt ended');
   }
-  return host.start(type, input, {
-    parentRunId: id,
-    parentClosePolicy: opts?.closePolicy,
-    runAt: opts?.runAt,
-    priority: opts?.priority,
-    tags: opts?.tags,
-    triggerSource: 'parent',
-    triggerRef: id,
-  });
+  return host.start(type, input, childStart(id, opts));
 }
 
 /** A wait call must name its step like `ctx.step` does. */
@@ -210,15 +215,7 @@ class Waits {
     this.ask(stepId, () => {
       checkWaitOptions(opts, 'invoke', stepId);
       const { id } = this.ticket;
-      const p = this.host.prepare(type, input, {
-        parentRunId: id,
-        parentClosePolicy: opts?.closePolicy,
-        runAt: opts?.runAt,
-        priority: opts?.priority,
-        tags: opts?.tags,
-        triggerSource: 'parent',
-        triggerRef: id,
-      });
+      const p = this.host.prepare(type, input, childStart(id, opts));
       if (p.thrown !== null) throw p.thrown.error;
       const o = p.opts === null ? '' : `,"opts":${p.opts.json()}`;
       return `{"kind":"child","type":${JSON.stringify(p.type)},"input":${p.inputText}${o}${timeoutField(opts?.timeoutMs)}}`;

@@ -744,6 +744,14 @@ impl WaitSpec {
     }
 }
 
+impl StepRow {
+    /// A wait step not resolved yet: open (`running`), or a token being
+    /// delivered (`pending`).
+    pub fn is_open_wait(&self) -> bool {
+        self.kind == "wait" && matches!(self.status, StepStatus::Pending | StepStatus::Running)
+    }
+}
+
 /// Tenant argument of a call: JS `undefined`, `null` or a string.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub enum TenantArg {

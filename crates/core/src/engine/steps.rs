@@ -32,8 +32,19 @@ pub struct RecordStep {
     pub finished_at: Option<Millis>,
 }
 
+/// Why a step call of an attempt that ended is refused.
+const STEP_OVER: &str = "the attempt that called ctx.step is over";
+
 impl<S: Store> Engine<S> {
-    fn check_attempt(tx: &S::Tx<'_>, run_id: &RunId, epoch: u32, raw_id: &str) -> Result<()> {
+    /// Only the run's current attempt may act for it (`ctx.step`, a wait);
+    /// `detail` says what was refused.
+    pub(super) fn check_attempt(
+        tx: &S::Tx<'_>,
+        run_id: &RunId,
+        epoch: u32,
+        raw_id: &str,
+        detail: &str,
+    ) -> Result<()> {
         let run = tx.run(run_id).ok_or_else(|| JobError::JobRunNotFound {
             run_id: raw_id.to_owned(),
         })?;
@@ -41,7 +52,7 @@ impl<S: Store> Engine<S> {
             return Err(JobError::JobRunState {
                 run_id: raw_id.to_owned(),
                 status: run.status.to_string(),
-                detail: "the attempt that called ctx.step is over".to_owned(),
+                detail: detail.to_owned(),
             });
         }
         Ok(())
@@ -60,7 +71,7 @@ impl<S: Store> Engine<S> {
         }
         let now = self.now();
         self.write(|tx| {
-            Self::check_attempt(tx, &id, epoch, run_id)?;
+            Self::check_attempt(tx, &id, epoch, run_id, STEP_OVER)?;
             let existing = tx.step(&id, step_id).cloned();
             if let Some(s) = &existing {
                 // A durable wait's id is not a task's.
@@ -131,7 +142,7 @@ impl<S: Store> Engine<S> {
         }
         let now = self.now();
         self.write(|tx| {
-            Self::check_attempt(tx, &id, epoch, run_id)?;
+            Self::check_attempt(tx, &id, epoch, run_id, STEP_OVER)?;
             let Some(mut s) = tx.step(&id, step_id).cloned() else {
                 return Err(JobError::JobRunState {
                     run_id: run_id.to_owned(),

@@ -74,10 +74,6 @@ fn raw_json(v: serde_json::Value) -> Box<RawValue> {
     serde_json::value::to_raw_value(&v).unwrap_or_else(|_| empty_object())
 }
 
-fn is_open(s: &StepRow) -> bool {
-    s.kind == "wait" && matches!(s.status, StepStatus::Pending | StepStatus::Running)
-}
-
 /// The hex SHA-256 of a token: what the store keeps instead of it.
 fn token_hash(token: &str) -> String {
     Sha256::digest(token.as_bytes())
@@ -162,7 +158,7 @@ impl<S: Store> Engine<S> {
         let mut fx = Effects::default();
         let mut child_pool = None;
         let answer = self.write(|tx| {
-            Self::check_waiter(tx, &id, epoch, run_id)?;
+            Self::check_attempt(tx, &id, epoch, run_id, "the attempt that called the wait is over")?;
             let attempt = tx.run(&id).map_or(1, |r| r.attempts + 1);
             // A resolved wait answers without a copy of its row (the
             // common case on a resumption: every wait before the open one).
@@ -200,7 +196,7 @@ impl<S: Store> Engine<S> {
                 }
                 // Open since an earlier execution of this attempt: asked
                 // again after a resumption.
-                if is_open(s) {
+                if s.is_open_wait() {
                     if let Some(spec) = WaitSpec::of_step(s) {
                         let mut s = s.clone();
                         s.attempts = attempt;
@@ -334,10 +330,7 @@ impl<S: Store> Engine<S> {
                             output.clone(),
                             now,
                         );
-                        return Ok(match status {
-                            StepStatus::Completed => WaitBegin::Done(output),
-                            _ => WaitBegin::Failed(output.unwrap_or_else(empty_object)),
-                        });
+                        return Ok(answer_of(status, output));
                     }
                     tx.put_step(step(StepStatus::Running, &spec, None));
                     Ok(WaitBegin::Open)
@@ -358,7 +351,13 @@ impl<S: Store> Engine<S> {
             run_id: run_id.to_owned(),
         })?;
         self.write(|tx| {
-            Self::check_waiter(tx, &id, epoch, run_id)?;
+            Self::check_attempt(
+                tx,
+                &id,
+                epoch,
+                run_id,
+                "the attempt that called the wait is over",
+            )?;
             let Some(mut s) = tx.step(&id, step_id).cloned().filter(|s| s.kind == "wait") else {
                 return Err(JobError::JobRunState {
                     run_id: run_id.to_owned(),
@@ -381,19 +380,23 @@ impl<S: Store> Engine<S> {
         })
     }
 
-    /// Only the run's current attempt may wait (as `ctx.step`).
-    fn check_waiter(tx: &S::Tx<'_>, id: &RunId, epoch: u32, raw_id: &str) -> Result<()> {
-        let run = tx.run(id).ok_or_else(|| JobError::JobRunNotFound {
-            run_id: raw_id.to_owned(),
-        })?;
-        if run.status != RunStatus::Running || run.claim_epoch != epoch {
-            return Err(JobError::JobRunState {
-                run_id: raw_id.to_owned(),
-                status: run.status.to_string(),
-                detail: "the attempt that called the wait is over".to_owned(),
-            });
+    /// A signal's or resume's payload as stored: JSON null is no payload;
+    /// what the store cannot hold is refused before anything changes.
+    fn storable_payload(
+        &self,
+        payload: Option<Box<RawValue>>,
+        what: &str,
+    ) -> Result<Option<Box<RawValue>>> {
+        let payload = payload.filter(|p| p.get() != "null");
+        if let Some(p) = payload
+            .as_deref()
+            .and_then(|p| self.store.json_problem(p.get()))
+        {
+            return Err(JobError::invalid(format!(
+                "{what} payload cannot be stored: it holds {p}"
+            )));
         }
-        Ok(())
+        Ok(payload)
     }
 
     fn check_signal_name(&self, name: &str) -> Result<()> {
@@ -453,10 +456,7 @@ impl<S: Store> Engine<S> {
                 if let Some(child) = tx.run(child_run_id).filter(|c| c.status.is_terminal()) {
                     let (status, output) = child_result(child, &s.step_id, &s.job_run_id);
                     finish_wait(tx, s, status, output.clone(), now);
-                    return Ok(match status {
-                        StepStatus::Completed => WaitBegin::Done(output),
-                        _ => WaitBegin::Failed(output.unwrap_or_else(empty_object)),
-                    });
+                    return Ok(answer_of(status, output));
                 }
             }
             _ => {}
@@ -590,15 +590,7 @@ impl<S: Store> Engine<S> {
         };
         let id = parse_run_id(run_id).ok_or_else(not_found)?;
         self.check_signal_name(name)?;
-        let payload = payload.filter(|p| p.get() != "null");
-        if let Some(p) = payload
-            .as_deref()
-            .and_then(|p| self.store.json_problem(p.get()))
-        {
-            return Err(JobError::invalid(format!(
-                "signal payload cannot be stored: it holds {p}"
-            )));
-        }
+        let payload = self.storable_payload(payload, "signal")?;
         let now = self.now();
         let mut fx = Effects::default();
         let delivered = self.write(|tx| {
@@ -614,7 +606,7 @@ impl<S: Store> Engine<S> {
                 });
             }
             let waiting = tx.steps(&id).into_iter().find(|s| {
-                is_open(s)
+                s.is_open_wait()
                     && matches!(WaitSpec::of_step(s), Some(WaitSpec::Signal { signal, deadline, .. })
                         if signal == name && deadline.is_none_or(|d| d > now))
             });
@@ -656,15 +648,7 @@ impl<S: Store> Engine<S> {
     ) -> Result<RunId> {
         let id = token_run(token).ok_or_else(|| bad_token("not a resume token"))?;
         let hash = token_hash(token);
-        let payload = payload.filter(|p| p.get() != "null");
-        if let Some(p) = payload
-            .as_deref()
-            .and_then(|p| self.store.json_problem(p.get()))
-        {
-            return Err(JobError::invalid(format!(
-                "resume payload cannot be stored: it holds {p}"
-            )));
-        }
+        let payload = self.storable_payload(payload, "resume")?;
         let now = self.now();
         let mut fx = Effects::default();
         self.write(|tx| {
@@ -686,7 +670,7 @@ impl<S: Store> Engine<S> {
                     matches!(WaitSpec::of_step(s), Some(WaitSpec::Token { token_hash, .. }) if token_hash == hash)
                 })
                 .ok_or_else(|| bad_token("unknown token"))?;
-            if !is_open(&step) {
+            if !step.is_open_wait() {
                 return Err(bad_token("the token was used already or its wait ended"));
             }
             if ended {
@@ -727,7 +711,7 @@ impl<S: Store> Engine<S> {
             let Some(s) = tx.step(parent, step_id).cloned() else {
                 continue;
             };
-            let live = is_open(&s)
+            let live = s.is_open_wait()
                 && matches!(WaitSpec::of_step(&s), Some(WaitSpec::Child { child_run_id, deadline, .. })
                     if child_run_id == child.id && deadline.is_none_or(|d| d > now));
             if !live {
@@ -821,6 +805,14 @@ fn complete<T: StoreTx>(tx: &mut T, mut s: StepRow, value: Option<Box<RawValue>>
     s.error = None;
     s.finished_at = Some(now);
     tx.put_step(s);
+}
+
+/// The answer of a wait resolved as `status` with `output`.
+fn answer_of(status: StepStatus, output: Option<Box<RawValue>>) -> WaitBegin {
+    match status {
+        StepStatus::Completed => WaitBegin::Done(output),
+        _ => WaitBegin::Failed(output.unwrap_or_else(empty_object)),
+    }
 }
 
 /// What an invoke wait on an ended `child` answers: its output, or the

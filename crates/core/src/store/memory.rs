@@ -1027,8 +1027,7 @@ impl StoreTx for MemoryTx<'_> {
         let mut open: Vec<(u32, crate::model::WaitSpec)> = steps
             .rows
             .iter()
-            .filter(|r| r.epoch == epoch && r.kind == "wait")
-            .filter(|r| matches!(r.status, StepStatus::Pending | StepStatus::Running))
+            .filter(|r| r.epoch == epoch && r.is_open_wait())
             .filter_map(|r| crate::model::WaitSpec::of_step(r).map(|w| (r.seq, w)))
             .collect();
         open.sort_by_key(|(seq, _)| *seq);

@@ -293,13 +293,7 @@ pub trait StoreTx {
     fn open_waits(&self, run: &RunId, epoch: u32) -> Vec<crate::model::WaitSpec> {
         self.steps(run)
             .iter()
-            .filter(|s| s.epoch == epoch && s.kind == "wait")
-            .filter(|s| {
-                matches!(
-                    s.status,
-                    crate::model::StepStatus::Pending | crate::model::StepStatus::Running
-                )
-            })
+            .filter(|s| s.epoch == epoch && s.is_open_wait())
             .filter_map(crate::model::WaitSpec::of_step)
             .collect()
     }

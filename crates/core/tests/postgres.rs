@@ -2082,3 +2082,51 @@ fn a_read_cut_off_mid_query_runs_again_on_a_fresh_connection() {
     }
     assert_eq!(row_of(&e, &run.id).status, RunStatus::Pending);
 }
+
+/// A parent asking again for its invoked child (a resumption) only looks at
+/// the child's row: it must not wait for the child's lock, which a child's
+/// end holds while it resumes the parent — child → parent against parent →
+/// child deadlocked fan-outs (`StoreTx::peek_run`).
+#[test]
+fn a_parent_rejoining_its_child_wait_takes_no_lock_on_the_child() {
+    let Some((e, cfg)) = manual_engine("rejoin") else {
+        return;
+    };
+    e.register(spec("parent")).unwrap();
+    e.register(DefinitionSpec {
+        pool: Some("kids".to_owned()),
+        ..spec("child")
+    })
+    .unwrap();
+    let p = e.start(req("parent", "{}")).unwrap();
+    let c = claim(&e, "batch");
+    let invoke = || WaitRequest::Child {
+        start: Box::new(req("child", "{}")),
+        timeout_ms: None,
+    };
+    assert!(matches!(wait(&e, &c, "kid", invoke()), WaitBegin::Open));
+    let until = e.now() + 10;
+    let nap = WaitRequest::Sleep { until };
+    assert!(matches!(wait(&e, &c, "nap", nap), WaitBegin::Open));
+    parked(&e, &c);
+    e.advance_time(10);
+    e.resume_due_waits_then_next().unwrap();
+    let again = claim(&e, "batch");
+    assert_eq!(again.id, p.id);
+    let step = e
+        .find_step(&TenantArg::Missing, &p.id.to_string(), "kid")
+        .unwrap()
+        .unwrap();
+    let Some(WaitSpec::Child { child_run_id, .. }) = WaitSpec::of_step(&step) else {
+        panic!("a child wait: {step:?}");
+    };
+    let release = hold_row_locks(&cfg, vec![child_run_id]);
+    let t0 = std::time::Instant::now();
+    assert!(matches!(wait(&e, &again, "kid", invoke()), WaitBegin::Open));
+    let took = t0.elapsed();
+    let _ = release.send(());
+    assert!(
+        took < std::time::Duration::from_secs(3),
+        "the rejoin waited {took:?} for the child's lock"
+    );
+}

@@ -453,7 +453,10 @@ impl<S: Store> Engine<S> {
                 return Ok(WaitBegin::Token(token));
             }
             WaitSpec::Child { child_run_id, .. } => {
-                if let Some(child) = tx.run(child_run_id).filter(|c| c.status.is_terminal()) {
+                // Looked at unlocked: the child's end, if it commits
+                // meanwhile, waits for this run's lock and then resolves
+                // the wait (see `StoreTx::peek_run`).
+                if let Some(child) = tx.peek_run(child_run_id).filter(|c| c.status.is_terminal()) {
                     let (status, output) = child_result(child, &s.step_id, &s.job_run_id);
                     finish_wait(tx, s, status, output.clone(), now);
                     return Ok(answer_of(status, output));

@@ -224,6 +224,15 @@ pub trait StoreTx {
 
     // ── runs ───────────────────────────────────────────────────────────
     fn run(&self, id: &RunId) -> Option<&RunRow>;
+    /// `run` without taking the row's lock (a store that locks rows read in
+    /// a mutating transaction): for a rule that only looks at another run
+    /// while it holds its own — a waiting parent reading its child's end —
+    /// so it locks nothing in the order parent → child that a child's end
+    /// takes the other way round (child → the parent it resumes), which
+    /// deadlocked fan-outs. A row read so is locked before it is written.
+    fn peek_run(&self, id: &RunId) -> Option<&RunRow> {
+        self.run(id)
+    }
     /// Inserts a new run and indexes it (pool queue, lane, dedupe, lineage).
     fn insert_run(&mut self, row: RunRow);
     /// Changes a run in place; the store re-indexes whatever changed

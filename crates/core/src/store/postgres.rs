@@ -1802,6 +1802,15 @@ impl StoreTx for PgTx<'_> {
         self.load(id)
     }
 
+    fn peek_run(&self, id: &RunId) -> Option<&RunRow> {
+        if let Some(r) = self.runs.get(id) {
+            return Some(r);
+        }
+        let rows = self.query(SQL_RUN, &[id], None);
+        self.absorb(&rows, false);
+        self.runs.get(id)
+    }
+
     fn insert_run(&mut self, row: RunRow) {
         self.flush();
         let tags = row.tags().map_or("{}", |t| t.get());

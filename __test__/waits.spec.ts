@@ -293,7 +293,7 @@ forBackends('invoke fan-out/fan-in: Promise.all of 5 invokes parks on all of the
   try {
     const p = await o.start('fan', {});
     const done = await o.waitForRun(p.id, { timeoutMs: 10_000 });
-    t.is(done.status, 'completed');
+    t.is(done.status, 'completed', JSON.stringify(done.error));
     t.deepEqual(done.output, { sum: 55 });
     const tree = await o.getRunTree(p.id);
     t.is(tree?.children.length, 5, 'each child started once');
@@ -399,13 +399,11 @@ forBackends('a duplicate step id among concurrent waits is JobStepConflictError;
   let conflict: unknown;
   let late: Promise<unknown> | undefined;
   o.registerHandler('dup', {}, async (ctx: JobContext<unknown>) => {
-    const first = ctx.waitForSignal('same');
-    try {
-      await ctx.waitForSignal('same');
-    } catch (e) {
-      conflict = e;
-    }
-    await first;
+    // On PostgreSQL the two calls go out on different connections and
+    // either may be recorded first: the other one is the conflict.
+    const calls = [ctx.waitForSignal('same'), ctx.waitForSignal('same')];
+    conflict = await Promise.race(calls.map((p) => p.then(() => 'resolved', (e: unknown) => e)));
+    await Promise.all(calls.map((p) => p.catch(() => undefined)));
   });
   o.registerHandler('leaky', {}, async (ctx: JobContext<unknown>) => {
     setTimeout(() => {
@@ -705,6 +703,130 @@ forBackends('a run canceled while blocked only on waits frees its worker slot at
     const b = await o.start('next', {});
     const done = await o.waitForRun(b.id, { timeoutMs: 3_000 });
     t.is(done.output as unknown, 'ran', 'the slot was free long before abandonAfterMs');
+  } finally {
+    await w.stop();
+  }
+});
+
+/** A promise the test settles from outside: the handler's "other async work" (an HTTP call, a timer). */
+function external<T>(): { promise: Promise<T>; resolve: (v: T) => void; reject: (e: unknown) => void } {
+  let resolve!: (v: T) => void;
+  let reject!: (e: unknown) => void;
+  const promise = new Promise<T>((res, rej) => {
+    resolve = res;
+    reject = rej;
+  });
+  return { promise, resolve, reject };
+}
+
+forBackends('a handler that parked while it also awaited other async work still settles the run: its late steps are recorded and its result completes the waiting run', async (t, make) => {
+  const o = await make.manual();
+  const work = external<string>();
+  let calls = 0;
+  o.registerHandler('race-work', {}, async (ctx: JobContext<unknown>) => {
+    calls++;
+    // Parking sees only the wait: the handler is also awaiting `work`.
+    const first = await Promise.race([ctx.waitForSignal<string>('approve').then((v) => `signal:${v}`), work.promise.then((v) => `work:${v}`)]);
+    const saved = await ctx.step('save', () => `saved ${first}`);
+    return { first, saved };
+  });
+  const r = await o.start('race-work', {});
+  const parked = await tickRun(o, r.id);
+  t.is(parked.status, 'waiting');
+  t.is(parked.waitKind, 'signal');
+  work.resolve('x');
+  await waitFor(async () => (await get(o, r.id)).status === 'completed', 'the late result completes the run');
+  const done = await get(o, r.id);
+  t.deepEqual(done.output, { first: 'work:x', saved: 'saved work:x' });
+  t.is(done.attempts, 1);
+  t.is(done.waitKind, null);
+  t.is(done.waitDeadline, null);
+  t.is(calls, 1, 'not run again: the execution that parked finished it');
+  const steps = await stepsById(o, r.id);
+  t.is(steps.save?.status, 'completed');
+  t.is(steps.save?.output as unknown, 'saved work:x');
+  t.is((await o.signal(r.id, 'approve', 'late').catch((e: Error) => e.name)) as unknown, 'JobRunStateError', 'an ended run takes no signal');
+});
+
+forBackends('a parked handler that goes on and waits again parks the run on its new wait (its deadline); a late failure is an ordinary run failure', async (t, make) => {
+  const o = await make.manual();
+  const work = external<string>();
+  let calls = 0;
+  o.registerHandler('race-rewait', {}, async (ctx: JobContext<unknown>) => {
+    calls++;
+    await Promise.race([ctx.sleep('long', 3_600_000), work.promise]);
+    const go = await ctx.waitForSignal<string>('go', { timeoutMs: 1_000 });
+    return { go };
+  });
+  const r = await o.start('race-rewait', {});
+  t.is((await tickRun(o, r.id)).waitKind, 'sleep');
+  const t0 = o.now().getTime();
+  work.resolve('done');
+  // The run waits on both open waits (the engine cannot see that the sleep
+  // lost the race): the earliest deadline is the new wait's.
+  await waitFor(async () => (await get(o, r.id)).waitDeadline?.getTime() === t0 + 1_000, 'parked again on the new wait');
+  t.is((await get(o, r.id)).status, 'waiting');
+  t.true((await o.signal(r.id, 'go', 'now')).delivered);
+  t.is((await get(o, r.id)).status, 'pending');
+  const done = await tickRun(o, r.id);
+  t.is(done.status, 'completed');
+  t.deepEqual(done.output, { go: 'now' });
+  t.is(calls, 2);
+
+  const failing = external<string>();
+  o.registerHandler('race-fail', { retry: { attempts: 1, backoff: 'fixed', baseMs: 0 } }, async (ctx: JobContext<unknown>) => {
+    await Promise.race([ctx.sleep('long', 3_600_000), failing.promise]);
+    return 'unreachable';
+  });
+  const f = await o.start('race-fail', {});
+  t.is((await tickRun(o, f.id)).status, 'waiting');
+  failing.reject(new Error('upstream broke'));
+  await waitFor(async () => (await get(o, f.id)).status === 'failed', 'the late failure fails the run');
+  const failed = await get(o, f.id);
+  t.is(failed.error?.message, 'upstream broke');
+  t.is(failed.attempts, 1);
+  t.is(failed.waitKind, null);
+});
+
+forBackends('the late result of a parked execution is ignored once a wait resumed the run: the next execution decides', async (t, make) => {
+  const o = await make.manual();
+  const works = [external<string>(), external<string>()];
+  let calls = 0;
+  o.registerHandler('race-late', {}, async (ctx: JobContext<unknown>) => {
+    const work = works[calls++]!;
+    return Promise.race([ctx.waitForSignal<string>('approve').then((v) => `signal:${v}`), work.promise.then((v) => `work:${v}`)]);
+  });
+  const r = await o.start('race-late', {});
+  t.is((await tickRun(o, r.id)).status, 'waiting');
+  t.true((await o.signal(r.id, 'approve', 'yes')).delivered);
+  // Resumed but not claimed yet: the parked execution's late result must
+  // not end a run the next execution will run.
+  works[0]!.resolve('x');
+  await new Promise((res) => setTimeout(res, 30));
+  t.is((await get(o, r.id)).status, 'pending');
+  const done = await tickRun(o, r.id);
+  t.is(done.output as unknown, 'signal:yes');
+});
+
+forBackends('with a worker: a handler racing a wait against a timer completes when the timer wins, and its slot is free meanwhile', async (t, make) => {
+  const o = await make.system();
+  o.registerHandler('race-timer', {}, async (ctx: JobContext<unknown>) => {
+    const r = await Promise.race([
+      ctx.waitForSignal<string>('cancel-order').then(() => 'signal'),
+      new Promise<string>((res) => setTimeout(() => res('timer'), 150)),
+    ]);
+    return { r, saved: await ctx.step('after', () => 'saved') };
+  });
+  o.registerHandler('quick', {}, async () => 'quick');
+  const w = o.startWorker({ pools: { batch: { concurrency: 1 } } });
+  try {
+    const a = await o.start('race-timer', {});
+    await waitFor(async () => (await get(o, a.id)).status === 'waiting', 'parked', 5_000);
+    const b = await o.start('quick', {});
+    t.is((await o.waitForRun(b.id, { timeoutMs: 5_000 })).status, 'completed', 'the parked run holds no slot');
+    const done = await o.waitForRun(a.id, { timeoutMs: 5_000 });
+    t.is(done.status, 'completed');
+    t.deepEqual(done.output, { r: 'timer', saved: 'saved' });
   } finally {
     await w.stop();
   }

@@ -293,6 +293,7 @@ export class JobOrchestrator<Jobs extends JobMap = AnyJobs> {
       store,
       clock: store.clock,
       loggerFactory,
+      logger: this.logger,
       // The untyped signature: the child's type and input were checked
       // against the job map where ctx.spawnChild was called.
       start: (type, input, opts) => (this as JobOrchestrator).start(type, input, opts),

@@ -3,6 +3,8 @@
  * run id), which the engine's abort notices reach.
  */
 
+import { JobRunStateError } from '../errors';
+
 /** The run status an attempt's abort reason means. */
 export const ABORTED_STATUS: Record<string, string> = { canceled: 'canceled', timed_out: 'timed_out', shutdown: 'pending' };
 
@@ -34,9 +36,23 @@ export class Attempt {
   waitCalls = 0;
   /** `ctx.step` calls (and token deliveries) under way. */
   stepsRunning = 0;
-  /** The attempt parked: its handler's remaining continuation is abandoned. */
+  /**
+   * The attempt parked. Its handler's continuation is left to the collector
+   * when it awaited only waits; one that awaited other work too goes on,
+   * and what it does still counts while the run waits (see `onLateEnd`).
+   */
   parked = false;
-  /** Set by the executor: settles the attempt as parked. */
+  /** A wait opened after the attempt parked (its handler went on): it parks again on it. */
+  private reopened = false;
+  /**
+   * The handler returned or threw (the status its outcome gives the run,
+   * `'failed'` for a failure even if a retry follows): a `ctx` call from
+   * code it left behind (a timer's callback) is refused here, before its
+   * outcome reaches the store — asked first, the engine would still see
+   * the attempt running (a wait would open on a run about to end).
+   */
+  returned: 'completed' | 'failed' | null = null;
+  /** Set by the executor: settles the attempt as parked (the first park, and each later one). */
   onPark?: (() => void) | undefined;
   private parkCheck = false;
 
@@ -77,15 +93,27 @@ export class Attempt {
    * fan-out's `Promise.all` — are all recorded before it parks.
    */
   considerPark(): void {
-    if (this.parkCheck || this.openWaits === 0 || this.parked) return;
+    if (this.parkCheck || this.openWaits === 0 || (this.parked && !this.reopened)) return;
     this.parkCheck = true;
     this.parker.add(this);
   }
 
   /** `Parker`'s look: parks the attempt if it is still blocked only on waits. */
+  /** Refuses a `ctx` call made after the handler returned (see `returned`). */
+  checkNotReturned(runId: string, what: string): void {
+    if (this.returned !== null) throw new JobRunStateError(runId, this.returned, `${what} after its handler returned`);
+  }
+
+  /** A wait answered open: the handler awaits it. */
+  waitOpened(): void {
+    this.openWaits++;
+    if (this.parked) this.reopened = true;
+    this.considerPark();
+  }
+
   parkIfBlocked(): void {
     this.parkCheck = false;
-    if (this.parked || this.openWaits === 0 || this.waitCalls > 0 || this.stepsRunning > 0) return;
+    if ((this.parked && !this.reopened) || this.openWaits === 0 || this.waitCalls > 0 || this.stepsRunning > 0) return;
     if (this.aborted) {
       // Canceled (or timed out) while blocked only on waits: the handler
       // will never settle, so a worker holding its slot until it does
@@ -94,6 +122,7 @@ export class Attempt {
       return;
     }
     this.parked = true;
+    this.reopened = false;
     this.onPark?.();
   }
 

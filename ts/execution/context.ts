@@ -27,6 +27,8 @@ export interface StepStore {
   /** Records the failure; the backoff before a retry (ms), or null. */
   stepFail(runId: string, epoch: number, stepId: string, failure: string, policyText: string | null): Promise<number | null>;
   attemptLive(runId: string, epoch: number): Promise<boolean>;
+  /** An attempt's outcome (`tick`'s path; also a parked execution's late one). */
+  finishAttempt(runId: string, epoch: number, outcomeText: string): Promise<boolean>;
 }
 
 /** What a `ctx` calls back into (one per orchestrator). */
@@ -34,6 +36,8 @@ export interface ContextHost {
   readonly store: StepStore;
   readonly clock: EngineClock;
   loggerFactory(run: JobRun): JobLogger;
+  /** The orchestrator's own messages. */
+  readonly logger: JobLogger;
   /** `start` of the orchestrator (the child's type and input were checked where `ctx.spawnChild` was called). */
   start(type: string, input: unknown, opts: StartOptionsInput): Promise<JobRun>;
   /** `prepareStart` with this orchestrator's handlers (JS-side keys of `ctx.invoke`'s child). */
@@ -138,6 +142,7 @@ async function spawnChild(
   // As ctx.step: only the run's current attempt may act for it (a child of
   // a parent already canceled or timed out would escape the cascade).
   const { id, epoch } = ticket;
+  attempt.checkNotReturned(id, 'ctx.spawnChild');
   if (!(await host.store.attemptLive(id, epoch))) {
     const status = attempt.aborted ? ABORTED_STATUS[attempt.abortReason ?? ''] ?? 'ended' : 'ended';
     throw new JobRunStateError(id, status, 'ctx.spawnChild after its attempt ended');
@@ -232,6 +237,7 @@ class Waits {
     const { store } = this.host;
     const { id: runId, epoch } = this.ticket;
     const a = this.attempt;
+    a.checkNotReturned(runId, `wait '${stepId}'`);
     let answer: WaitAnswer;
     a.waitCalls++;
     try {
@@ -267,8 +273,7 @@ class Waits {
       case 'failed':
         throw waitError(answer.error);
       default:
-        a.openWaits++;
-        a.considerPark();
+        a.waitOpened();
         return PARKED_FOREVER();
     }
   }
@@ -304,6 +309,7 @@ async function runStep<T>(
   if (retry !== undefined) checkRetryPolicy(retry, `step '${stepId}' retry`);
   const policyText = retry === undefined ? null : JSON.stringify(retryPolicyWire(retry as unknown as Record<string, unknown>));
   const { store, clock } = host;
+  attempt.checkNotReturned(runId, `ctx.step '${stepId}'`);
   // A running step keeps the attempt from parking on its waits.
   attempt.stepsRunning++;
   try {

@@ -33,16 +33,30 @@ export class Executor {
       if (settled) return;
       settled = true;
       attempt.onAbort = undefined;
-      attempt.onPark = undefined;
+      if (outcome !== PARKED) attempt.onPark = undefined;
       done(outcome ?? null);
     };
     attempt.onAbort = settle;
     // Blocked only on durable waits: the attempt ends as parked, and its
     // slot is free at once. The handler's pending continuation is left to
-    // the collector (the open waits' promises never settle and hold nothing).
+    // the collector (the open waits' promises never settle and hold
+    // nothing) — unless it awaited other work too: then it goes on, and
+    // when it waits again the run parks anew on its new waits.
     attempt.onPark = () => {
       attempt.handlerEnded();
-      settle(PARKED);
+      if (settled) this.lateEnd(ticket, PARKED);
+      else settle(PARKED);
+    };
+    // The handler returned or threw. After a park its outcome still
+    // settles the run, which the engine applies while the run waits (a
+    // wait that resumed it meanwhile leaves the decision to the next
+    // execution).
+    const end = (outcome: Outcome): void => {
+      attempt.returned = outcome.status === 'completed' ? 'completed' : 'failed';
+      attempt.handlerEnded();
+      attempt.onPark = undefined;
+      if (settled && attempt.parked) this.lateEnd(ticket, outcome);
+      else settle(outcome);
     };
     const reg = this.handlers.get(ticket.jobType);
     if (!reg) return settle(NO_HANDLER);
@@ -51,14 +65,12 @@ export class Executor {
     try {
       result = this.invoke(reg, ticket, attempt);
     } catch (e) {
-      attempt.handlerEnded();
-      return settle(failedOutcome(e));
+      return end(failedOutcome(e));
     }
     // Promise.resolve: a native promise as is; a thenable (even one whose
     // `then` throws) or a plain value the way `await` would take it.
     Promise.resolve(result).then(
       (value) => {
-        attempt.handlerEnded();
         // Reading the output can throw too (a proxy's trap, a getter).
         let outcome: Outcome;
         try {
@@ -66,13 +78,21 @@ export class Executor {
         } catch (e) {
           outcome = failedOutcome(e);
         }
-        settle(outcome);
+        end(outcome);
       },
-      (e) => {
-        attempt.handlerEnded();
-        settle(failedOutcome(e));
-      },
+      (e) => end(failedOutcome(e)),
     );
+  }
+
+  /** What a parked execution did after its attempt ended: reported on its own (its slot is long free). */
+  private lateEnd(ticket: Ticket, outcome: Outcome): void {
+    this.host.store.finishAttempt(ticket.id, ticket.epoch, outcome.text).catch((e: unknown) => {
+      try {
+        this.host.logger.error(`jobforge: the late outcome of run ${ticket.id} (${ticket.jobType}) after it parked was not stored`, e);
+      } catch {
+        // A logger that throws must not crash the process.
+      }
+    });
   }
 
   /** `run` as a promise. */

@@ -497,6 +497,16 @@ impl RunRow {
         self.updated_at = now;
     }
 
+    /// Whether the execution of claim `epoch` may still act for the run
+    /// (steps, waits, children, its outcome): it is running it, or it
+    /// parked and its handler goes on — it awaited other work besides its
+    /// waits — while nothing has resumed the run yet. Once a wait resumed
+    /// it, the next claim (a new epoch) decides. The one test of "is this
+    /// attempt still current".
+    pub fn executes(&self, epoch: u32) -> bool {
+        self.claim_epoch == epoch && matches!(self.status, RunStatus::Running | RunStatus::Waiting)
+    }
+
     /// Forgets what the run waited for (it resumed, or ended).
     pub fn clear_wait(&mut self) {
         self.wait_kind = None;

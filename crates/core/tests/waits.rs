@@ -59,7 +59,7 @@ fn the_wait_index_follows_every_transition() {
     let mut runs: Vec<RunId> = Vec::new();
     let mut parked = 0;
     for _ in 0..3_000 {
-        match rng.next(9) {
+        match rng.next(10) {
             0 | 1 => {
                 let t = if rng.next(2) == 0 { "w" } else { "k" };
                 let lane = rng.next(3);
@@ -121,6 +121,35 @@ fn the_wait_index_follows_every_transition() {
             8 if !runs.is_empty() => {
                 let id = runs[rng.next(runs.len() as u64) as usize];
                 let _ = e.replay(&id.to_string(), &TenantArg::Missing);
+            }
+            9 if !runs.is_empty() => {
+                // A parked execution that goes on: it waits again (and parks
+                // anew) or ends the waiting run.
+                let id = runs[rng.next(runs.len() as u64) as usize];
+                let Some(r) = e.find_by_id(&id.to_string(), &TenantArg::Missing).unwrap() else {
+                    continue;
+                };
+                if r.status == RunStatus::Waiting {
+                    let outcome = match rng.next(3) {
+                        0 => {
+                            let until = e.now() + 1 + rng.next(500) as i64;
+                            let step = format!("late{}", rng.next(3));
+                            let _ = e.wait_begin(
+                                &id.to_string(),
+                                r.claim_epoch,
+                                &step,
+                                WaitRequest::Sleep { until },
+                            );
+                            AttemptOutcome::Parked
+                        }
+                        1 => AttemptOutcome::Completed(None),
+                        _ => AttemptOutcome::Failed(FailureInfo {
+                            message: "late".into(),
+                            ..FailureInfo::default()
+                        }),
+                    };
+                    e.finish_attempt(&id, r.claim_epoch, outcome).unwrap();
+                }
             }
             _ => {}
         }
@@ -209,4 +238,93 @@ fn a_run_whose_waits_resolved_before_it_parked_goes_straight_back_to_pending() {
     assert_eq!(parked.status, RunStatus::Pending);
     assert_eq!(parked.attempts, 0);
     e.store().verify_indexes().unwrap();
+}
+
+#[test]
+fn a_parked_execution_that_goes_on_still_acts_for_its_run_until_a_wait_resumes_it() {
+    let e = engine();
+    register(&e, "s", None);
+    let sleep = |until| WaitRequest::Sleep { until };
+    let run = start(&e, "s", "{}");
+    let row = e.claim_next("batch").unwrap().unwrap();
+    let (id, epoch) = (row.id.to_string(), row.claim_epoch);
+    let far = e.now() + 3_600_000;
+    assert!(matches!(
+        e.wait_begin(&id, epoch, "long", sleep(far)).unwrap(),
+        WaitBegin::Open
+    ));
+    let parked = e
+        .finish_attempt(&run.id, epoch, AttemptOutcome::Parked)
+        .unwrap()
+        .unwrap();
+    assert_eq!(parked.status, RunStatus::Waiting);
+    assert_eq!(parked.wait_deadline.get(), Some(far));
+    // The handler awaited other work too and goes on: its steps count...
+    assert!(matches!(
+        e.step_begin(&id, epoch, "save").unwrap(),
+        StepBegin::Started { .. }
+    ));
+    e.step_complete(&id, epoch, "save", Some(raw("1"))).unwrap();
+    // ...a new wait parks the run anew, on the earliest deadline (the
+    // deadline a waiting run holds is not read as "woken").
+    let soon = e.now() + 1_000;
+    assert!(matches!(
+        e.wait_begin(&id, epoch, "go", sleep(soon)).unwrap(),
+        WaitBegin::Open
+    ));
+    let again = e
+        .finish_attempt(&run.id, epoch, AttemptOutcome::Parked)
+        .unwrap()
+        .unwrap();
+    assert_eq!(again.status, RunStatus::Waiting);
+    assert_eq!(again.wait_deadline.get(), Some(soon));
+    assert_eq!(again.attempts, 0);
+    e.store().verify_indexes().unwrap();
+    // ...and its result ends the run.
+    let done = e
+        .finish_attempt(
+            &run.id,
+            epoch,
+            AttemptOutcome::Completed(Some(raw("\"late\""))),
+        )
+        .unwrap()
+        .unwrap();
+    assert_eq!(done.status, RunStatus::Completed);
+    assert_eq!(done.attempts, 1);
+    assert_eq!(done.wait_deadline.get(), None);
+    e.store().verify_indexes().unwrap();
+
+    // Once a wait resumed the run, the parked execution is over: the next
+    // claim decides.
+    let run = start(&e, "s", "{}");
+    let row = e.claim_next("batch").unwrap().unwrap();
+    let (id, epoch) = (row.id.to_string(), row.claim_epoch);
+    let signal = WaitRequest::Signal {
+        signal: "go".into(),
+        timeout_ms: None,
+    };
+    assert!(matches!(
+        e.wait_begin(&id, epoch, "go", signal).unwrap(),
+        WaitBegin::Open
+    ));
+    e.finish_attempt(&run.id, epoch, AttemptOutcome::Parked)
+        .unwrap()
+        .unwrap();
+    assert!(e.signal(&id, "go", None, &TenantArg::Missing).unwrap());
+    assert!(e
+        .finish_attempt(&run.id, epoch, AttemptOutcome::Completed(None))
+        .unwrap()
+        .is_none());
+    assert!(matches!(
+        e.step_begin(&id, epoch, "x"),
+        Err(JobError::JobRunState { .. })
+    ));
+    assert!(!e.attempt_current(&run.id, epoch));
+    assert_eq!(
+        e.find_by_id(&id, &TenantArg::Missing)
+            .unwrap()
+            .unwrap()
+            .status,
+        RunStatus::Pending
+    );
 }

@@ -308,7 +308,10 @@ impl<S: Store> Engine<S> {
             let Some(run) = tx.run(run_id) else {
                 return Ok(None);
             };
-            if run.status != RunStatus::Running || run.claim_epoch != epoch {
+            // A parked execution's outcome counts while the run still
+            // waits (see `RunRow::executes`): a late result or failure ends
+            // it, a late `Parked` (it waited again) parks it anew.
+            if !run.executes(epoch) {
                 return Ok(None);
             }
             if let AttemptOutcome::Parked = outcome {
@@ -508,12 +511,8 @@ impl<S: Store> Engine<S> {
 
     /// Whether `epoch` is still the running attempt of the run. O(1).
     pub fn attempt_current(&self, run_id: &RunId, epoch: u32) -> bool {
-        self.read(|tx| {
-            Ok(tx
-                .run(run_id)
-                .is_some_and(|r| r.status == RunStatus::Running && r.claim_epoch == epoch))
-        })
-        .unwrap_or(false)
+        self.read(|tx| Ok(tx.run(run_id).is_some_and(|r| r.executes(epoch))))
+            .unwrap_or(false)
     }
 
     /// When the next claimable run of `pool` falls due: `Some(now)` if one

@@ -48,7 +48,7 @@ impl<S: Store> Engine<S> {
         let run = tx.run(run_id).ok_or_else(|| JobError::JobRunNotFound {
             run_id: raw_id.to_owned(),
         })?;
-        if run.status != RunStatus::Running || run.claim_epoch != epoch {
+        if !run.executes(epoch) {
             return Err(JobError::JobRunState {
                 run_id: raw_id.to_owned(),
                 status: run.status.to_string(),
@@ -194,9 +194,7 @@ impl<S: Store> Engine<S> {
             if s.status == StepStatus::Completed {
                 return Ok(None);
             }
-            let still_running = tx
-                .run(&id)
-                .is_some_and(|r| r.status == RunStatus::Running && r.claim_epoch == epoch);
+            let still_running = tx.run(&id).is_some_and(|r| r.executes(epoch));
             let retry_in = policy.and_then(|p| {
                 (still_running
                     && p.allows(info.name.as_deref(), info.code.as_deref())

@@ -9,7 +9,11 @@
 //! the call throws in `output`, a timeout or a child's failure). A handler
 //! blocked only on open waits parks: the run turns `waiting`, holds no slot,
 //! and runs again from the top when one of them resolves; its completed
-//! and failed waits answer from their rows.
+//! and failed waits answer from their rows. A handler that awaited other
+//! work besides its waits goes on after parking: while the run waits, that
+//! execution still acts for it (`RunRow::executes`) — its steps count, a
+//! new wait parks it again (`Parked` once more: `park_in` recomputes kind
+//! and deadline), its outcome ends it. A resumption ends that execution.
 //!
 //! Deadlines are resolved lazily: at its deadline a waiting run only turns
 //! `pending` (one indexed update, however many runs fall due together); the
@@ -526,10 +530,12 @@ impl<S: Store> Engine<S> {
         now: Millis,
     ) -> (Option<RunRow>, bool) {
         let open = tx.open_waits(run_id, epoch);
-        // A wait resolved while the attempt ran (see `wake_run`).
+        // A wait resolved while the attempt ran (see `wake_run`). A waiting
+        // run parking again (its handler went on) holds its real deadline
+        // there: a resolution while it waited made it pending.
         let woken = tx
             .run(run_id)
-            .is_some_and(|r| r.wait_deadline.get().is_some());
+            .is_some_and(|r| r.status == RunStatus::Running && r.wait_deadline.get().is_some());
         let deadline = open.iter().filter_map(WaitSpec::deadline).min();
         let resume = woken || open.is_empty() || deadline.is_some_and(|d| d <= now);
         let kind = open.first().map(WaitSpec::kind);

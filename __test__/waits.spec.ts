@@ -831,3 +831,31 @@ forBackends('with a worker: a handler racing a wait against a timer completes wh
     await w.stop();
   }
 });
+
+forBackends('a ctx call left behind by a handler that returned is refused with the run status: canceled after a cancel, not the value returned', async (t, make) => {
+  const o = await make.system();
+  let late: Promise<unknown> | undefined;
+  const entered = external<void>();
+  o.registerHandler('left-behind', {}, async (ctx: JobContext<unknown>) => {
+    entered.resolve();
+    await new Promise((r) => ctx.signal.addEventListener('abort', r));
+    setTimeout(() => {
+      late = ctx.step('late', () => 'ran').catch((e: unknown) => e);
+    }, 20);
+    return 'returned anyway';
+  });
+  const w = o.startWorker({ pools: { batch: { concurrency: 1 } } });
+  try {
+    const r = await o.start('left-behind', {});
+    await entered.promise;
+    await o.cancel(r.id);
+    await waitFor(() => late !== undefined, 'the late step', 5_000);
+    const e = await late;
+    t.true(e instanceof JobRunStateError);
+    t.is((e as JobRunStateError).status, 'canceled');
+    t.is((await get(o, r.id)).status, 'canceled');
+    t.deepEqual(await o.listSteps(r.id), []);
+  } finally {
+    await w.stop();
+  }
+});

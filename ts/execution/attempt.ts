@@ -98,10 +98,12 @@ export class Attempt {
     this.parker.add(this);
   }
 
-  /** `Parker`'s look: parks the attempt if it is still blocked only on waits. */
   /** Refuses a `ctx` call made after the handler returned (see `returned`). */
   checkNotReturned(runId: string, what: string): void {
-    if (this.returned !== null) throw new JobRunStateError(runId, this.returned, `${what} after its handler returned`);
+    if (this.returned === null) return;
+    // An aborted attempt's run ended as the abort says, whatever the handler returned.
+    const status = this.reason !== undefined ? (ABORTED_STATUS[this.reason] ?? 'ended') : this.returned;
+    throw new JobRunStateError(runId, status, `${what} after its handler returned`);
   }
 
   /** A wait answered open: the handler awaits it. */
@@ -111,6 +113,7 @@ export class Attempt {
     this.considerPark();
   }
 
+  /** `Parker`'s look: parks the attempt if it is still blocked only on waits. */
   parkIfBlocked(): void {
     this.parkCheck = false;
     if ((this.parked && !this.reopened) || this.openWaits === 0 || this.waitCalls > 0 || this.stepsRunning > 0) return;

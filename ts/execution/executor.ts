@@ -6,12 +6,16 @@
  * the worker. The run's `timeoutMs` is the engine's to enforce: it times
  * the run out and the abort arrives as a notice.
  */
+import { JobStoreError } from '../errors';
 import type { HandlerRegistration } from '../handler';
 import type { JobContext } from '../handler';
 import { isClass } from '../validate';
 import { failedOutcome, NO_HANDLER, outcomeOf, PARKED, type Outcome, type Ticket } from '../wire';
 import type { Attempt } from './attempt';
 import { RunContext, type ContextHost } from './context';
+
+/** Tries of a late outcome's report (pauses of 50 ms doubling: about 25 s in all). */
+const LATE_END_TRIES = 9;
 
 export class Executor {
   constructor(
@@ -84,9 +88,18 @@ export class Executor {
     );
   }
 
-  /** What a parked execution did after its attempt ended: reported on its own (its slot is long free). */
-  private lateEnd(ticket: Ticket, outcome: Outcome): void {
+  /**
+   * What a parked execution did after its attempt ended: reported on its
+   * own (its slot is long free). A store error that may pass (a lost
+   * connection, a deadlock) is tried again with a growing pause: dropped,
+   * the run would wait on a wait its handler no longer awaits.
+   */
+  private lateEnd(ticket: Ticket, outcome: Outcome, tries = 0): void {
     this.host.store.finishAttempt(ticket.id, ticket.epoch, outcome.text).catch((e: unknown) => {
+      if (e instanceof JobStoreError && e.retryable && tries < LATE_END_TRIES) {
+        setTimeout(() => this.lateEnd(ticket, outcome, tries + 1), 50 * 2 ** tries).unref();
+        return;
+      }
       try {
         this.host.logger.error(`jobforge: the late outcome of run ${ticket.id} (${ticket.jobType}) after it parked was not stored`, e);
       } catch {

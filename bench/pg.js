@@ -33,10 +33,10 @@
  * once `new JobOrchestrator({ backend: 'postgres', ... })` works and has
  * `migrate()`; until then it is skipped with the reason.
  *
- *   node bench/pg.js [--n 20000] [--reps 1] [--procs 1,2,4] [--concurrency 20] [--pool 10]
+ *   node bench/pg.js [--n 20000] [--reps 1] [--procs 1,2,4] [--concurrency 24] [--pool 10]
  *                    [--inflight 20] [--enqueue-n 2000] [--rate 200] [--seconds 5]
  *                    [--limit 60 (seconds per throughput point)]
- *                    [--only graphile|jobforge] [--json <file>]
+ *                    [--only graphile,graphileBatched,bullmq,jobforge] [--json <file>]
  *   JOBFORGE_PG_URL   database URL (default postgres://postgres@127.0.0.1:5432/test)
  */
 'use strict';
@@ -61,7 +61,7 @@ const redact = (url) => url.replace(/(\/\/[^:/@]+):[^@]*@/, '$1:***@');
 // ── arguments ──────────────────────────────────────────────────────────
 
 function parseArgs(argv) {
-  const a = { n: 20000, reps: 1, procs: [1, 2, 4], concurrency: 20, pool: 10, inflight: 20, enqueueN: 2000, rate: 200, seconds: 5, limitS: 60, only: null, json: null, worker: null };
+  const a = { n: 20000, reps: 1, procs: [1, 2, 4], concurrency: 24, pool: 10, inflight: 20, enqueueN: 2000, rate: 200, seconds: 5, limitS: 60, only: null, json: null, worker: null };
   const int = (k, v) => {
     const x = Number(v);
     if (!Number.isInteger(x) || x < 1) throw new Error(`${k} needs a positive integer, got ${v}`);
@@ -90,7 +90,10 @@ function parseArgs(argv) {
     else throw new Error(`unknown option ${k}`);
   }
   if (a.pool < 2) throw new Error('--pool must be at least 2 (graphile-worker needs 2)');
-  if (a.only && !SYSTEMS[a.only]) throw new Error(`--only takes ${Object.keys(SYSTEMS).join(' or ')}`);
+  if (a.only) {
+    a.only = a.only.split(',');
+    for (const o of a.only) if (!SYSTEMS[o]) throw new Error(`--only takes a comma-separated list of ${Object.keys(SYSTEMS).join(', ')}`);
+  }
   return a;
 }
 
@@ -116,22 +119,33 @@ const quietJobforgeLogger = {
   error: (...a) => console.error('[jobforge]', ...a),
 };
 
-const SYSTEMS = {
-  graphile: {
-    label: 'graphile-worker',
-    schema: 'gw_bench',
+/**
+ * graphile-worker's batched mode, as its performance guide documents it
+ * (worker.graphile.org/docs/performance#batching; the option names of
+ * 0.17's `GraphileConfig.WorkerOptions`): a local queue of jobs fetched and
+ * locked ahead of free slots, and completions/failures written in batches.
+ */
+const GRAPHILE_BATCHED = { localQueue: { size: 500 }, completeJobBatchDelay: 0, failJobBatchDelay: 0 };
+
+/** graphile-worker, plain (its defaults) or batched (`preset.worker` = GRAPHILE_BATCHED). */
+function graphileSystem(label, schema, batched) {
+  const sys = {
+    label,
+    schema,
     probe() {
       const gw = require('graphile-worker');
       const version = require('graphile-worker/package.json').version;
       if (typeof gw.run !== 'function' || typeof gw.makeWorkerUtils !== 'function') throw new Error('graphile-worker has no run/makeWorkerUtils');
       return {
         version,
-        config: `graphile-worker ${version}: run({ concurrency, maxPoolSize, schema: 'gw_bench', taskList }), everything else default (LISTEN/NOTIFY on, pollInterval 2000 ms, localQueue off, completeJobBatchDelay off, prepared statements on)`,
+        config: batched
+          ? `graphile-worker ${version} batched: run({ concurrency, maxPoolSize, schema: '${schema}', taskList, preset: { worker: ${JSON.stringify(GRAPHILE_BATCHED).replace(/"/g, '')} } }), the rest default`
+          : `graphile-worker ${version}: run({ concurrency, maxPoolSize, schema: '${schema}', taskList }), everything else default (LISTEN/NOTIFY on, pollInterval 2000 ms, localQueue off, completeJobBatchDelay off, prepared statements on)`,
       };
     },
     async client(cfg) {
       const gw = require('graphile-worker');
-      const utils = await gw.makeWorkerUtils({ connectionString: cfg.url, schema: SYSTEMS.graphile.schema, maxPoolSize: cfg.pool, logger: quietGraphileLogger() });
+      const utils = await gw.makeWorkerUtils({ connectionString: cfg.url, schema, maxPoolSize: cfg.pool, logger: quietGraphileLogger() });
       return {
         migrate: () => utils.migrate(),
         enqueue: (input) => utils.addJob(JOB, input),
@@ -140,7 +154,7 @@ const SYSTEMS = {
           for (let k = 0; k < inputs.length; k += 1000) await utils.addJobs(inputs.slice(k, k + 1000).map((payload) => ({ identifier: JOB, payload })));
         },
         /** Jobs still in the table (graphile-worker deletes a job when it completes). */
-        pendingAfter: async (pg) => Number((await pg.query(`select count(*)::int as c from ${SYSTEMS.graphile.schema}._private_jobs`)).rows[0].c),
+        pendingAfter: async (pg) => Number((await pg.query(`select count(*)::int as c from ${schema}._private_jobs`)).rows[0].c),
         close: () => utils.release(),
       };
     },
@@ -151,16 +165,90 @@ const SYSTEMS = {
         async start() {
           runner = await gw.run({
             connectionString: cfg.url,
-            schema: SYSTEMS.graphile.schema,
+            schema,
             concurrency: cfg.concurrency,
             maxPoolSize: cfg.pool,
             noHandleSignals: true,
             logger: quietGraphileLogger(),
             taskList: { [JOB]: async (payload) => onJob(payload) },
+            ...(batched ? { preset: { worker: GRAPHILE_BATCHED } } : {}),
           });
         },
         async stop() {
           if (runner) await runner.stop();
+        },
+      };
+    },
+  };
+  return sys;
+}
+
+const BULL_QUEUE = 'jf_bench_bull';
+const REDIS = { host: '127.0.0.1', port: 6379 };
+
+const SYSTEMS = {
+  graphile: graphileSystem('graphile-worker', 'gw_bench', false),
+  graphileBatched: graphileSystem('graphile batched', 'gwb_bench', true),
+
+  /** BullMQ 5 on the local Redis: skipped (with the reason) when bullmq is missing or Redis does not answer. */
+  bullmq: {
+    label: 'BullMQ',
+    schema: null,
+    async probe() {
+      let version;
+      try {
+        require('bullmq');
+        version = require('bullmq/package.json').version;
+      } catch (e) {
+        throw new Error(`the bullmq package is missing (npm install): ${e.message.split('\n')[0]}`);
+      }
+      const IORedis = require('ioredis');
+      const r = new IORedis({ ...REDIS, lazyConnect: true, connectTimeout: 2000, maxRetriesPerRequest: 0, retryStrategy: () => null });
+      r.on('error', () => {});
+      let redis;
+      try {
+        await r.connect();
+        redis = (await r.info('server')).match(/redis_version:(\S+)/)?.[1] ?? '?';
+      } catch (e) {
+        throw new Error(`Redis does not answer at ${REDIS.host}:${REDIS.port} (${e.message})`);
+      } finally {
+        r.disconnect();
+      }
+      return {
+        version,
+        config: `BullMQ ${version} on Redis ${redis} at ${REDIS.host}:${REDIS.port}: new Worker(queue, processor, { concurrency }) per process, defaults otherwise (completed jobs kept); backlog by addBulk, 1000 per call`,
+      };
+    },
+    async client() {
+      const { Queue } = require('bullmq');
+      const q = new Queue(BULL_QUEUE, { connection: REDIS });
+      return {
+        migrate: async () => {
+          await q.obliterate({ force: true });
+        },
+        enqueue: (input) => q.add(JOB, input),
+        enqueueBulk: async (inputs) => {
+          for (let k = 0; k < inputs.length; k += 1000) await q.addBulk(inputs.slice(k, k + 1000).map((data) => ({ name: JOB, data })));
+        },
+        pendingAfter: async () => {
+          const c = await q.getJobCounts('wait', 'active', 'delayed', 'prioritized', 'paused', 'waiting-children');
+          return Object.values(c).reduce((s, x) => s + x, 0);
+        },
+        close: () => q.close(),
+        drop: () => q.obliterate({ force: true }),
+      };
+    },
+    worker(cfg, onJob) {
+      const { Worker } = require('bullmq');
+      const w = new Worker(BULL_QUEUE, async (job) => onJob(job.data), { connection: REDIS, concurrency: cfg.concurrency, autorun: false });
+      w.on('error', (e) => console.error('[bullmq]', e.message));
+      return {
+        async start() {
+          void w.run();
+          await w.waitUntilReady();
+        },
+        async stop() {
+          await w.close();
         },
       };
     },
@@ -367,7 +455,7 @@ class Fleet {
 // ── parent: scenarios ──────────────────────────────────────────────────
 
 async function resetSchema(pg, sys, client) {
-  await pg.query(`DROP SCHEMA IF EXISTS ${sys.schema} CASCADE`);
+  if (sys.schema) await pg.query(`DROP SCHEMA IF EXISTS ${sys.schema} CASCADE`);
   try {
     await pg.query('CHECKPOINT'); // every scenario starts with the same buffer state
   } catch {}
@@ -597,9 +685,13 @@ function pad(s, w) {
   return String(s).padEnd(w);
 }
 
+/** The systems shown, jobforge last; ratios are jobforge ÷ each of the others. */
+const TABLE_ORDER = ['graphile', 'graphileBatched', 'bullmq', 'jobforge'];
+
 function printTable(results) {
-  const gw = results.systems.graphile;
+  const shown = TABLE_ORDER.filter((k) => results.systems[k]);
   const jf = results.systems.jobforge;
+  const others = shown.filter((k) => k !== 'jobforge');
   const rows = [];
   /** A row: label, the figure of each system (get(s) → number or null), how to show it. */
   const row = (label, get, show) => {
@@ -609,9 +701,13 @@ function printTable(results) {
       const v = get(s);
       return v === null || v === undefined ? (s.errors.length ? 'error' : '–') : show(v);
     };
-    const a = gw?.available ? get(gw) : null;
     const b = jf?.available ? get(jf) : null;
-    rows.push([label, cell(gw), cell(jf), a && b ? (b / a).toFixed(2) : '–']);
+    const ratio = (k) => {
+      const s = results.systems[k];
+      const a = s?.available ? get(s) : null;
+      return a && b ? (b / a).toFixed(2) : '–';
+    };
+    rows.push([label, ...shown.map((k) => cell(results.systems[k])), ...(jf ? others.map(ratio) : [])]);
   };
   const jobsPerS = (v) => `${fmt(v)} jobs/s`;
   for (const p of results.config.procs) row(`throughput, ${p} process${p > 1 ? 'es' : ''}`, (s) => s.throughput[p]?.jobsPerS, jobsPerS);
@@ -625,7 +721,7 @@ function printTable(results) {
   );
   row(`enqueue, single calls, ${results.config.inflight} in flight`, (s) => s.enqueue?.jobsPerS, jobsPerS);
   for (const k of ['p50', 'p90', 'p99', 'max']) row(`start latency ${k}`, (s) => s.latency?.[k], fmtMs);
-  const head = ['', 'graphile-worker', 'jobforge', 'jobforge/graphile'];
+  const head = ['', ...shown.map((k) => results.systems[k].label), ...(jf ? others.map((k) => `jf/${results.systems[k].label}`) : [])];
   const w = head.map((h, i) => Math.max(h.length, ...rows.map((r) => String(r[i]).length)) + 2);
   console.log('');
   console.log(head.map((h, i) => pad(h, w[i])).join('').trimEnd());
@@ -718,7 +814,7 @@ async function main(args) {
     `# latency: 1 idle worker process, ${args.rate} jobs/s for ${args.seconds} s (+${Math.ceil(args.rate / 2)} warm-up jobs), enqueue time in the input, handler start minus enqueue time`,
   );
 
-  const names = Object.keys(SYSTEMS).filter((n) => !args.only || n === args.only);
+  const names = Object.keys(SYSTEMS).filter((n) => !args.only || args.only.includes(n));
   const opt = { url, n: args.n, concurrency: args.concurrency, pool: args.pool, inflight: args.inflight, enqueueN: args.enqueueN, rate: args.rate, seconds: args.seconds, limitS: args.limitS };
   const live = [];
   for (const name of names) {
@@ -808,7 +904,11 @@ async function main(args) {
   results.load.end = os.loadavg();
 
   // Leave the database as we found it.
-  for (const name of names) await pg.query(`DROP SCHEMA IF EXISTS ${SYSTEMS[name].schema} CASCADE`).catch(() => {});
+  for (const name of names) {
+    const sys = SYSTEMS[name];
+    if (sys.schema) await pg.query(`DROP SCHEMA IF EXISTS ${sys.schema} CASCADE`).catch(() => {});
+    else if (results.systems[name]?.available) await withClient(sys, { url, pool: 2 }, (c) => c.drop?.()).catch(() => {});
+  }
   await pg.end();
 
   const jf = results.systems.jobforge;
@@ -823,7 +923,26 @@ async function main(args) {
       latencyP99: r(jf.latency?.p99, gw.latency?.p99),
     };
   }
+  // jobforge ÷ each other system (`ratios` above stays jobforge ÷ plain graphile-worker).
+  results.ratiosBy = {};
+  for (const k of TABLE_ORDER) {
+    const o = results.systems[k];
+    if (k === 'jobforge' || !jf?.available || !o?.available) continue;
+    const r = (a, b) => (Number.isFinite(a) && Number.isFinite(b) && b > 0 ? a / b : null);
+    results.ratiosBy[k] = {
+      throughput: Object.fromEntries(args.procs.map((p) => [p, r(jf.throughput[p]?.jobsPerS, o.throughput[p]?.jobsPerS)])),
+      enqueue: r(jf.enqueue?.jobsPerS, o.enqueue?.jobsPerS),
+      latencyP50: r(jf.latency?.p50, o.latency?.p50),
+      latencyP99: r(jf.latency?.p99, o.latency?.p99),
+    };
+  }
   printTable(results);
+  for (const [k, q] of Object.entries(results.ratiosBy)) {
+    const f = (x) => (x === null ? '–' : x.toFixed(2));
+    console.log(
+      `ratio jobforge/${results.systems[k].label}: drain ${args.procs.map((p) => `${p}p ${f(q.throughput[p])}`).join(', ')}; latency p50 ${f(q.latencyP50)}, p99 ${f(q.latencyP99)}`,
+    );
+  }
   if (results.ratios) {
     const t = results.ratios.throughput;
     const f = (x) => (x === null ? '–' : x.toFixed(2));

@@ -139,6 +139,11 @@ export interface NativeOptions {
   leaseMs?: number
   /** Postgres: polling fallback when no notification arrives. Default 1000. */
   pollMs?: number
+  /**
+   * Postgres: runs each worker pool claims ahead of its free slots
+   * (0: none). Default `DEFAULT_PREFETCH`.
+   */
+  prefetch?: number
 }
 
 /** The operation names, in the order of their codes (`callSync(code, …)`). */

@@ -497,7 +497,9 @@ postgresOnly('multiprocess: runs of a SIGKILLed worker with a backlog execute, o
   const fleet = new Fleet(t, (_c, m) => {
     if (m.t === 'fx') for (const r of m.rows as Fx[]) ends.push(r);
   });
-  const base = { mode: 'worker', postgres: { ...postgres, maxConnections: 4, leaseMs: LEASE_MS }, flushMs: 20, waitForWork: true };
+  // A small prefetch: the victim holds its slots' runs and 10 prefetched
+  // ones, and a backlog stays pending behind them.
+  const base = { mode: 'worker', postgres: { ...postgres, maxConnections: 4, leaseMs: LEASE_MS, prefetch: 10 }, flushMs: 20, waitForWork: true };
   const victim = fleet.spawn('victim', { ...base, concurrency: 5, workMs: 30 });
   // One slot: it executes the runs one at a time, in the order it claims them.
   const survivor = fleet.spawn('survivor', { ...base, concurrency: 1, workMs: 10 });
@@ -523,6 +525,9 @@ postgresOnly('multiprocess: runs of a SIGKILLed worker with a backlog execute, o
   victim.expectExit = true;
   victim.proc.kill('SIGKILL');
   await fleet.race(victim.closed, 'the victim to die', 10_000);
+  // A COMMIT the victim sent just before it died still lands: let the
+  // server finish it before reading what the victim held.
+  await sleep(300);
 
   // What the victim held, and the backlog behind it, as the database has them.
   const orphans = await queued('running');
@@ -557,7 +562,8 @@ postgresOnly('multiprocess: runs of a SIGKILLed worker with a backlog execute, o
   const mine = ends.filter((r) => r[1] === survivor.pid).sort((a, b) => a[2] - b[2]);
   const at = new Map(mine.map((r, i) => [r[0], i]));
   const unrun = orphans.filter((id) => !at.has(id));
-  t.deepEqual(unrun, [], 'the survivor executed every run the victim held');
+  const victimRan = new Set(ends.filter((r) => r[1] === victim.pid).map((r) => r[0]));
+  t.deepEqual(unrun.map((id) => ({ id, ranByVictim: victimRan.has(id) })), [], 'the survivor executed every run the victim held');
   const lastOrphan = Math.max(...orphans.map((id) => at.get(id) ?? Infinity));
   const ahead = behind.filter((id) => (at.get(id) ?? Infinity) < lastOrphan);
   // Its first claim may race its own sweep (both begin when the worker
@@ -571,6 +577,198 @@ postgresOnly('multiprocess: runs of a SIGKILLed worker with a backlog execute, o
     `victim held ${orphans.length} run(s), ${behind.length} queued behind them; the survivor ran ${ahead.length} of those before the last orphan; ` +
       `test ${(performance.now() - T0).toFixed(0)} ms`,
   );
+});
+
+// ── 2c. prefetch: killed, stopped, overtaken ──────────────────────────
+
+postgresOnly('multiprocess: a worker SIGKILLed while holding a prefetch queue loses none of its runs (they come back after the lease)', async (t, make) => {
+  t.timeout(90_000);
+  const RUNS = 120;
+  const LEASE_MS = 1000;
+  const PREFETCH = 40;
+  const { o, postgres } = await parentOrchestrator(t, make, 4);
+  o.registerHandler('mp.slow', {}, () => null);
+  const db = await pgClient(t);
+  const schema = `"${postgres.schema}"`;
+  const running = async () => Number((await db.query(`SELECT count(*)::int AS c FROM ${schema}.job_run WHERE status = 'running'`)).rows[0].c);
+
+  const ends: Fx[] = [];
+  const fleet = new Fleet(t, (_c, m) => {
+    if (m.t === 'fx') for (const r of m.rows as Fx[]) ends.push(r);
+  });
+  const base = { mode: 'worker', postgres: { ...postgres, maxConnections: 4, leaseMs: LEASE_MS, prefetch: PREFETCH }, flushMs: 20, waitForWork: true };
+  const victim = fleet.spawn('victim', { ...base, concurrency: 2, workMs: 50 });
+  const survivor = fleet.spawn('survivor', { ...base, concurrency: 5, workMs: 5 });
+  await fleet.race(Promise.all([victim.next('ready'), survivor.next('ready')]), 'the workers to be ready', 30_000);
+  const ids: string[] = [];
+  for (let i = 0; i < RUNS; i += 40) {
+    const batch = [];
+    for (let j = i; j < Math.min(RUNS, i + 40); j++) batch.push(o.start('mp.slow', { i: j }));
+    for (const r of await Promise.all(batch)) ids.push(r.id);
+  }
+  const working = victim.next('working');
+  victim.send({ t: 'work' });
+  await fleet.race(working, 'the victim to work', 10_000);
+  await fleet.until(() => ends.length >= 2, () => `2 completions by the victim (${ends.length})`, 30_000, 5);
+  const holding = victim.next('holding');
+  victim.send({ t: 'hold' });
+  const executing = (await fleet.race(holding, 'the victim to hold its runs', 10_000)).ids as string[];
+  // Its 2 slots execute; the rest of what it holds is its prefetch queue.
+  const heldAtKill = await running();
+  victim.expectExit = true;
+  victim.proc.kill('SIGKILL');
+  await fleet.race(victim.closed, 'the victim to die', 10_000);
+  t.true(executing.length >= 1 && executing.length <= 2, `executing ${executing.length}`);
+  t.true(heldAtKill >= executing.length + PREFETCH / 2, `the victim held a prefetch queue when killed: ${heldAtKill} runs running, ${executing.length} executing`);
+
+  const started = survivor.next('working');
+  survivor.send({ t: 'work' });
+  await fleet.race(started, 'the survivor to work', 10_000);
+  let counts: PoolStatusCount[] = [];
+  await fleet.until(
+    async () => {
+      counts = await o.countByPoolAndStatus();
+      return completedOf(counts) >= RUNS;
+    },
+    () => `all ${RUNS} runs to complete: ${countsText(counts)}`,
+    60_000,
+    100,
+  );
+  await fleet.stopAll();
+  t.deepEqual(counts, [{ pool: 'batch', status: 'completed', count: RUNS }], countsText(counts));
+  const done = new Set(ends.map((r) => r[0]));
+  t.deepEqual(ids.filter((id) => !done.has(id)), [], 'every run has a completed side effect');
+  t.log(`the victim held ${heldAtKill} runs (${executing.length} executing) when killed; all ${RUNS} completed`);
+});
+
+postgresOnly('multiprocess: stop() returns unstarted prefetched runs to pending at once; another process claims them without waiting for a lease', async (t, make) => {
+  t.timeout(90_000);
+  const RUNS = 60;
+  const LEASE_MS = 60_000; // a sweep cannot be what returns them
+  const { o, postgres } = await parentOrchestrator(t, make, 4);
+  o.registerHandler('mp.slow', {}, () => null);
+  const db = await pgClient(t);
+  const schema = `"${postgres.schema}"`;
+  const byStatus = async () => {
+    const rows = (await db.query(`SELECT status, count(*)::int AS c FROM ${schema}.job_run GROUP BY status`)).rows;
+    return Object.fromEntries(rows.map((r) => [r.status as string, r.c as number])) as Record<string, number>;
+  };
+  const ends: Fx[] = [];
+  const fleet = new Fleet(t, (_c, m) => {
+    if (m.t === 'fx') for (const r of m.rows as Fx[]) ends.push(r);
+  });
+  const base = { mode: 'worker', postgres: { ...postgres, maxConnections: 4, leaseMs: LEASE_MS, prefetch: 30 }, flushMs: 20, waitForWork: true };
+  const first = fleet.spawn('first', { ...base, concurrency: 1, workMs: 100 });
+  await fleet.race(first.next('ready'), 'the first worker to be ready', 30_000);
+  const ids: string[] = [];
+  const batch = [];
+  for (let j = 0; j < RUNS; j++) batch.push(o.start('mp.slow', { i: j }));
+  for (const r of await Promise.all(batch)) ids.push(r.id);
+  const working = first.next('working');
+  first.send({ t: 'work' });
+  await fleet.race(working, 'the first worker to work', 10_000);
+  let s: Record<string, number> = {};
+  await fleet.until(
+    async () => ((s = await byStatus()).running ?? 0) >= 31,
+    () => `the first worker to hold 1 executing + 30 prefetched runs: ${JSON.stringify(s)}`,
+    10_000,
+    10,
+  );
+  const stopped = first.next('stopped');
+  first.expectExit = true;
+  const t0 = performance.now();
+  first.send({ t: 'stop' });
+  await fleet.race(stopped, 'the first worker to stop', 20_000);
+  const stopMs = performance.now() - t0;
+  s = await byStatus();
+  t.is(s.running ?? 0, 0, `nothing is left running after stop(): ${JSON.stringify(s)}`);
+  t.is((s.pending ?? 0) + (s.completed ?? 0), RUNS, JSON.stringify(s));
+  t.true((s.pending ?? 0) >= 25, `the prefetched runs are pending again: ${JSON.stringify(s)}`);
+  const firstRan = ends.length;
+
+  // Another process takes them at once (their leases would last a minute).
+  const second = fleet.spawn('second', { ...base, concurrency: 10, workMs: 5 });
+  await fleet.race(second.next('ready'), 'the second worker to be ready', 30_000);
+  const t1 = performance.now();
+  second.send({ t: 'work' });
+  let counts: PoolStatusCount[] = [];
+  await fleet.until(
+    async () => {
+      counts = await o.countByPoolAndStatus();
+      return completedOf(counts) >= RUNS;
+    },
+    () => `all ${RUNS} runs to complete: ${countsText(counts)}`,
+    20_000,
+    20,
+  );
+  const tookMs = performance.now() - t1;
+  t.true(tookMs < LEASE_MS / 2, `the second worker completed them in ${tookMs.toFixed(0)} ms`);
+  await fleet.stopAll();
+  const runsOf = new Map<string, number>();
+  for (const r of ends) runsOf.set(r[0], (runsOf.get(r[0]) ?? 0) + 1);
+  t.deepEqual(ids.filter((id) => runsOf.get(id) !== 1), [], 'every run executed exactly once');
+  t.log(`stop() took ${stopMs.toFixed(0)} ms; the first worker ran ${firstRan}, the second the other ${RUNS - firstRan} in ${tookMs.toFixed(0)} ms`);
+});
+
+postgresOnly('multiprocess: a higher-priority run started while other processes hold prefetched runs is claimed before every lower one still pending', async (t, make) => {
+  t.timeout(90_000);
+  const RUNS = 150;
+  const PROCS = 2;
+  const CONCURRENCY = 1;
+  const PREFETCH = 10;
+  const { o, postgres } = await parentOrchestrator(t, make, 4);
+  o.registerHandler('mp.slow', {}, () => null);
+  const db = await pgClient(t);
+  const schema = `"${postgres.schema}"`;
+  const ends: Fx[] = [];
+  const fleet = new Fleet(t, (_c, m) => {
+    if (m.t === 'fx') for (const r of m.rows as Fx[]) ends.push(r);
+  });
+  const base = { mode: 'worker', postgres: { ...postgres, maxConnections: 4, prefetch: PREFETCH }, flushMs: 20, waitForWork: true, concurrency: CONCURRENCY, workMs: 10 };
+  const children = Array.from({ length: PROCS }, (_, i) => fleet.spawn(`w${i}`, base));
+  await fleet.race(Promise.all(children.map((c) => c.next('ready'))), 'the workers to be ready', 30_000);
+  const low: string[] = [];
+  for (let i = 0; i < RUNS; i += 50) {
+    const batch = [];
+    for (let j = i; j < Math.min(RUNS, i + 50); j++) batch.push(o.start('mp.slow', { i: j }));
+    for (const r of await Promise.all(batch)) low.push(r.id);
+  }
+  const working = children.map((c) => c.next('working'));
+  for (const c of children) c.send({ t: 'work' });
+  await fleet.race(Promise.all(working), 'the workers to work', 10_000);
+  // Both hold full prefetch queues and a backlog is left.
+  await fleet.until(() => ends.length >= 10, () => `10 completions (${ends.length})`, 30_000, 5);
+  const createdAt = performance.timeOrigin + performance.now();
+  const high = await o.start('mp.slow', { i: -1 }, { priority: 10 });
+  // Low runs still pending once the high one is committed: none may be
+  // claimed before it (a claim takes the best due run first, and a
+  // prefetch queue hands out the best it holds first).
+  const pendingAfter = (await db.query(`SELECT id FROM ${schema}.job_run WHERE status = 'pending' AND id <> $1`, [high.id])).rows.map((r) => r.id as string);
+  t.true(pendingAfter.length >= 50, `a backlog was left when the high-priority run started (${pendingAfter.length})`);
+  let counts: PoolStatusCount[] = [];
+  await fleet.until(
+    async () => {
+      counts = await o.countByPoolAndStatus();
+      return completedOf(counts) >= RUNS + 1;
+    },
+    () => `all runs to complete: ${countsText(counts)}`,
+    60_000,
+    100,
+  );
+  await fleet.stopAll();
+  // started_at is set when a run is claimed (ms).
+  const claimedAt = new Map(
+    (await db.query(`SELECT id, (extract(epoch from started_at) * 1000)::float8 AS at FROM ${schema}.job_run`)).rows.map((r) => [r.id as string, Number(r.at)]),
+  );
+  const highAt = claimedAt.get(high.id)!;
+  const before = pendingAfter.filter((id) => claimedAt.get(id)! < highAt);
+  t.deepEqual(before, [], 'no low run still pending when the high one started was claimed before it');
+  // Executions: after it was created, at most what the processes had
+  // claimed already (their slots and prefetch queues) began before it.
+  const highStart = ends.find((r) => r[0] === high.id)![2];
+  const overtook = ends.filter((r) => r[0] !== high.id && r[2] > createdAt && r[2] < highStart).length;
+  t.true(overtook <= PROCS * (CONCURRENCY + PREFETCH), `${overtook} low runs began between the high run's start and its execution (bound ${PROCS * (CONCURRENCY + PREFETCH)})`);
+  t.log(`${pendingAfter.length} low runs pending when the high-priority run started; ${overtook} low runs began before it executed`);
 });
 
 // ── 3. start racing from several processes ────────────────────────────

@@ -10,7 +10,7 @@ use crate::wire::{self, invalid, to_napi, Result};
 use jobforge_core::engine::{run_timeouts, AttemptEnd, Retention};
 use jobforge_core::feed::EventFeed;
 use jobforge_core::store::postgres::{PgConfig, PgStore};
-use jobforge_core::worker::{Worker, WorkerTimings};
+use jobforge_core::worker::{Worker, WorkerTimings, DEFAULT_PREFETCH, MAX_PREFETCH};
 use jobforge_core::{
     ClockKind, Coordination, Engine, EngineOptions, MemoryStore, RunId, StoreAdmin,
 };
@@ -42,6 +42,9 @@ pub struct NativeOptions {
     pub lease_ms: Option<f64>,
     /// Postgres: polling fallback when no notification arrives. Default 1000.
     pub poll_ms: Option<f64>,
+    /// Postgres: runs each worker pool claims ahead of its free slots
+    /// (0: none). Default `DEFAULT_PREFETCH`.
+    pub prefetch: Option<f64>,
 }
 
 /// Native bytes V8 is told each held run costs (RSS per pending run
@@ -152,6 +155,22 @@ impl NativeEngine {
         let timings = WorkerTimings {
             lease_ms: positive_ms(options.lease_ms, "postgres.leaseMs", 30_000)?,
             poll_ms: positive_ms(options.poll_ms, "postgres.pollMs", 1_000)?,
+            prefetch: match options.prefetch {
+                None => DEFAULT_PREFETCH,
+                Some(n)
+                    if n.is_finite()
+                        && n >= 0.0
+                        && n.fract() == 0.0
+                        && n <= MAX_PREFETCH as f64 =>
+                {
+                    n as usize
+                }
+                Some(n) => {
+                    return Err(invalid(format!(
+                        "postgres.prefetch must be a whole number from 0 to {MAX_PREFETCH}, got {n}"
+                    )))
+                }
+            },
         };
         let inner = match options.store.as_deref() {
             None | Some("memory") => Inner::Memory(Hosted::new(
@@ -536,9 +555,16 @@ impl<S: AnyStore> Hosted<S> {
                 }
             }
         };
+        // A networked store's tickets here are prefetched attempts handed
+        // to freed slots: they carry the row, as its dispatched ones do.
+        let with_row = !self.engine.store().inline();
         for t in &tickets {
             out.push('\n');
-            wire::write_ticket(&mut out, t);
+            if with_row {
+                out.push_str(&wire::ticket_text(t, true));
+            } else {
+                wire::write_ticket(&mut out, t);
+            }
         }
         if !pools.is_empty() {
             // Slots of other pools may be idle: claim into them too.

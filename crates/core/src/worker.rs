@@ -28,7 +28,7 @@ use crate::engine::{AttemptEnd, AttemptTicket, Engine};
 use crate::error::{JobError, Result};
 use crate::model::{AbortReason, AttemptOutcome, Millis, RunId};
 use crate::store::{Coordination, Store};
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -48,6 +48,34 @@ pub struct WorkerPool {
     pub name: Arc<str>,
     pub concurrency: usize,
     in_flight: AtomicUsize,
+    /// Prefetched attempts: claimed (leased, heartbeated) ahead of a free
+    /// slot, in claim order (priority desc, due time, creation).
+    queue: Mutex<VecDeque<AttemptTicket>>,
+    /// Runs queued plus runs being claimed for the queue: at most the
+    /// worker's `prefetch`.
+    ahead: AtomicUsize,
+}
+
+/// Reserves up to `want` of `limit` on `counter`; how many were reserved.
+fn reserve_on(counter: &AtomicUsize, limit: usize, want: usize) -> usize {
+    let mut cur = counter.load(Ordering::SeqCst);
+    loop {
+        let take = limit.saturating_sub(cur).min(want);
+        if take == 0 {
+            return 0;
+        }
+        match counter.compare_exchange(cur, cur + take, Ordering::SeqCst, Ordering::SeqCst) {
+            Ok(_) => return take,
+            Err(actual) => cur = actual,
+        }
+    }
+}
+
+/// Where a prefetched attempt goes in its pool's queue: the order of the
+/// claim statement (priority desc, due time, creation), so a run claimed
+/// later but better placed is handed out first.
+fn claim_order(t: &AttemptTicket) -> (std::cmp::Reverse<i32>, Millis, u64) {
+    (std::cmp::Reverse(t.run.priority), t.run.run_at, t.run.seq)
 }
 
 impl WorkerPool {
@@ -56,7 +84,28 @@ impl WorkerPool {
             name: Arc::from(name),
             concurrency,
             in_flight: AtomicUsize::new(0),
+            queue: Mutex::new(VecDeque::new()),
+            ahead: AtomicUsize::new(0),
         }
+    }
+
+    /// Attempts prefetched and not yet handed out.
+    pub fn prefetched(&self) -> usize {
+        self.queue.lock().map(|q| q.len()).unwrap_or(0)
+    }
+
+    fn enqueue_prefetched(&self, tickets: impl IntoIterator<Item = AttemptTicket>) {
+        if let Ok(mut q) = self.queue.lock() {
+            for t in tickets {
+                let key = claim_order(&t);
+                let at = q.partition_point(|x| claim_order(x) <= key);
+                q.insert(at, t);
+            }
+        }
+    }
+
+    fn pop_prefetched(&self) -> Option<AttemptTicket> {
+        self.queue.lock().ok()?.pop_front()
     }
 
     pub fn in_flight(&self) -> usize {
@@ -69,23 +118,7 @@ impl WorkerPool {
 
     /// Reserves up to `want` free slots; returns how many were reserved.
     pub fn reserve(&self, want: usize) -> usize {
-        let mut cur = self.in_flight.load(Ordering::SeqCst);
-        loop {
-            let free = self.concurrency.saturating_sub(cur);
-            let take = free.min(want);
-            if take == 0 {
-                return 0;
-            }
-            match self.in_flight.compare_exchange(
-                cur,
-                cur + take,
-                Ordering::SeqCst,
-                Ordering::SeqCst,
-            ) {
-                Ok(_) => return take,
-                Err(actual) => cur = actual,
-            }
-        }
+        reserve_on(&self.in_flight, self.concurrency, want)
     }
 
     pub fn release(&self, n: usize) {
@@ -94,6 +127,16 @@ impl WorkerPool {
         }
     }
 }
+
+/// `WorkerTimings::prefetch` of a Postgres worker unless configured:
+/// large enough that a transaction settles and claims for many slots at
+/// once (measured in `bench/pg.js`, see BENCHMARKS.md), small enough to
+/// bound how far a late high-priority run can be overtaken.
+pub const DEFAULT_PREFETCH: usize = 200;
+
+/// The most `WorkerTimings::prefetch` may be: one claim statement takes
+/// at most 1,000 runs.
+pub const MAX_PREFETCH: usize = 1000;
 
 /// Timings of a worker on a store other processes share.
 #[derive(Debug, Clone, Copy)]
@@ -104,6 +147,14 @@ pub struct WorkerTimings {
     /// The longest the loop waits without looking (a change notification
     /// may be lost).
     pub poll_ms: i64,
+    /// Runs each pool claims ahead of its free slots (a networked store;
+    /// 0: none). They are leased and heartbeated like any claim, handed
+    /// to the next free slot without a round trip, returned to `pending`
+    /// at once by `stop()` and by the sweeper if the process dies. The
+    /// price: a run that becomes due after others were prefetched may
+    /// start after up to `prefetch` of them per process and pool, even
+    /// if its priority is higher (they were claimed before it was due).
+    pub prefetch: usize,
 }
 
 impl Default for WorkerTimings {
@@ -111,9 +162,23 @@ impl Default for WorkerTimings {
         WorkerTimings {
             lease_ms: 30_000,
             poll_ms: 1_000,
+            prefetch: 0,
         }
     }
 }
+
+/// A pool's share of one claim: `slots` free slots reserved for the runs
+/// claimed first, `ahead` places of its prefetch queue for the rest.
+#[derive(Debug, Clone, Copy)]
+struct ClaimPlan {
+    pool: usize,
+    slots: usize,
+    ahead: usize,
+}
+
+/// `Done::slot` of an attempt whose slot went straight to a prefetched
+/// attempt: storing its end frees no slot.
+const SLOT_HANDED_ON: usize = usize::MAX;
 
 /// An attempt's end waiting for the loop's next transaction.
 struct Done {
@@ -132,6 +197,9 @@ pub struct Worker<S: Store + Coordination> {
     inline: bool,
     /// Whether other processes share the store (`Coordination::shared`).
     shared: bool,
+    /// Runs claimed ahead of free slots per pool (`WorkerTimings::prefetch`;
+    /// 0 for a store that settles inline, whose claims cost no round trip).
+    prefetch: usize,
     /// Ends queued by `report` for the loop (networked stores).
     done: Mutex<Vec<Done>>,
     /// Ends queued and not yet stored (queued, in a settle, or waiting to
@@ -279,9 +347,11 @@ impl<S: Store + Coordination> Worker<S> {
             timings: WorkerTimings {
                 lease_ms: timings.lease_ms.max(100),
                 poll_ms: timings.poll_ms.max(10),
+                prefetch: timings.prefetch,
             },
             inline,
             shared,
+            prefetch: if inline { 0 } else { timings.prefetch },
             done: Mutex::new(Vec::new()),
             unsaved: AtomicUsize::new(0),
             held: Mutex::new(HashMap::new()),
@@ -312,7 +382,88 @@ impl<S: Store + Coordination> Worker<S> {
     /// (An end just queued may be counted twice, which only matters for
     /// "is anything left".)
     pub fn unfinished(&self) -> usize {
-        self.in_flight() + self.unsaved.load(Ordering::SeqCst)
+        self.in_flight() + self.unsaved.load(Ordering::SeqCst) + self.ahead()
+    }
+
+    /// Runs prefetched or being claimed for the prefetch queues: a stopping
+    /// worker returns them to `pending` before its loop ends.
+    fn ahead(&self) -> usize {
+        self.pools
+            .iter()
+            .map(|p| p.ahead.load(Ordering::SeqCst))
+            .sum()
+    }
+
+    /// Hands prefetched attempts to the free slots of their pools, best
+    /// first (no I/O). An attempt ended here meanwhile (canceled, timed
+    /// out) is dropped: its run is over, its lease no longer renewed.
+    fn hand_out_prefetched(&self) -> Vec<AttemptTicket> {
+        let mut out = Vec::new();
+        if self.prefetch == 0 || self.is_stopping() {
+            return out;
+        }
+        for (i, p) in self.pools.iter().enumerate() {
+            while p.prefetched() > 0 && p.reserve(1) == 1 {
+                match self.pop_live(i) {
+                    Some(t) => out.push(t),
+                    None => {
+                        p.release(1);
+                        break;
+                    }
+                }
+            }
+        }
+        out
+    }
+
+    /// The next prefetched attempt of pool `i` still open here.
+    fn pop_live(&self, i: usize) -> Option<AttemptTicket> {
+        let p = self.pools.get(i)?;
+        while let Some(t) = p.pop_prefetched() {
+            p.ahead.fetch_sub(1, Ordering::SeqCst);
+            if self.engine.attempt_open(&t.run.id, t.epoch) {
+                return Some(t);
+            }
+            self.forget_lease(&t.run.id, t.epoch);
+        }
+        None
+    }
+
+    /// Stops renewing the lease of attempt `epoch` of `id`.
+    fn forget_lease(&self, id: &RunId, epoch: u32) {
+        if let Ok(mut h) = self.held.lock() {
+            if h.get(id) == Some(&epoch) {
+                h.remove(id);
+            }
+        }
+    }
+
+    /// A stopping worker's prefetched attempts, back to `pending` in one
+    /// transaction (`release_attempt` keeps their due time, so they keep
+    /// their place among the due runs): another process can claim them at
+    /// once. If that fails their leases lapse and the sweeper returns them.
+    async fn return_prefetched(&self) {
+        let mut back = Vec::new();
+        for p in &self.pools {
+            let mut n = 0;
+            while let Some(t) = p.pop_prefetched() {
+                back.push((t.run.id, t.epoch));
+                n += 1;
+            }
+            p.ahead.fetch_sub(n, Ordering::SeqCst);
+        }
+        if back.is_empty() {
+            return;
+        }
+        let list = back.clone();
+        match self.on_store(move |e| e.release_attempts(&list)).await {
+            Some(Ok(_)) => self.record_success(CallKind::Write),
+            Some(Err(e)) => self.record_error(CallKind::Write, e),
+            None => self.record_error(CallKind::Write, "a store transaction did not finish"),
+        }
+        for (id, epoch) in &back {
+            self.forget_lease(id, *epoch);
+        }
     }
 
     pub fn is_stopping(&self) -> bool {
@@ -392,7 +543,8 @@ impl<S: Store + Coordination> Worker<S> {
     /// claims into the slots they free, all in one transaction; the new
     /// tickets, and the store's error if the transaction failed (then
     /// nothing was applied or claimed). A networked store queues them for
-    /// the loop's next transaction (no I/O here) and answers no ticket.
+    /// the loop's next transaction (no I/O here) and answers the
+    /// prefetched attempts it hands the freed slots to.
     pub fn report(
         &self,
         finished: Vec<(RunId, u32, Option<AttemptOutcome>, usize)>,
@@ -400,22 +552,41 @@ impl<S: Store + Coordination> Worker<S> {
         if !self.inline {
             let at = self.engine.now();
             let n = finished.len();
+            let mut handed = Vec::new();
             if let Ok(mut d) = self.done.lock() {
-                d.extend(finished.into_iter().map(|(id, epoch, outcome, slot)| Done {
-                    // The run ended when its handler did, however late the
-                    // outcome reaches the store.
-                    end: AttemptEnd {
-                        id,
-                        epoch,
-                        outcome,
-                        ended_at: Some(at),
-                    },
-                    slot,
-                }));
+                let stopping = self.is_stopping();
+                for (id, epoch, outcome, slot) in finished {
+                    // The slot goes straight to the pool's next prefetched
+                    // attempt: the handler after this one waits for no
+                    // round trip.
+                    let next = if self.prefetch > 0 && !stopping {
+                        self.pop_live(slot)
+                    } else {
+                        None
+                    };
+                    let slot = match next {
+                        Some(t) => {
+                            handed.push(t);
+                            SLOT_HANDED_ON
+                        }
+                        None => slot,
+                    };
+                    d.push(Done {
+                        // The run ended when its handler did, however late
+                        // the outcome reaches the store.
+                        end: AttemptEnd {
+                            id,
+                            epoch,
+                            outcome,
+                            ended_at: Some(at),
+                        },
+                        slot,
+                    });
+                }
                 self.unsaved.fetch_add(n, Ordering::SeqCst);
             }
             self.wake.notify_one();
-            return (Vec::new(), None);
+            return (handed, None);
         }
         let stopping = self.is_stopping();
         let mut freed = vec![0usize; self.pools.len()];
@@ -549,10 +720,17 @@ impl<S: Store + Coordination> Worker<S> {
         let activity = self.engine.activity();
         loop {
             let stopping = self.is_stopping();
+            if stopping && self.prefetch > 0 {
+                self.return_prefetched().await;
+            }
             let active = self.settling.load(Ordering::SeqCst);
             // An inline store's ends are stored by `report` itself.
             if stopping
-                && (self.inline || (active == 0 && self.done_is_empty() && self.in_flight() == 0))
+                && (self.inline
+                    || (active == 0
+                        && self.done_is_empty()
+                        && self.in_flight() == 0
+                        && self.ahead() == 0))
             {
                 break;
             }
@@ -569,20 +747,21 @@ impl<S: Store + Coordination> Worker<S> {
             for d in &batch {
                 self.slot_freed(d.slot, &d.end.id, d.end.epoch);
             }
+            // Free slots take prefetched runs first (they were claimed first).
+            let handed = self.hand_out_prefetched();
+            if !handed.is_empty() {
+                self.dispatch_or_release(&*dispatcher, handed).await;
+            }
             let starved = self.starved.load(Ordering::SeqCst);
             if !stopping {
                 // Announce hunger before claiming, so a start racing this
                 // claim leaves a wake-up permit instead of being missed.
                 self.engine.set_hungry_pools(self.free_pools());
             }
-            let claims: Vec<(Arc<str>, usize)> = if stopping || starved || !room {
+            let claims: Vec<ClaimPlan> = if stopping || starved || !room {
                 Vec::new()
             } else {
-                self.pools
-                    .iter()
-                    .map(|p| (p.name.clone(), p.reserve(usize::MAX)))
-                    .filter(|c| c.1 > 0)
-                    .collect()
+                self.plan_claims()
             };
             if batch.is_empty() && claims.is_empty() {
                 // Nothing to do until an end, a start (here or in another
@@ -634,16 +813,106 @@ impl<S: Store + Coordination> Worker<S> {
         }
     }
 
+    /// What each pool claims: its free slots, plus (prefetch on) the
+    /// room left in its prefetch queue.
+    fn plan_claims(&self) -> Vec<ClaimPlan> {
+        self.pools
+            .iter()
+            .enumerate()
+            .map(|(pool, p)| ClaimPlan {
+                pool,
+                slots: p.reserve(usize::MAX),
+                ahead: if self.prefetch > 0 {
+                    reserve_on(&p.ahead, self.prefetch, usize::MAX)
+                } else {
+                    0
+                },
+            })
+            .filter(|c| c.slots + c.ahead > 0)
+            .collect()
+    }
+
+    /// Gives back what a failed claim reserved.
+    fn release_plan(&self, plan: &[ClaimPlan]) {
+        for c in plan {
+            if let Some(p) = self.pools.get(c.pool) {
+                p.release(c.slots);
+                p.ahead.fetch_sub(c.ahead, Ordering::SeqCst);
+            }
+        }
+    }
+
+    /// Splits a claim's tickets: the best of each pool into the slots it
+    /// reserved, the rest into its prefetch queue; gives back the rest of
+    /// the reservation. The tickets to dispatch, and whether a pool found
+    /// fewer runs than it asked for (nothing more is due there).
+    fn place_claimed(
+        &self,
+        plan: &[ClaimPlan],
+        tickets: Vec<AttemptTicket>,
+    ) -> (Vec<AttemptTicket>, bool) {
+        let mut by_pool: Vec<Vec<AttemptTicket>> = plan.iter().map(|_| Vec::new()).collect();
+        for t in tickets {
+            match plan
+                .iter()
+                .position(|c| self.pools.get(c.pool).is_some_and(|p| p.name == t.run.pool))
+            {
+                Some(i) => by_pool[i].push(t),
+                None => by_pool[0].push(t),
+            }
+        }
+        let mut dispatch = Vec::new();
+        let mut short = false;
+        for (c, mut got) in plan.iter().zip(by_pool) {
+            let Some(p) = self.pools.get(c.pool) else {
+                continue;
+            };
+            short |= got.len() < c.slots + c.ahead;
+            let queued = got.split_off(got.len().min(c.slots));
+            p.release(c.slots - got.len());
+            p.ahead
+                .fetch_sub(c.ahead.saturating_sub(queued.len()), Ordering::SeqCst);
+            dispatch.extend(got);
+            p.enqueue_prefetched(queued);
+        }
+        (dispatch, short)
+    }
+
+    /// Hands tickets to JS; if JS is gone, stops and puts their runs back.
+    async fn dispatch_or_release<D: BatchDispatcher>(
+        &self,
+        dispatcher: &D,
+        tickets: Vec<AttemptTicket>,
+    ) {
+        let dispatched: Vec<(RunId, u32, Arc<str>)> = tickets
+            .iter()
+            .map(|t| (t.run.id, t.epoch, t.run.pool.clone()))
+            .collect();
+        if !dispatcher.dispatch(tickets) {
+            // JS is gone: hand the runs back.
+            self.stop();
+            for (id, epoch, pool) in dispatched {
+                let _ = self.on_store(move |e| e.release_attempt(&id, epoch)).await;
+                if let Some(slot) = self.pools.iter().position(|p| p.name == pool) {
+                    self.slot_freed(slot, &id, epoch);
+                }
+            }
+        }
+    }
+
     /// One transaction: ends in, claims out, tickets to JS.
     async fn settle<D: BatchDispatcher>(
         self: Arc<Self>,
         dispatcher: Arc<D>,
         batch: Vec<Done>,
-        claims: Vec<(Arc<str>, usize)>,
+        plan: Vec<ClaimPlan>,
     ) {
         // A copy: after a failed transaction the batch is tried again.
         let ends: Vec<AttemptEnd> = batch.iter().map(|d| d.end.clone()).collect();
-        let claims_for_tx = claims.clone();
+        let claims_for_tx: Vec<(Arc<str>, usize)> = plan
+            .iter()
+            .filter_map(|c| Some((self.pools.get(c.pool)?.name.clone(), c.slots + c.ahead)))
+            .collect();
         let result = self.on_store(move |e| e.settle(ends, &claims_for_tx)).await;
         let tickets = match result {
             Some(Ok(settled)) => {
@@ -659,7 +928,7 @@ impl<S: Store + Coordination> Worker<S> {
                 }
                 // Nothing changed: give the reservations back and try the
                 // ends again shortly (their runs stay running and leased).
-                self.release_unfilled(&claims, &[]);
+                self.release_plan(&plan);
                 self.requeue(batch);
                 // Try again soon, then less and less often while it keeps
                 // failing (an unreachable database is not hammered).
@@ -671,31 +940,22 @@ impl<S: Store + Coordination> Worker<S> {
                 return;
             }
         };
-        if self.release_unfilled(&claims, &tickets) {
+        if self.shared && !tickets.is_empty() {
+            // Prefetched ones too: their leases are renewed until they end.
+            if let Ok(mut h) = self.held.lock() {
+                for t in &tickets {
+                    h.insert(t.run.id, t.epoch);
+                }
+            }
+        }
+        let (mut tickets, short) = self.place_claimed(&plan, tickets);
+        if short {
             self.starved.store(true, Ordering::SeqCst);
         }
+        // Slots freed while this transaction ran take what it queued.
+        tickets.extend(self.hand_out_prefetched());
         if !tickets.is_empty() {
-            if self.shared {
-                if let Ok(mut h) = self.held.lock() {
-                    for t in &tickets {
-                        h.insert(t.run.id, t.epoch);
-                    }
-                }
-            }
-            let dispatched: Vec<(RunId, u32, Arc<str>)> = tickets
-                .iter()
-                .map(|t| (t.run.id, t.epoch, t.run.pool.clone()))
-                .collect();
-            if !dispatcher.dispatch(tickets) {
-                // JS is gone: hand the runs back.
-                self.stop();
-                for (id, epoch, pool) in dispatched {
-                    let _ = self.on_store(move |e| e.release_attempt(&id, epoch)).await;
-                    if let Some(slot) = self.pools.iter().position(|p| p.name == pool) {
-                        self.slot_freed(slot, &id, epoch);
-                    }
-                }
-            }
+            self.dispatch_or_release(&*dispatcher, tickets).await;
         }
         self.settling.fetch_sub(1, Ordering::SeqCst);
         self.wake.notify_one();

@@ -235,6 +235,61 @@ fn batch_settle_claims_and_finishes_in_one_transaction() {
     assert_eq!(get(RunStatus::Running), 30);
 }
 
+/// A stopping worker's prefetched attempts go back in one transaction:
+/// only current attempts are released (an older epoch or a finished run
+/// is left alone), and the released runs keep their due times, so the
+/// next claim takes them in the order they were first claimed, ahead of
+/// the runs queued behind them.
+#[test]
+fn released_prefetched_attempts_keep_their_place_in_one_batch() {
+    let Some((e, _)) = engine("release") else {
+        return;
+    };
+    e.register(spec("p")).unwrap();
+    let mut started = Vec::new();
+    for i in 0..12 {
+        started.push(e.start(req("p", &format!(r#"{{"i":{i}}}"#))).unwrap().id);
+        // Distinct due times: the claim order is the start order.
+        std::thread::sleep(std::time::Duration::from_millis(2));
+    }
+    let pool: Arc<str> = Arc::from("batch");
+    let Settled { tickets, .. } = e.settle(Vec::new(), &[(pool.clone(), 8)]).unwrap();
+    let claimed: Vec<RunId> = tickets.iter().map(|t| t.run.id).collect();
+    assert_eq!(claimed, started[..8]);
+    // The first finished; the second is presented with a stale epoch.
+    e.finish_attempt(
+        &tickets[0].run.id,
+        tickets[0].epoch,
+        AttemptOutcome::Completed(None),
+    )
+    .unwrap();
+    let mut back: Vec<(RunId, u32)> = tickets.iter().map(|t| (t.run.id, t.epoch)).collect();
+    back[1].1 += 7;
+    let released = e.release_attempts(&back).unwrap();
+    assert_eq!(
+        released, 6,
+        "the finished run and the stale epoch are not released"
+    );
+    let status = |id: &RunId| {
+        e.find_by_id(&id.to_string(), &TenantArg::Missing)
+            .unwrap()
+            .unwrap()
+    };
+    assert_eq!(status(&started[0]).status, RunStatus::Completed);
+    assert_eq!(status(&started[1]).status, RunStatus::Running);
+    for (t, id) in tickets.iter().zip(&started).skip(2) {
+        let row = status(id);
+        assert_eq!(row.status, RunStatus::Pending);
+        assert_eq!(row.run_at, t.run.run_at, "its due time is kept");
+        assert!(row.claimed_at.get().is_none() && !row.executing);
+    }
+    // The next claim: the released runs first, in their order, then the rest.
+    let Settled { tickets: again, .. } = e.settle(Vec::new(), &[(pool, 10)]).unwrap();
+    let order: Vec<RunId> = again.iter().map(|t| t.run.id).collect();
+    assert_eq!(order, started[2..]);
+    assert!(e.release_attempts(&[]).unwrap() == 0);
+}
+
 /// A database made by the TypeScript system (seed columns only, a run
 /// already in it) is upgraded in place by `migrate` and its runs work.
 #[test]

@@ -214,6 +214,7 @@ async fn the_outage_log_says_succeed_again_only_once_the_failing_writes_succeed(
         WorkerTimings {
             lease_ms: 100,
             poll_ms: 10,
+            ..WorkerTimings::default()
         },
     );
     let heard: Arc<Mutex<Vec<String>>> = Arc::new(Mutex::new(Vec::new()));

@@ -487,25 +487,45 @@ impl<S: Store> Engine<S> {
     /// sent a redelivered run behind every run queued while it ran: a
     /// killed worker's runs waited for the whole backlog.
     pub fn release_attempt(&self, run_id: &RunId, epoch: u32) -> Result<bool> {
+        self.release_attempts(&[(*run_id, epoch)]).map(|n| n == 1)
+    }
+
+    /// `release_attempt` for many attempts in one transaction (a stopping
+    /// worker's prefetched runs): their rows are read in one statement and
+    /// written in one. Returns how many were released. O(k log n).
+    pub fn release_attempts(&self, attempts: &[(RunId, u32)]) -> Result<usize> {
+        if attempts.is_empty() {
+            return Ok(0);
+        }
         let now = self.now();
         let released = self.write(|tx| {
-            let Some(run) = tx.run(run_id) else {
-                return Ok(false);
-            };
-            if run.status != RunStatus::Running || run.claim_epoch != epoch {
-                return Ok(false);
+            if attempts.len() > 1 {
+                let ids: Vec<RunId> = attempts.iter().map(|a| a.0).collect();
+                tx.prefetch(&ids);
             }
-            tx.update_run(run_id, &mut |r| {
-                r.status = RunStatus::Pending;
-                r.claimed_at = OptMillis::NONE;
-                r.started_at = OptMillis::NONE;
-                r.updated_at = now;
-                r.executing = false;
-                r.clear_wait();
-            });
-            Ok(true)
+            let mut n = 0;
+            for (run_id, epoch) in attempts {
+                let Some(run) = tx.run(run_id) else {
+                    continue;
+                };
+                if run.status != RunStatus::Running || run.claim_epoch != *epoch {
+                    continue;
+                }
+                tx.update_run(run_id, &mut |r| {
+                    r.status = RunStatus::Pending;
+                    r.claimed_at = OptMillis::NONE;
+                    r.started_at = OptMillis::NONE;
+                    r.updated_at = now;
+                    r.executing = false;
+                    r.clear_wait();
+                });
+                n += 1;
+            }
+            Ok(n)
         })?;
-        self.end_in_flight(run_id, epoch);
+        for (run_id, epoch) in attempts {
+            self.end_in_flight(run_id, *epoch);
+        }
         Ok(released)
     }
 

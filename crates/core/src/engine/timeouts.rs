@@ -147,6 +147,16 @@ impl<S: Store> Engine<S> {
         }
     }
 
+    /// Whether the attempt `epoch` of `id` is still open here: not ended,
+    /// canceled, timed out or released since it was claimed. A worker asks
+    /// before it hands out a prefetched attempt. O(1).
+    pub fn attempt_open(&self, id: &RunId, epoch: u32) -> bool {
+        self.open
+            .lock()
+            .map(|o| o.by_run.get(id).is_some_and(|a| a.epoch == epoch))
+            .unwrap_or(false)
+    }
+
     /// The attempt ended (its outcome applied, or it was released).
     pub(super) fn end_in_flight(&self, id: &RunId, epoch: u32) {
         if let Ok(mut open) = self.open.lock() {

@@ -2457,12 +2457,13 @@ mod tests {
         assert_ne!(named, events_channel(&"t".repeat(80)));
     }
 
-    /// Every statement of the durable waits is index-backed: planned with
+    /// Every statement of the durable waits, and of the worker's batched
+    /// claim and settle, is index-backed: planned with
     /// sequential scans off (so a small table does not hide a missing
     /// index), none scans a table whole. Needs a server, as
     /// `tests/postgres.rs` does (and skips the same way without one).
     #[test]
-    fn the_wait_statements_are_index_backed() {
+    fn the_wait_and_batch_statements_are_index_backed() {
         use super::*;
         let url = std::env::var("JOBFORGE_PG_URL")
             .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned());
@@ -2499,6 +2500,45 @@ mod tests {
             (SQL_PUSH_SIGNAL, &[&run, &"go", &Jsonb("1"), &now], "Insert"),
         ];
         for (tpl, params, index) in cases {
+            let sql = tpl.replace("{S}", &s).replace("{R}", RUN_COLS);
+            let plan = c
+                .query(&format!("EXPLAIN {sql}"), params)
+                .expect("explain")
+                .iter()
+                .map(|r| r.get::<_, String>(0))
+                .collect::<Vec<_>>()
+                .join("\n");
+            assert!(!plan.contains("Seq Scan"), "{sql}\n{plan}");
+            assert!(plan.contains(index), "{sql}\n{plan}");
+        }
+        // The worker's batch: one claim statement for many runs, one read
+        // and one write for many settled (or returned) runs, the heartbeat.
+        let ids: Vec<Uuid> = vec![run, Uuid::new_v4()];
+        let epochs: Vec<i32> = vec![1, 1];
+        let texts: Vec<Option<&str>> = vec![None, None];
+        let jsons: Vec<Option<Jsonb<'_>>> = vec![None, None];
+        let times: Vec<Option<Ms>> = vec![None, None];
+        let (status, stamps) = (vec!["completed"; 2], vec![Ms(0), Ms(0)]);
+        let (ints, bigs, flags) = (vec![1i32; 2], vec![1i64; 2], vec![false; 2]);
+        let pools = vec!["batch"; 2];
+        let batch: [(&str, &[&(dyn ToSql + Sync)], &str); 4] = [
+            (
+                SQL_CLAIMABLE,
+                &[&"batch", &now, &limit],
+                "job_run_claim_idx",
+            ),
+            (SQL_RUNS_LOCK, &[&ids], "job_run_pkey"),
+            (
+                SQL_UPDATE_RUNS,
+                &[
+                    &ids, &status, &jsons, &jsons, &stamps, &times, &times, &times, &ints, &stamps,
+                    &bigs, &ints, &flags, &ints, &pools, &texts, &times, &jsons,
+                ],
+                "job_run_pkey",
+            ),
+            (SQL_HEARTBEAT, &[&ids, &epochs, &now], "job_run_pkey"),
+        ];
+        for (tpl, params, index) in batch {
             let sql = tpl.replace("{S}", &s).replace("{R}", RUN_COLS);
             let plan = c
                 .query(&format!("EXPLAIN {sql}"), params)

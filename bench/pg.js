@@ -36,7 +36,7 @@
  *   node bench/pg.js [--n 20000] [--reps 1] [--procs 1,2,4] [--concurrency 24] [--pool 10]
  *                    [--inflight 20] [--enqueue-n 2000] [--rate 200] [--seconds 5]
  *                    [--limit 60 (seconds per throughput point)]
- *                    [--only graphile,graphileBatched,bullmq,jobforge] [--json <file>]
+ *                    [--only graphile,graphileBatched,bullmq,jobforge] [--json <file>] [--docs]
  *   JOBFORGE_PG_URL   database URL (default postgres://postgres@127.0.0.1:5432/test)
  */
 'use strict';
@@ -61,7 +61,7 @@ const redact = (url) => url.replace(/(\/\/[^:/@]+):[^@]*@/, '$1:***@');
 // ── arguments ──────────────────────────────────────────────────────────
 
 function parseArgs(argv) {
-  const a = { n: 20000, reps: 1, procs: [1, 2, 4], concurrency: 24, pool: 10, inflight: 20, enqueueN: 2000, rate: 200, seconds: 5, limitS: 60, only: null, json: null, worker: null };
+  const a = { n: 20000, reps: 1, procs: [1, 2, 4], concurrency: 24, pool: 10, inflight: 20, enqueueN: 2000, rate: 200, seconds: 5, limitS: 60, only: null, json: null, docs: false, worker: null };
   const int = (k, v) => {
     const x = Number(v);
     if (!Number.isInteger(x) || x < 1) throw new Error(`${k} needs a positive integer, got ${v}`);
@@ -86,6 +86,7 @@ function parseArgs(argv) {
     else if (k === '--limit') a.limitS = int(k, val());
     else if (k === '--only') a.only = val();
     else if (k === '--json') a.json = path.resolve(val());
+    else if (k === '--docs') a.docs = true;
     else if (k === '--worker') a.worker = JSON.parse(val()); // internal: worker role
     else throw new Error(`unknown option ${k}`);
   }
@@ -286,7 +287,7 @@ const SYSTEMS = {
       } catch {}
       return {
         version,
-        config: `jobforge ${version ?? '?'}: backend 'postgres', schema 'jf_bench', maxConnections = pool, startWorker({ pools: { batch: { concurrency } } })`,
+        config: `jobforge ${version ?? '?'}: backend 'postgres', schema 'jf_bench', maxConnections = pool, prefetch default (200 per pool), startWorker({ pools: { batch: { concurrency } } })`,
       };
     },
     async client(cfg) {
@@ -968,6 +969,29 @@ async function main(args) {
   results.durationS = (nowMs() - wall0) / 1000;
   console.log(`total ${results.durationS.toFixed(0)} s; load average at end ${results.load.end.map((x) => x.toFixed(2)).join(' / ')}`);
   writeJson();
+  if (args.docs) writeDocs(results, command);
+}
+
+/**
+ * `--docs`: rewrites section 6 of BENCHMARKS.md (inside the block bench/run.js
+ * generates, from its "### 6." heading to the next "### ") with this run,
+ * through bench/report.js's own renderer, so the rest of the block stays as
+ * the last full `npm run bench` wrote it (its Targets table included).
+ */
+function writeDocs(results, command) {
+  const report = require('./report');
+  const file = path.join(ROOT, 'BENCHMARKS.md');
+  const md = fs.readFileSync(file, 'utf8');
+  const head = '### 6. PostgreSQL backend vs graphile-worker (`bench/pg.js`)';
+  const at = md.indexOf(head);
+  const end = at < 0 ? -1 : md.indexOf('\n### ', at + head.length);
+  if (at < 0 || end < 0) {
+    console.log('BENCHMARKS.md has no section 6 to rewrite: left as it is');
+    return;
+  }
+  const body = report.pgSection({ command, pg: { present: true, direct: true, data: results, command, status: process.exitCode ?? 0, wallS: results.durationS } });
+  fs.writeFileSync(file, `${md.slice(0, at)}${head}\n\n${body}\n${md.slice(end)}`);
+  console.log('wrote section 6 of BENCHMARKS.md');
 }
 
 const args = parseArgs(process.argv.slice(2));

@@ -232,6 +232,17 @@ function computeTargets(results) {
 const PG_THROUGHPUT_MIN = 1.5;
 const PG_LATENCY_MAX = 1;
 const PG_PROCS = [1, 2, 4];
+/**
+ * Issue 23: drain ≥ 1.5× graphile-worker batched and ≥ 2× BullMQ at 1, 2
+ * and 4 processes; latency p50 and p99 ≤ graphile-worker batched. A system
+ * bench/pg.js skipped (BullMQ without Redis) gives n/a rows with its reason.
+ */
+const PG_RIVALS = [
+  { key: 'graphileBatched', label: 'graphile-worker batched', min: 1.5, latency: true },
+  { key: 'bullmq', label: 'BullMQ', min: 2, latency: false },
+];
+/** Every system bench/pg.js may report, in table order (jobforge first). */
+const PG_SYSTEMS = ['jobforge', 'graphile', 'graphileBatched', 'bullmq'];
 
 /** Why the PostgreSQL comparison has no figures, or null when it has them. */
 function pgUnavailable(results) {
@@ -272,6 +283,35 @@ function computePgTargets(results) {
       note: why ?? (r === null ? `not measured at ${p} process${p > 1 ? 'es' : ''}` : flags || null),
     });
   }
+  for (const rival of PG_RIVALS) {
+    const o = d?.systems?.[rival.key];
+    const off = why ?? (!o ? `${rival.label} not run by this bench/pg.js` : !o.available ? `${rival.label} skipped: ${o.reason}` : null);
+    for (const p of PG_PROCS) {
+      const r = off ? null : pgRatio(jf?.throughput?.[p]?.jobsPerS, o.throughput?.[p]?.jobsPerS);
+      t.push({
+        id: `pg-throughput-${rival.key}-${p}p`,
+        label: `PostgreSQL no-op jobs/s, ${p} worker process${p > 1 ? 'es' : ''}, jobforge/${rival.label}`,
+        measured: r,
+        display: fmtRatio(r),
+        threshold: `≥ ${rival.min}×`,
+        pass: r === null ? null : r >= rival.min,
+        note: off ?? (r === null ? `not measured at ${p} process${p > 1 ? 'es' : ''}` : null),
+      });
+    }
+    if (!rival.latency) continue;
+    for (const k of ['p50', 'p99']) {
+      const r = off ? null : pgRatio(jf?.latency?.[k], o.latency?.[k]);
+      t.push({
+        id: `pg-latency-${rival.key}-${k}`,
+        label: `PostgreSQL enqueue-to-start latency ${k}, jobforge/${rival.label}`,
+        measured: r,
+        display: fmtRatio(r),
+        threshold: `≤ ${PG_LATENCY_MAX}×`,
+        pass: r === null ? null : r <= PG_LATENCY_MAX,
+        note: off ?? (r === null ? 'not measured' : null),
+      });
+    }
+  }
   for (const k of ['p50', 'p99']) {
     const r = why ? null : pgRatio(jf?.latency?.[k], gw?.latency?.[k]);
     t.push({
@@ -298,12 +338,19 @@ function pgSection(results) {
   if (!pg || !pg.present) return `_${why}._`;
   lines.push(
     "jobforge's PostgreSQL backend against [graphile-worker](https://worker.graphile.org/) on the same database, the same machine and in the same run: " +
+      'in its default mode and in its batched mode (local queue, batched completions), and against BullMQ on the local Redis when one answers: ' +
       'no-op jobs/s with 1, 2 and 4 worker processes, and enqueue-to-start latency. ' +
-      `Target: jobforge ≥ ${PG_THROUGHPUT_MIN}× graphile-worker's throughput at each process count, with equal or lower latency (p50 and p99 ratio ≤ ${PG_LATENCY_MAX}).`,
+      `Targets: jobforge ≥ ${PG_THROUGHPUT_MIN}× graphile-worker's throughput at each process count, with equal or lower latency (p50 and p99 ratio ≤ ${PG_LATENCY_MAX}); ` +
+      `issue 23: ${PG_RIVALS.map((r) => `≥ ${r.min}× ${r.label}`).join(' and ')} at each process count, latency p50 and p99 ≤ graphile-worker batched.`,
   );
   lines.push('');
-  lines.push(`Command: \`${pg.command}\`, run by \`${results.command}\` as a child process (exit ${pg.status ?? pg.signal}${pg.timedOut ? ', timed out' : ''}, ${fmtS(pg.wallS)}).`);
-  if (d?.command) lines.push(`bench/pg.js recorded its command line as \`${d.command}\` (the JSON went to a temporary file).`);
+  if (pg.direct) {
+    // Written by `node bench/pg.js --docs` itself (this section only).
+    lines.push(`Command: \`${pg.command}\` (run directly; it rewrote this section only; exit ${pg.status}, ${fmtS(pg.wallS)}).`);
+  } else {
+    lines.push(`Command: \`${pg.command}\`, run by \`${results.command}\` as a child process (exit ${pg.status ?? pg.signal}${pg.timedOut ? ', timed out' : ''}, ${fmtS(pg.wallS)}).`);
+    if (d?.command) lines.push(`bench/pg.js recorded its command line as \`${d.command}\` (the JSON went to a temporary file).`);
+  }
   lines.push('');
   if (d?.skipped) {
     lines.push(`**Skipped** (no server, not a failure): ${d.skipped}`);
@@ -326,9 +373,10 @@ function pgSection(results) {
   const gw = d.systems?.graphile;
   lines.push('**Configuration.**');
   lines.push('');
-  for (const s of [gw, jf]) {
-    if (!s) continue;
-    lines.push(s.available ? `- ${s.config} (schema \`${s.schema}\`)` : `- ${s.label}: **skipped**: ${s.reason}`);
+  const all = PG_SYSTEMS.map((k) => d.systems?.[k]).filter(Boolean);
+  const live = all.filter((s) => s.available);
+  for (const s of all) {
+    lines.push(s.available ? `- ${s.config}${s.schema ? ` (schema \`${s.schema}\`)` : ''}` : `- ${s.label}: **skipped**: ${s.reason}`);
   }
   lines.push(
     `- each worker process: concurrency ${c.concurrency}, a pool of ${c.pool} connections; throughput N = ${fmtJobs(c.n)} jobs per point; ` +
@@ -348,7 +396,7 @@ function pgSection(results) {
     if (meth[k]) lines.push(`- ${label}: ${meth[k]}`);
   }
   const hows = new Set();
-  for (const s of [gw, jf]) {
+  for (const s of live) {
     for (const r of Object.values(s?.throughput ?? {})) if (r?.backlog?.how) hows.add(`${s.label}: ${r.backlog.how}`);
   }
   if (hows.size) lines.push(`- backlog enqueued in this run by: ${[...hows].join('; ')}`);
@@ -358,24 +406,23 @@ function pgSection(results) {
   lines.push('**Throughput** (no-op jobs/s, first handler start to last handler return across all worker processes):');
   lines.push('');
   const procs = c.procs ?? PG_PROCS;
-  const tput = procs.map((p) => {
-    const j = jf?.throughput?.[p];
-    const g = gw?.throughput?.[p];
-    const t = T.find((x) => x.id === `pg-throughput-${p}p`);
-    return [
-      String(p),
-      fmtJobs(j?.jobsPerS),
-      fmtJobs(g?.jobsPerS),
-      t ? t.display : fmtRatio(pgRatio(j?.jobsPerS, g?.jobsPerS)),
-      t ? t.threshold : '–',
-      t ? `**${verdict(t)}**${t.note && t.pass !== null ? ` (${t.note})` : ''}` : 'n/a',
-    ];
-  });
-  lines.push(mdTable(['worker processes', 'jobforge jobs/s', 'graphile-worker jobs/s', 'jobforge/graphile-worker', 'target', 'result'], tput));
+  const tput = procs.map((p) => [String(p), ...live.map((s) => fmtJobs(s.throughput?.[p]?.jobsPerS))]);
+  lines.push(mdTable(['worker processes', ...live.map((s) => `${s.label} jobs/s`)], tput));
+  lines.push('');
+  const cell = (t) => (t ? `${t.display} (${t.threshold}): **${verdict(t)}**` : '–');
+  const vs = [['graphile', 'graphile-worker', (p) => `pg-throughput-${p}p`], ...PG_RIVALS.map((r) => [r.key, r.label, (p) => `pg-throughput-${r.key}-${p}p`])];
+  lines.push(
+    mdTable(
+      ['worker processes', ...vs.map(([, label]) => `jobforge/${label}`)],
+      procs.map((p) => [String(p), ...vs.map(([, , id]) => cell(T.find((x) => x.id === id(p))))]),
+    ),
+  );
+  const offs = T.filter((x) => x.id.startsWith('pg-throughput-') && x.pass === null && x.note).map((x) => x.note);
+  if (offs.length) lines.push('', ...[...new Set(offs)].map((n) => `- n/a: ${n}`));
   lines.push('');
   const detail = [];
   for (const p of procs) {
-    for (const s of [jf, gw]) {
+    for (const s of live) {
       const r = s?.throughput?.[p];
       if (!r) continue;
       const bits = [
@@ -401,21 +448,23 @@ function pgSection(results) {
   lines.push(`**Enqueue-to-start latency** (one idle worker process, ${fmtJobs(c.rate)} jobs/s for ${c.seconds} s after ${fmtJobs(Math.ceil((c.rate ?? 0) / 2))} warm-up jobs):`);
   lines.push('');
   const latRows = [];
+  const latVs = [['graphile', 'graphile-worker', (k) => `pg-latency-${k}`], ['graphileBatched', 'graphile-worker batched', (k) => `pg-latency-graphileBatched-${k}`]];
   for (const k of ['p50', 'p90', 'p99', 'max']) {
-    const j = jf?.latency?.[k];
-    const g = gw?.latency?.[k];
-    const t = T.find((x) => x.id === `pg-latency-${k}`);
-    latRows.push([k, fmtMs(j), fmtMs(g), t ? t.display : fmtRatio(pgRatio(j, g)), t ? t.threshold : '–', t ? `**${verdict(t)}**` : '(not a target)']);
+    latRows.push([
+      k,
+      ...live.map((s) => fmtMs(s.latency?.[k])),
+      ...latVs.map(([key, , id]) => {
+        const t = T.find((x) => x.id === id(k));
+        return t ? cell(t) : `${fmtRatio(pgRatio(jf?.latency?.[k], d.systems?.[key]?.latency?.[k]))} (not a target)`;
+      }),
+    ]);
   }
   latRows.push([
     'jobs measured / achieved enqueue rate',
-    jf?.latency ? `${fmtJobs(jf.latency.measured)} / ${fmtJobs(jf.latency.achievedRate)}/s${jf.latency.timedOut ? ' (timed out)' : ''}` : '–',
-    gw?.latency ? `${fmtJobs(gw.latency.measured)} / ${fmtJobs(gw.latency.achievedRate)}/s${gw.latency.timedOut ? ' (timed out)' : ''}` : '–',
-    '',
-    '',
-    '',
+    ...live.map((s) => (s.latency ? `${fmtJobs(s.latency.measured)} / ${fmtJobs(s.latency.achievedRate)}/s${s.latency.timedOut ? ' (timed out)' : ''}` : '–')),
+    ...latVs.map(() => ''),
   ]);
-  lines.push(mdTable(['latency', 'jobforge', 'graphile-worker', 'jobforge/graphile-worker', 'target', 'result'], latRows));
+  lines.push(mdTable(['latency', ...live.map((s) => s.label), ...latVs.map(([, label]) => `jobforge/${label}`)], latRows));
   lines.push('');
 
   lines.push('**Enqueue** (not a target):');
@@ -444,7 +493,7 @@ function pgSection(results) {
   lines.push(mdTable(['', 'jobforge', 'graphile-worker', 'jobforge/graphile-worker'], enq));
   lines.push('');
   lines.push('Ratios are jobforge ÷ graphile-worker: above 1 means jobforge is faster for throughput and enqueue; below 1 means jobforge starts jobs sooner (latency) or its enqueue call is quicker.');
-  const problems = [...(d.problems ?? []), ...[jf, gw].flatMap((s) => (s?.errors ?? []).map((e) => `${s.label}: ${e.split('\n')[0]}`))];
+  const problems = [...(d.problems ?? []), ...live.flatMap((s) => (s?.errors ?? []).map((e) => `${s.label}: ${e.split('\n')[0]}`))];
   const uniq = [...new Set(problems)];
   if (uniq.length) {
     lines.push('', '**Problems reported by bench/pg.js:**', '', ...uniq.map((x) => `- ${x}`));
@@ -1225,6 +1274,7 @@ function consoleSummary(results) {
 }
 
 module.exports = {
+  pgSection,
   SCENARIOS,
   SHAPES,
   computePgTargets,

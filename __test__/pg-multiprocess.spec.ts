@@ -740,9 +740,12 @@ postgresOnly('multiprocess: a higher-priority run started while other processes 
   await fleet.until(() => ends.length >= 10, () => `10 completions (${ends.length})`, 30_000, 5);
   const createdAt = performance.timeOrigin + performance.now();
   const high = await o.start('mp.slow', { i: -1 }, { priority: 10 });
-  // Low runs still pending once the high one is committed: none may be
-  // claimed before it (a claim takes the best due run first, and a
-  // prefetch queue hands out the best it holds first).
+  // A claim whose transaction began after this saw the high run committed.
+  const committedBy = Date.now();
+  // Low runs still pending once the high one is committed: none claimed
+  // by a later transaction may be claimed before it (a claim takes the
+  // best due run first, and a prefetch queue hands out the best it holds
+  // first).
   const pendingAfter = (await db.query(`SELECT id FROM ${schema}.job_run WHERE status = 'pending' AND id <> $1`, [high.id])).rows.map((r) => r.id as string);
   t.true(pendingAfter.length >= 50, `a backlog was left when the high-priority run started (${pendingAfter.length})`);
   let counts: PoolStatusCount[] = [];
@@ -761,8 +764,18 @@ postgresOnly('multiprocess: a higher-priority run started while other processes 
     (await db.query(`SELECT id, (extract(epoch from started_at) * 1000)::float8 AS at FROM ${schema}.job_run`)).rows.map((r) => [r.id as string, Number(r.at)]),
   );
   const highAt = claimedAt.get(high.id)!;
-  const before = pendingAfter.filter((id) => claimedAt.get(id)! < highAt);
-  t.deepEqual(before, [], 'no low run still pending when the high one started was claimed before it');
+  // (A claim that began before the start committed may still take a low
+  // run after that: it could not see the high one. And started_at is the
+  // claim transaction's clock, read before its claim statement runs: of
+  // two claims running at once, the one stamped earlier may lock its row
+  // later, by up to a transaction's duration, hence the slack.)
+  const TX_SLACK_MS = 100;
+  const before = pendingAfter.filter((id) => claimedAt.get(id)! > committedBy && claimedAt.get(id)! < highAt - TX_SLACK_MS);
+  t.deepEqual(
+    before.map((id) => `${(highAt - claimedAt.get(id)!).toFixed(1)} ms before, ${(claimedAt.get(id)! - committedBy).toFixed(1)} ms after the commit`),
+    [],
+    'no low run claimed once the high one was committed was claimed before it',
+  );
   // Executions: after it was created, at most what the processes had
   // claimed already (their slots and prefetch queues) began before it.
   const highStart = ends.find((r) => r[0] === high.id)![2];

@@ -1058,7 +1058,7 @@ impl StoreTx for MemoryTx<'_> {
             let prev = steps
                 .position(&row.step_id)
                 .map(|i| Box::new(steps.rows[i].clone()));
-            u.push(Undo::Step(row.job_run_id, row.step_id.clone().into(), prev));
+            u.push(Undo::Step(row.job_run_id, row.step_id.clone(), prev));
         }
         match steps.position(&row.step_id) {
             Some(i) => steps.rows[i] = row,

@@ -291,3 +291,11 @@ postgresOnly('grouped starts answer the rows single starts answer (groupStarts: 
   const ids = (v: (JobRun | string)[]) => [...new Set(v.flatMap((r) => (typeof r === 'string' ? [] : [r.id])))];
   t.true((await writers(single.schema, ids(s))).length > 1, 'without grouping, one transaction per start');
 });
+
+postgresOnly('close() lets the starts made before it go in', async (t, make) => {
+  const { o, schema } = await onSchema(t, make, true);
+  const started = [o.start('plain', { n: 1 }), o.start('plain', { n: 2 })];
+  await o.close();
+  const runs = await Promise.all(started);
+  t.is((await writers(schema, runs.map((r) => r.id))).length, 1);
+});

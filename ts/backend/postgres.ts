@@ -83,7 +83,8 @@ export class PostgresBackend extends NativeBackend implements Backend {
   /** Starts waiting for the next group (see `PostgresOptions.groupStarts`). */
   private waiting: GroupedStart[] = [];
   private groupArmed = false;
-  private groupInFlight = false;
+  /** The group in flight (settles when its starts are answered), or null. */
+  private groupInFlight: Promise<void> | null = null;
 
   constructor(
     o: { multiTenant: boolean; clock: 'system' | 'manual'; retention?: { completedMs?: number | undefined; failedMs?: number | undefined } | undefined },
@@ -156,6 +157,11 @@ export class PostgresBackend extends NativeBackend implements Backend {
 
   async close(): Promise<void> {
     await this.registering.catch(() => undefined);
+    // Starts made before close() still go in (their promises settle).
+    while (this.groupInFlight !== null || this.waiting.length > 0) {
+      if (this.groupInFlight === null) this.sendGroup();
+      await this.groupInFlight;
+    }
     this.native.close();
   }
 
@@ -201,19 +207,19 @@ export class PostgresBackend extends NativeBackend implements Backend {
    * process could take the same lane and dedupe locks in opposite orders.
    */
   private armGroup(): void {
-    if (this.groupArmed || this.groupInFlight || this.waiting.length === 0) return;
+    if (this.groupArmed || this.groupInFlight !== null || this.waiting.length === 0) return;
     this.groupArmed = true;
     setImmediate(this.sendGroup);
   }
 
   private readonly sendGroup = (): void => {
     this.groupArmed = false;
+    if (this.groupInFlight !== null) return; // its end sends the next
     const group = this.waiting.length <= GROUP_MAX ? this.waiting : this.waiting.slice(0, GROUP_MAX);
     this.waiting = group === this.waiting ? [] : this.waiting.slice(GROUP_MAX);
     if (group.length === 0) return;
-    this.groupInFlight = true;
-    this.runGroup(group).finally(() => {
-      this.groupInFlight = false;
+    this.groupInFlight = this.runGroup(group).finally(() => {
+      this.groupInFlight = null;
       this.armGroup();
     });
   };

@@ -212,7 +212,7 @@ impl<S: Store> Engine<S> {
             error,
         })?;
         self.deliver(fx);
-        self.wake_pools_of(&rows);
+        self.wake_pools_of(rows.iter());
         Ok(rows)
     }
 
@@ -244,26 +244,14 @@ impl<S: Store> Engine<S> {
                 .collect::<Vec<_>>())
         })?;
         self.deliver(fx);
-        let mut pools: Vec<&Arc<str>> = Vec::new();
-        for row in answers.iter().flatten() {
-            if !pools.contains(&&row.pool) {
-                pools.push(&row.pool);
-            }
-        }
-        for pool in pools {
-            self.wake_worker_for(pool);
-        }
+        self.wake_pools_of(answers.iter().flatten());
         Ok(answers)
     }
 
-    /// Wakes the worker for the pools of `rows` (each once).
-    fn wake_pools_of(&self, rows: &[RunRow]) {
-        let mut pools: Vec<&Arc<str>> = Vec::new();
-        for row in rows {
-            if !pools.contains(&&row.pool) {
-                pools.push(&row.pool);
-            }
-        }
+    /// Wakes the worker for the pools of `rows` (each once: a set, as a
+    /// batch may name thousands of pools).
+    fn wake_pools_of<'r>(&self, rows: impl Iterator<Item = &'r RunRow>) {
+        let pools: std::collections::HashSet<&str> = rows.map(|r| &*r.pool).collect();
         for pool in pools {
             self.wake_worker_for(pool);
         }

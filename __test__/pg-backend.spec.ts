@@ -178,7 +178,8 @@ postgresOnly('an expired lease is swept back to pending and run by another worke
 });
 
 postgresOnly('connections the server ends (restart, failover, pg_terminate_backend) are replaced without failing a call', async (t, make) => {
-  const opts = make.options({ loggerFactory: () => silentLogger, postgres: { url: PG_URL, maxConnections: 3 } });
+  // One transaction per start (no grouping), so the concurrent starts below fill the pool.
+  const opts = make.options({ loggerFactory: () => silentLogger, postgres: { url: PG_URL, maxConnections: 3, groupStarts: false } });
   const app = `jobforge:${opts.postgres?.schema}`; // what the pool names its connections
   const o = new JobOrchestrator(opts);
   t.teardown(() => o.close());

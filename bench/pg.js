@@ -4,7 +4,11 @@
  * on the same database, no-op jobs.
  *
  * 1. Enqueue: 2000 single-job enqueue calls (graphile-worker `addJob`,
- *    jobforge `start`), 20 in flight, into an empty schema with no worker.
+ *    jobforge `start`), 20 in flight, into an empty schema with no worker;
+ *    jobforge twice, with its grouped starts (the default) and without
+ *    (`postgres.groupStarts: false`, one transaction per start). Then
+ *    bulk: 20,000 jobs in calls of 1,000, one call at a time
+ *    (graphile-worker `addJobs`, jobforge `startMany`), into an empty schema.
  * 2. Throughput, with 1, 2 and 4 worker processes (this script forked in its
  *    worker role, each running one worker with concurrency 20 and a pool of
  *    10 connections). Method: the schema is dropped and migrated, the parent
@@ -34,7 +38,7 @@
  * `migrate()`; until then it is skipped with the reason.
  *
  *   node bench/pg.js [--n 20000] [--reps 1] [--procs 1,2,4] [--concurrency 24] [--pool 10]
- *                    [--inflight 20] [--enqueue-n 2000] [--rate 200] [--seconds 5]
+ *                    [--inflight 20] [--enqueue-n 2000] [--bulk-n 20000] [--rate 200] [--seconds 5]
  *                    [--limit 60 (seconds per throughput point)]
  *                    [--only graphile,graphileBatched,bullmq,jobforge] [--json <file>] [--docs]
  *   JOBFORGE_PG_URL   database URL (default postgres://postgres@127.0.0.1:5432/test)
@@ -61,7 +65,7 @@ const redact = (url) => url.replace(/(\/\/[^:/@]+):[^@]*@/, '$1:***@');
 // ── arguments ──────────────────────────────────────────────────────────
 
 function parseArgs(argv) {
-  const a = { n: 20000, reps: 1, procs: [1, 2, 4], concurrency: 24, pool: 10, inflight: 20, enqueueN: 2000, rate: 200, seconds: 5, limitS: 60, only: null, json: null, docs: false, worker: null };
+  const a = { n: 20000, reps: 1, procs: [1, 2, 4], concurrency: 24, pool: 10, inflight: 20, enqueueN: 2000, bulkN: 20000, rate: 200, seconds: 5, limitS: 60, only: null, json: null, docs: false, worker: null };
   const int = (k, v) => {
     const x = Number(v);
     if (!Number.isInteger(x) || x < 1) throw new Error(`${k} needs a positive integer, got ${v}`);
@@ -81,6 +85,7 @@ function parseArgs(argv) {
     else if (k === '--pool') a.pool = int(k, val());
     else if (k === '--inflight') a.inflight = int(k, val());
     else if (k === '--enqueue-n') a.enqueueN = int(k, val());
+    else if (k === '--bulk-n') a.bulkN = int(k, val());
     else if (k === '--rate') a.rate = int(k, val());
     else if (k === '--seconds') a.seconds = int(k, val());
     else if (k === '--limit') a.limitS = int(k, val());
@@ -154,6 +159,8 @@ function graphileSystem(label, schema, batched) {
         enqueueBulk: async (inputs) => {
           for (let k = 0; k < inputs.length; k += 1000) await utils.addJobs(inputs.slice(k, k + 1000).map((payload) => ({ identifier: JOB, payload })));
         },
+        /** One bulk call (the enqueue scenario's bulk half). */
+        enqueueBatch: (inputs) => utils.addJobs(inputs.map((payload) => ({ identifier: JOB, payload }))),
         /** Jobs still in the table (graphile-worker deletes a job when it completes). */
         pendingAfter: async (pg) => Number((await pg.query(`select count(*)::int as c from ${schema}._private_jobs`)).rows[0].c),
         close: () => utils.release(),
@@ -231,6 +238,8 @@ const SYSTEMS = {
         enqueueBulk: async (inputs) => {
           for (let k = 0; k < inputs.length; k += 1000) await q.addBulk(inputs.slice(k, k + 1000).map((data) => ({ name: JOB, data })));
         },
+        /** One bulk call (the enqueue scenario's bulk half). */
+        enqueueBatch: (inputs) => q.addBulk(inputs.map((data) => ({ name: JOB, data }))),
         pendingAfter: async () => {
           const c = await q.getJobCounts('wait', 'active', 'delayed', 'prioritized', 'paused', 'waiting-children');
           return Object.values(c).reduce((s, x) => s + x, 0);
@@ -262,7 +271,7 @@ const SYSTEMS = {
       const { JobOrchestrator } = require(path.join(ROOT, 'dist'));
       return new JobOrchestrator({
         backend: 'postgres',
-        postgres: { url: cfg.url, schema: SYSTEMS.jobforge.schema, maxConnections: cfg.pool },
+        postgres: { url: cfg.url, schema: SYSTEMS.jobforge.schema, maxConnections: cfg.pool, groupStarts: cfg.groupStarts },
         loggerFactory: () => quietJobforgeLogger,
       });
     },
@@ -301,6 +310,8 @@ const SYSTEMS = {
           o.registerHandler(JOB, { pool: 'batch' }, async () => {});
         },
         enqueue: (input) => o.start(JOB, input),
+        /** One bulk call (the enqueue scenario's bulk half). */
+        enqueueBatch: (inputs) => o.startMany(inputs.map((input) => ({ type: JOB, input }))),
         /** Runs of the benchmark not completed, if the orchestrator can count them. */
         pendingAfter: async () => {
           if (typeof o.countByPoolAndStatus !== 'function') return null;
@@ -477,6 +488,15 @@ async function enqueueSingles(client, count, inflight, input) {
   return count / ((nowMs() - t0) / 1000);
 }
 
+/** Enqueues `count` jobs in bulk calls of `batch`, one call at a time; returns jobs/s. */
+async function enqueueBatches(client, count, batch, input) {
+  const t0 = nowMs();
+  for (let k = 0; k < count; k += batch) {
+    await client.enqueueBatch(Array.from({ length: Math.min(batch, count - k) }, (_, j) => input(k + j)));
+  }
+  return count / ((nowMs() - t0) / 1000);
+}
+
 /** The throughput backlog: the system's bulk path if it has one, else single calls. */
 async function enqueueBacklog(client, n, inflight) {
   const t0 = nowMs();
@@ -527,16 +547,40 @@ async function withClient(sys, cfg, f) {
   }
 }
 
-/** Single-job enqueue calls into an empty schema, `inflight` outstanding (no worker running). */
-async function enqueuePoint(pg, name, opt) {
+/**
+ * Enqueue into an empty schema, no worker running: single-job calls,
+ * `inflight` outstanding (jobforge also with `groupStarts: false`, on a
+ * client of its own, the two in alternating order by repetition), then
+ * `bulkN` jobs in bulk calls of 1,000, one at a time. Each measure after
+ * a schema reset and a warm-up (200 single calls; one bulk call) that is
+ * not counted.
+ */
+async function enqueuePoint(pg, name, opt, rep = 0) {
   const sys = SYSTEMS[name];
-  const cfg = { url: opt.url, concurrency: opt.concurrency, pool: opt.pool };
-  return withClient(sys, cfg, async (client) => {
+  const singles = (groupStarts) =>
+    withClient(sys, { url: opt.url, concurrency: opt.concurrency, pool: opt.pool, groupStarts }, async (client) => {
+      await resetSchema(pg, sys, client);
+      await enqueueSingles(client, Math.min(200, opt.enqueueN), opt.inflight, (i) => ({ i, warm: true })); // warm-up
+      return enqueueSingles(client, opt.enqueueN, opt.inflight, (i) => ({ i }));
+    });
+  const out = { jobs: opt.enqueueN, inflight: opt.inflight };
+  if (name === 'jobforge') {
+    // The same run measures both: grouped (the default) and one transaction per start.
+    for (const grouped of rep % 2 === 0 ? [true, false] : [false, true]) {
+      if (grouped) out.jobsPerS = await singles(undefined);
+      else out.ungroupedJobsPerS = await singles(false);
+    }
+  } else {
+    out.jobsPerS = await singles(undefined);
+  }
+  out.bulkJobs = opt.bulkN;
+  out.bulkBatch = 1000;
+  out.bulkJobsPerS = await withClient(sys, { url: opt.url, concurrency: opt.concurrency, pool: opt.pool }, async (client) => {
     await resetSchema(pg, sys, client);
-    await enqueueSingles(client, Math.min(200, opt.enqueueN), opt.inflight, (i) => ({ i, warm: true })); // warm-up
-    const jobsPerS = await enqueueSingles(client, opt.enqueueN, opt.inflight, (i) => ({ i }));
-    return { jobs: opt.enqueueN, inflight: opt.inflight, jobsPerS };
+    await enqueueBatches(client, 1000, 1000, (i) => ({ i, warm: true })); // warm-up
+    return enqueueBatches(client, opt.bulkN, 1000, (i) => ({ i }));
   });
+  return out;
 }
 
 async function throughputPoint(pg, name, procs, opt) {
@@ -721,6 +765,8 @@ function printTable(results) {
     fmtMs,
   );
   row(`enqueue, single calls, ${results.config.inflight} in flight`, (s) => s.enqueue?.jobsPerS, jobsPerS);
+  row(`enqueue, single calls, ${results.config.inflight} in flight (jobforge: groupStarts false)`, (s) => s.enqueue?.ungroupedJobsPerS ?? s.enqueue?.jobsPerS, jobsPerS);
+  row('enqueue, bulk calls of 1,000 (addJobs / startMany)', (s) => s.enqueue?.bulkJobsPerS, jobsPerS);
   for (const k of ['p50', 'p90', 'p99', 'max']) row(`start latency ${k}`, (s) => s.latency?.[k], fmtMs);
   const head = ['', ...shown.map((k) => results.systems[k].label), ...(jf ? others.map((k) => `jf/${results.systems[k].label}`) : [])];
   const w = head.map((h, i) => Math.max(h.length, ...rows.map((r) => String(r[i]).length)) + 2);
@@ -750,12 +796,13 @@ async function main(args) {
       pool: args.pool,
       inflight: args.inflight,
       enqueueN: args.enqueueN,
+      bulkN: args.bulkN,
       rate: args.rate,
       seconds: args.seconds,
       latencyProcs: 1,
       limitS: args.limitS,
       method: {
-        enqueue: '`enqueueN` single-job enqueue calls (graphile-worker addJob, jobforge start), `inflight` outstanding, into an empty schema, no worker running, after 200 warm-up calls',
+        enqueue: '`enqueueN` single-job enqueue calls (graphile-worker addJob, jobforge start), `inflight` outstanding, into an empty schema, no worker running, after 200 warm-up calls; jobforge twice, grouped starts (default) and groupStarts false (ungroupedJobsPerS), on fresh schemas, alternating which goes first by repetition; then `bulkN` jobs in bulk calls of 1000 (graphile-worker addJobs, jobforge startMany), one call at a time, into an empty schema after one warm-up call (bulkJobsPerS)',
         repetitions: 'each repetition runs every scenario for both systems, alternating which goes first; each figure of a point is the median over repetitions (all repetitions under reps)',
         throughput:
           "backlog of n jobs enqueued with no worker running (graphile-worker: addJobs, 1000 per call; jobforge: start(), `inflight` outstanding), not timed; workers forked and loaded, then started together; first handler start to last handler return across all workers; every index must run exactly once; settleLagMs: from the last handler return until the table first holds no unsettled job (polled every 5 ms from 98% of the handlers on)",
@@ -806,7 +853,7 @@ async function main(args) {
   const load = results.load.start.map((x) => x.toFixed(2)).join(' / ');
   console.log(`# load average (1/5/15 min) at start: ${load}${results.load.start[0] >= 1 ? ': the machine is busy, figures move with other load' : ''}`);
   console.log(
-    `# enqueue: ${fmt(args.enqueueN)} single-job calls, ${args.inflight} in flight, empty schema, no worker running`,
+    `# enqueue: ${fmt(args.enqueueN)} single-job calls, ${args.inflight} in flight (jobforge grouped and not), then ${fmt(args.bulkN)} jobs in bulk calls of 1,000; empty schema, no worker running`,
   );
   console.log(
     `# throughput: N=${fmt(args.n)} no-op jobs, ${args.procs.join('/')} worker process(es) x concurrency ${args.concurrency}, pool ${args.pool} connections each; backlog enqueued first (not timed), then the workers started together; first handler start to last handler return`,
@@ -816,7 +863,7 @@ async function main(args) {
   );
 
   const names = Object.keys(SYSTEMS).filter((n) => !args.only || args.only.includes(n));
-  const opt = { url, n: args.n, concurrency: args.concurrency, pool: args.pool, inflight: args.inflight, enqueueN: args.enqueueN, rate: args.rate, seconds: args.seconds, limitS: args.limitS };
+  const opt = { url, n: args.n, concurrency: args.concurrency, pool: args.pool, inflight: args.inflight, enqueueN: args.enqueueN, bulkN: args.bulkN, rate: args.rate, seconds: args.seconds, limitS: args.limitS };
   const live = [];
   for (const name of names) {
     const sys = SYSTEMS[name];
@@ -851,9 +898,10 @@ async function main(args) {
       const s = results.systems[name];
       if (s.failed) continue;
       try {
-        const r = await enqueuePoint(pg, name, opt);
+        const r = await enqueuePoint(pg, name, opt, rep);
         s.reps.enqueue.push(r);
-        log('enqueue', s, '', `${fmt(r.jobsPerS)} jobs/s (${fmt(r.jobs)} single calls, ${r.inflight} in flight)`);
+        const ungrouped = r.ungroupedJobsPerS === undefined ? '' : `; ${fmt(r.ungroupedJobsPerS)} jobs/s with groupStarts false, grouped/ungrouped ${(r.jobsPerS / r.ungroupedJobsPerS).toFixed(2)}`;
+        log('enqueue', s, '', `${fmt(r.jobsPerS)} jobs/s (${fmt(r.jobs)} single calls, ${r.inflight} in flight${ungrouped}); bulk ${fmt(r.bulkJobsPerS)} jobs/s (${fmt(r.bulkJobs)} in calls of ${fmt(r.bulkBatch)})`);
       } catch (e) {
         fail(s, name, 'enqueue', e, 'enqueue');
       }
@@ -920,6 +968,8 @@ async function main(args) {
       note: 'jobforge / graphile-worker: throughput > 1 means jobforge is faster, latency < 1 means jobforge starts jobs sooner',
       throughput: Object.fromEntries(args.procs.map((p) => [p, r(jf.throughput[p]?.jobsPerS, gw.throughput[p]?.jobsPerS)])),
       enqueue: r(jf.enqueue?.jobsPerS, gw.enqueue?.jobsPerS),
+      enqueueBulk: r(jf.enqueue?.bulkJobsPerS, gw.enqueue?.bulkJobsPerS),
+      enqueueGroupedVsUngrouped: r(jf.enqueue?.jobsPerS, jf.enqueue?.ungroupedJobsPerS),
       latencyP50: r(jf.latency?.p50, gw.latency?.p50),
       latencyP99: r(jf.latency?.p99, gw.latency?.p99),
     };
@@ -948,7 +998,7 @@ async function main(args) {
     const t = results.ratios.throughput;
     const f = (x) => (x === null ? '–' : x.toFixed(2));
     console.log(
-      `ratio jobforge/graphile-worker: throughput ${args.procs.map((p) => `${p}p ${f(t[p])}`).join(', ')}; enqueue ${f(results.ratios.enqueue)}; latency p50 ${f(results.ratios.latencyP50)}, p99 ${f(results.ratios.latencyP99)}`,
+      `ratio jobforge/graphile-worker: throughput ${args.procs.map((p) => `${p}p ${f(t[p])}`).join(', ')}; enqueue ${f(results.ratios.enqueue)}, bulk ${f(results.ratios.enqueueBulk)} (jobforge grouped/ungrouped ${f(results.ratios.enqueueGroupedVsUngrouped)}); latency p50 ${f(results.ratios.latencyP50)}, p99 ${f(results.ratios.latencyP99)}`,
     );
   } else {
     console.log('ratio jobforge/graphile-worker: – (needs both systems)');

@@ -48,6 +48,7 @@ operations!(
     definition,
     start,
     start_preflight,
+    start_many,
     cancel,
     replay,
     claim_next,
@@ -196,6 +197,87 @@ fn start<S: AnyStore>(e: &Engine<S>, req: &str) -> Result<String> {
             .map_err(to_napi);
     }
     e.start(sr).map(|r| wire::row_text(&r)).map_err(to_napi)
+}
+
+/// `{entries: [{type, input, opts?}…], grouped?}` → the runs, in entry
+/// order, all or none (`Engine::start_many`): a refused entry is its error
+/// with its `index` (`wire::entry_error_text`). `grouped`: starts that
+/// arrived together, each on its own (`Engine::start_group`): an answer
+/// per entry, its row or its error (`wire::group_text`).
+fn start_many<S: AnyStore>(e: &Engine<S>, req: &str) -> Result<String> {
+    #[derive(Deserialize)]
+    #[serde(deny_unknown_fields)]
+    struct Req<'a> {
+        #[serde(borrow)]
+        entries: Vec<&'a RawValue>,
+        #[serde(default)]
+        grouped: bool,
+    }
+    let r: Req = request(req, "startMany")?;
+    let entry_err = |error: JobError, index: usize| {
+        napi::Error::new(
+            napi::Status::GenericFailure,
+            wire::entry_error_text(&error, index),
+        )
+    };
+    let read = |entry: &RawValue| -> std::result::Result<StartRequest, JobError> {
+        let entry: StartReq =
+            serde_json::from_str(entry.get()).map_err(|err| JobError::JobInputInvalid {
+                reason: format!("{err}"),
+            })?;
+        let mut sr = StartRequest {
+            job_type: entry.r#type,
+            input: entry.input.to_owned(),
+            ..StartRequest::default()
+        };
+        if let Some(o) = entry.opts {
+            o.apply(&mut sr)?;
+        }
+        Ok(sr)
+    };
+    if r.grouped {
+        // An entry that cannot be read is that start's error alone.
+        type Answer = std::result::Result<jobforge_core::RunRow, JobError>;
+        let mut answers: Vec<Option<Answer>> = Vec::with_capacity(r.entries.len());
+        let mut reqs = Vec::with_capacity(r.entries.len());
+        let mut slots = Vec::with_capacity(r.entries.len());
+        for entry in &r.entries {
+            match read(entry) {
+                Ok(sr) => {
+                    slots.push(answers.len());
+                    answers.push(None);
+                    reqs.push(sr);
+                }
+                Err(err) => answers.push(Some(Err(err))),
+            }
+        }
+        let started = e.start_group(reqs).map_err(to_napi)?;
+        for (slot, answer) in slots.into_iter().zip(started) {
+            answers[slot] = Some(answer);
+        }
+        let answers: Vec<Answer> = answers
+            .into_iter()
+            .map(|a| {
+                a.unwrap_or_else(|| {
+                    Err(JobError::JobInputInvalid {
+                        reason: "the group answered no start".to_owned(),
+                    })
+                })
+            })
+            .collect();
+        return Ok(wire::group_text(&answers));
+    }
+    let mut reqs = Vec::with_capacity(r.entries.len());
+    for (i, entry) in r.entries.iter().enumerate() {
+        reqs.push(read(entry).map_err(|err| entry_err(err, i))?);
+    }
+    match e.start_many(reqs) {
+        Ok(rows) => Ok(wire::rows_text(&rows)),
+        Err(b) => Err(match b.index {
+            Some(i) => entry_err(b.error, i),
+            None => to_napi(b.error),
+        }),
+    }
 }
 
 /// The checks of `start` before its keys (see `Engine::start_preflight`).

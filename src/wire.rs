@@ -77,6 +77,38 @@ pub fn error_text(e: &JobError) -> String {
     format!("{ERROR_PREFIX}{payload}")
 }
 
+/// The error of a `startMany` entry: `error_text` with the entry's
+/// `index`, which JS puts in front of the message (`entries[3]: …`).
+pub fn entry_error_text(e: &JobError, index: usize) -> String {
+    let text = error_text(e);
+    // `error_text` ends its payload with `}`: add the field before it.
+    match text.strip_suffix('}') {
+        Some(head) => format!("{head},\"index\":{index}}}"),
+        None => text,
+    }
+}
+
+/// `startMany`'s grouped answer: per start, its row (a tuple) or its
+/// error (`{"error": error_text}`), in order.
+pub fn group_text(answers: &[std::result::Result<RunRow, JobError>]) -> String {
+    let mut out = String::from("[");
+    for (i, a) in answers.iter().enumerate() {
+        if i > 0 {
+            out.push(',');
+        }
+        match a {
+            Ok(r) => out.push_str(&r.to_compact_json()),
+            Err(e) => {
+                out.push_str("{\"error\":");
+                out.push_str(&Value::String(error_text(e)).to_string());
+                out.push('}');
+            }
+        }
+    }
+    out.push(']');
+    out
+}
+
 pub fn to_napi(e: JobError) -> Error {
     Error::new(Status::GenericFailure, error_text(&e))
 }

@@ -28,6 +28,7 @@ export type {
   ScheduleOptions,
   SignalResult,
   ResumeResult,
+  StartEntry,
   StartOptions,
   TenantOptions,
   TypedScheduleOptions,

@@ -17,7 +17,7 @@ export type NativeEngine = import('../index').NativeEngine;
 
 /** The engine's operations this build calls (`ops.rs`'s list). */
 const OP_NAMES = [
-  'migrate', 'storedJobTypes', 'register', 'definition', 'start', 'startPreflight', 'cancel', 'replay',
+  'migrate', 'storedJobTypes', 'register', 'definition', 'start', 'startPreflight', 'startMany', 'cancel', 'replay',
   'claimNext', 'beginAttempt', 'finishAttempt', 'attemptLive', 'releaseAttempt', 'expireAttempts', 'stepBegin', 'stepComplete',
   'stepFail', 'findById', 'getRun', 'countRuns', 'listSteps', 'findStep', 'recordStep', 'listForScope', 'cancelForScope',
   'rescheduleForScope', 'countByPoolAndStatus', 'listRecentFailed', 'listJobRuns', 'getRunTree', 'putSchedule',

@@ -34,6 +34,7 @@ import {
   checkOptions,
   checkTenant,
   definitionSpec,
+  prepareMany,
   prepareStart,
   recordStepRequest,
   requireDate,
@@ -80,6 +81,17 @@ export interface JobOrchestratorOptions {
 }
 
 export type StartOptions = StartOptionsInput;
+
+/**
+ * One entry of `startMany`: a job type, its input (checked against the
+ * job map as `start` checks it; left out where `start` may leave it out)
+ * and `start`'s options.
+ */
+export type StartEntry<Jobs = AnyJobs> = {
+  [K in JobTypeName<Jobs>]: K extends OptionalInputName<Jobs>
+    ? { type: K; input?: Jobs[K] | null; opts?: StartOptions | undefined }
+    : { type: K; input: Jobs[K]; opts?: StartOptions | undefined };
+}[JobTypeName<Jobs>];
 
 export interface CancelOptions {
   cascade?: boolean | undefined;
@@ -395,6 +407,34 @@ export class JobOrchestrator<Jobs extends JobMap = AnyJobs> {
     // The hot path: no closure, no extra promise.
     try {
       return this.store.start(prepareStart(type, input, opts, this.handlers.get(type)));
+    } catch (e) {
+      return Promise.reject(e);
+    }
+  }
+
+  /**
+   * Starts many runs in one transaction, all or none; resolves with the
+   * runs in entry order. Each entry is what `start` takes (`{ type, input?,
+   * opts? }`) and every rule applies in entry order, as that many `start`
+   * calls one after the other would apply them: a later entry dedupes onto
+   * an earlier one (or onto an existing run), joins the lane an earlier one
+   * took (or is refused by it, or replaces it), each under its own tenant.
+   * Every entry is checked before anything is stored: a bad one rejects
+   * the call with the error its `start` would meet (a key function that
+   * throws: `JobInputInvalidError` with the thrown error as `cause`), its
+   * message starting `entries[<index>]: `, and nothing is stored. At most
+   * 10,000 entries (`JobInputInvalidError` beyond); `[]` resolves with
+   * `[]`. On PostgreSQL the new rows go in with one multi-row insert.
+   */
+  startMany(entries: StartEntry<Jobs>[]): Promise<JobRun[]> {
+    const run = (): Promise<JobRun[]> => {
+      const prepared = prepareMany(entries, (type) => this.handlers.get(type));
+      return prepared.length === 0 ? Promise.resolve([]) : this.store.startMany(prepared);
+    };
+    const wait = this.store.ready();
+    if (wait !== null) return wait.then(run);
+    try {
+      return run();
     } catch (e) {
       return Promise.reject(e);
     }

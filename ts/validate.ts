@@ -534,3 +534,43 @@ export function prepareStart(type: unknown, input: unknown, opts: StartOptionsIn
   }
   return { type, inputText, inputCopy, opts: o, thrown, tenant: o.tenant, hasParent: o.parentRunId !== undefined };
 }
+
+const ENTRY_KEYS: ReadonlySet<string> = new Set(['type', 'input', 'opts']);
+
+/** `entries[i]: …` in front of an error's message (what `startMany` refuses names its entry). */
+export function atEntry(e: unknown, i: number): unknown {
+  if (e instanceof Error) e.message = `entries[${i}]: ${e.message}`;
+  return e;
+}
+
+/**
+ * `startMany`'s entries, each checked as `start` checks its arguments
+ * (`prepareStart`), all before anything is stored: a bad one is thrown
+ * with its index. A key function that throws makes its entry bad
+ * (`JobInputInvalidError`, the thrown error as its `cause`): a batch
+ * stores all of its entries or none.
+ */
+export function prepareMany(entries: unknown, registration: (type: string) => HandlerRegistration | undefined): PreparedStart[] {
+  if (!Array.isArray(entries)) throw new JobInputInvalidError('startMany takes an array of { type, input?, opts? }');
+  const out: PreparedStart[] = new Array<PreparedStart>(entries.length);
+  for (let i = 0; i < entries.length; i++) {
+    const e: unknown = entries[i];
+    try {
+      if (e === null || typeof e !== 'object' || Array.isArray(e)) throw new JobInputInvalidError('an entry must be an object { type, input?, opts? }');
+      checkKeys(e, ENTRY_KEYS, 'a startMany entry');
+      const { type, input, opts } = e as { type?: unknown; input?: unknown; opts?: StartOptionsInput };
+      const p = prepareStart(type, input, opts, typeof type === 'string' ? registration(type) : undefined);
+      if (p.thrown !== null) {
+        const thrown = p.thrown.error;
+        const said = thrown instanceof Error ? thrown.message : String(thrown);
+        const err = new JobInputInvalidError(`a key function threw: ${said}`);
+        (err as { cause?: unknown }).cause = thrown;
+        throw err;
+      }
+      out[i] = p;
+    } catch (err) {
+      throw atEntry(err, i);
+    }
+  }
+  return out;
+}

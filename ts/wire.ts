@@ -120,6 +120,13 @@ export function parseRuns(json: string): JobRun[] {
   return (JSON.parse(json) as RunTuple[]).map(fromTuple);
 }
 
+/** A grouped `startMany`'s answer (`group_text` in Rust): per start, its run or its error. */
+export function parseGroup(json: string): ({ run: JobRun } | { error: unknown })[] {
+  return (JSON.parse(json) as (RunTuple | { error: string })[]).map((a) =>
+    Array.isArray(a) ? { run: fromTuple(a) } : { error: decodeNativeError(new Error(a.error)) },
+  );
+}
+
 /** What the engine decided of a new run that its start does not say (`started_text` in Rust). */
 export interface Decided {
   concurrencyKey: string | null;
@@ -427,10 +434,12 @@ const builders: Record<string, (f: Fields, message: string) => JobforgeError> = 
 export function decodeNativeError(err: unknown): unknown {
   if (!(err instanceof Error) || !err.message.startsWith(ERROR_PREFIX)) return err;
   try {
-    const payload = JSON.parse(err.message.slice(ERROR_PREFIX.length)) as { code: string; message: string; fields: Fields };
+    const payload = JSON.parse(err.message.slice(ERROR_PREFIX.length)) as { code: string; message: string; fields: Fields; index?: number };
     const build = builders[payload.code];
-    if (build) return build(payload.fields, payload.message);
-    return new Error(payload.message);
+    const e = build ? build(payload.fields, payload.message) : new Error(payload.message);
+    // A `startMany` entry's error names the entry (`entry_error_text`).
+    if (typeof payload.index === 'number') e.message = `entries[${payload.index}]: ${e.message}`;
+    return e;
   } catch {
     return err;
   }

@@ -40,6 +40,29 @@ export async function typedStart(jobs: JobOrchestrator<AppJobs>): Promise<JobRun
   return runs;
 }
 
+/** `startMany`'s entries are checked against the map like `start`'s arguments. */
+export async function typedStartMany(jobs: JobOrchestrator<AppJobs>, untyped: JobOrchestrator, nest: IJobOrchestrator<AppJobs>): Promise<JobRun[]> {
+  const runs: JobRun[] = await jobs.startMany([
+    { type: 'email.send', input: { to: 'a@b.c', subject: 'hi' } },
+    { type: 'report.build', input: { month: '2026-11' }, opts: { priority: 5, runAt: new Date() } },
+    { type: 'cache.sweep' },
+    { type: 'cache.ping', input: undefined, opts: { tenantId: null } },
+  ]);
+  await untyped.startMany([{ type: 'anything', input: { any: 1 } }]);
+  await nest.startMany([{ type: 'report.build', input: { month: '2026-12' } }]);
+  // @ts-expect-error a job type the map does not name
+  await jobs.startMany([{ type: 'email.sned', input: { to: 'a@b.c', subject: 'hi' } }]);
+  // @ts-expect-error an input field of the wrong type
+  await jobs.startMany([{ type: 'report.build', input: { month: 11 } }]);
+  // @ts-expect-error a required input left out
+  await jobs.startMany([{ type: 'email.send' }]);
+  // @ts-expect-error an option that does not exist
+  await jobs.startMany([{ type: 'cache.sweep', opts: { priorty: 1 } }]);
+  // @ts-expect-error not an array
+  await jobs.startMany({ type: 'cache.sweep' });
+  return runs;
+}
+
 /** Schedules are checked against the map like `start`. */
 export async function typedSchedules(jobs: JobOrchestrator<AppJobs>, untyped: JobOrchestrator): Promise<JobSchedule[]> {
   const out = [

@@ -99,6 +99,8 @@ export interface Backend extends StepStore {
 
   // ── runs ──
   start(p: PreparedStart): Promise<JobRun>;
+  /** Every start of `entries` or none, in one transaction (`Engine::start_many`); a refused entry's error names its index. */
+  startMany(entries: PreparedStart[]): Promise<JobRun[]>;
   cancel(runId: string, cascade: boolean, tenant: Tenant): Promise<void>;
   replay(runId: string, tenant: Tenant): Promise<JobRun>;
   claimNext(pool: string): Promise<JobRun | null>;
@@ -273,6 +275,21 @@ export abstract class NativeBackend implements Partial<Backend> {
   protected startInEngine(p: PreparedStart): Promise<JobRun> {
     const opts = p.opts === null ? null : p.opts.json();
     return this.mutate('start', startRequest(p.type, p.inputText, opts), parseRun);
+  }
+
+  /** The `startMany` request of prepared starts (`grouped`: each on its own, see `Engine::start_group`). */
+  protected startManyRequest(entries: PreparedStart[], grouped: boolean): string {
+    let text = '{"entries":[';
+    for (let i = 0; i < entries.length; i++) {
+      const p = entries[i]!;
+      if (i > 0) text += ',';
+      text += startRequest(p.type, p.inputText, p.opts === null ? null : p.opts.json());
+    }
+    return text + (grouped ? '],"grouped":true}' : ']}');
+  }
+
+  startMany(entries: PreparedStart[]): Promise<JobRun[]> {
+    return this.mutate('startMany', this.startManyRequest(entries, false), parseRuns);
   }
 
   /** Rejects with the error of a JS key function, after the engine's earlier checks (tenant gate, job type). */

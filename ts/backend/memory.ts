@@ -149,6 +149,13 @@ export class MemoryBackend extends NativeBackend implements Backend {
     return run;
   }
 
+  /** All or none, in the engine (buffered starts go first, as before any operation); idle worker slots claim at once. */
+  override startMany(entries: PreparedStart[]): Promise<JobRun[]> {
+    const runs = super.startMany(entries);
+    this.feedWorker();
+    return runs;
+  }
+
   /** The engine's `start`, answered the short way (it holds the type's template). */
   private startShort(p: PreparedStart, info: TypeInfo): Promise<JobRun> {
     const optsText = p.opts === null ? null : p.opts.json();

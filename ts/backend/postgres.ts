@@ -6,10 +6,10 @@
  * written in the background; calls that need them wait for that first.
  */
 import { EngineClock } from '../clock';
-import { JobInputInvalidError } from '../errors';
+import { JobInputInvalidError, JobStoreError } from '../errors';
 import type { JobDefinitionRow, JobRun } from '../rows';
 import { NativeEngine, OP, type OpName } from '../native';
-import { decodeNativeError, parseRegistration, TicketReader } from '../wire';
+import { decodeNativeError, parseGroup, parseRegistration, TicketReader } from '../wire';
 import { NativeBackend, noticeCallback, type Backend, type NoticeSink, type PreparedStart, type WorkerLink } from './backend';
 
 export interface PostgresOptions {
@@ -35,6 +35,13 @@ export interface PostgresOptions {
    * process and pool, even at a higher priority. 0 turns it off. Default 200.
    */
   prefetch?: number | undefined;
+  /**
+   * Concurrent `start` calls share one transaction (one commit) instead of
+   * one each: the starts made while the previous group is in flight, or
+   * in the same turn of the event loop, go in together. Each promise still
+   * resolves with its own row, or rejects with its own error. Default true.
+   */
+  groupStarts?: boolean | undefined;
 }
 
 /** Checks the `postgres` options of an orchestrator. */
@@ -57,6 +64,19 @@ export function checkPostgresOptions(pgo: unknown): asserts pgo is PostgresOptio
   if (o.prefetch !== undefined && !(typeof o.prefetch === 'number' && Number.isInteger(o.prefetch) && o.prefetch >= 0 && o.prefetch <= 1000)) {
     throw new JobInputInvalidError(`postgres.prefetch must be a whole number from 0 to 1000, got ${String(o.prefetch)}`);
   }
+  if (o.groupStarts !== undefined && typeof o.groupStarts !== 'boolean') {
+    throw new JobInputInvalidError(`postgres.groupStarts must be a boolean, got ${String(o.groupStarts)}`);
+  }
+}
+
+/** At most this many starts share one transaction; more wait for the next. */
+const GROUP_MAX = 1000;
+
+/** A start waiting for its group. */
+interface GroupedStart {
+  p: PreparedStart;
+  resolve(run: JobRun): void;
+  reject(e: unknown): void;
 }
 
 export class PostgresBackend extends NativeBackend implements Backend {
@@ -71,6 +91,12 @@ export class PostgresBackend extends NativeBackend implements Backend {
   private defsUnsaved = false;
   /** The latest spec of every registered type (written again after `migrate()` or a failed write). */
   private readonly specs = new Map<string, Record<string, unknown>>();
+  private readonly groupStarts: boolean;
+  /** Starts waiting for the next group (see `PostgresOptions.groupStarts`). */
+  private waiting: GroupedStart[] = [];
+  private groupArmed = false;
+  /** The group in flight (settles when its starts are answered), or null. */
+  private groupInFlight: Promise<void> | null = null;
 
   constructor(
     o: { multiTenant: boolean; clock: 'system' | 'manual'; retention?: { completedMs?: number | undefined; failedMs?: number | undefined } | undefined },
@@ -102,6 +128,7 @@ export class PostgresBackend extends NativeBackend implements Backend {
     super(native, sink);
     ref.backend = new WeakRef(this);
     this.clock = new EngineClock(o.clock, () => native.now());
+    this.groupStarts = pg.groupStarts ?? true;
   }
 
   protected request<T>(op: OpName, req: string, decode: (text: string) => T): Promise<T> {
@@ -143,6 +170,11 @@ export class PostgresBackend extends NativeBackend implements Backend {
 
   async close(): Promise<void> {
     await this.registering.catch(() => undefined);
+    // Starts made before close() still go in (their promises settle).
+    while (this.groupInFlight !== null || this.waiting.length > 0) {
+      if (this.groupInFlight === null) this.sendGroup();
+      await this.groupInFlight;
+    }
     this.native.close();
   }
 
@@ -174,7 +206,70 @@ export class PostgresBackend extends NativeBackend implements Backend {
 
   start(p: PreparedStart): Promise<JobRun> {
     if (p.thrown !== null) return this.preflight(p, p.thrown);
-    return this.startInEngine(p);
+    if (!this.groupStarts) return this.startInEngine(p);
+    return new Promise<JobRun>((resolve, reject) => {
+      this.waiting.push({ p, resolve, reject });
+      this.armGroup();
+    });
+  }
+
+  /**
+   * Sends the waiting starts on the next turn of the event loop (so the
+   * starts of this turn go together), unless a group is in flight: its
+   * end sends the next. One group in flight at a time: two groups of one
+   * process could take the same lane and dedupe locks in opposite orders.
+   */
+  private armGroup(): void {
+    if (this.groupArmed || this.groupInFlight !== null || this.waiting.length === 0) return;
+    this.groupArmed = true;
+    setImmediate(this.sendGroup);
+  }
+
+  private readonly sendGroup = (): void => {
+    this.groupArmed = false;
+    if (this.groupInFlight !== null) return; // its end sends the next
+    const group = this.waiting.length <= GROUP_MAX ? this.waiting : this.waiting.slice(0, GROUP_MAX);
+    this.waiting = group === this.waiting ? [] : this.waiting.slice(GROUP_MAX);
+    if (group.length === 0) return;
+    this.groupInFlight = this.runGroup(group).finally(() => {
+      this.groupInFlight = null;
+      this.armGroup();
+    });
+  };
+
+  /**
+   * One transaction for the group, each start answered on its own
+   * (`Engine::start_group`); a lone start is a plain `start`. A deadlock
+   * with another process's transaction rolled the whole group back before
+   * its commit (nothing of it stored): its starts are tried again one by
+   * one, which cannot deadlock with each other.
+   */
+  private runGroup(group: GroupedStart[]): Promise<void> {
+    if (group.length === 1) {
+      const g = group[0]!;
+      return this.startInEngine(g.p).then(g.resolve, g.reject);
+    }
+    const req = this.startManyRequest(
+      group.map((g) => g.p),
+      true,
+    );
+    return this.mutate('startMany', req, parseGroup).then(
+      (answers) => {
+        group.forEach((g, i) => {
+          const a = answers[i];
+          if (a === undefined) g.reject(new JobStoreError('the start group answered no row for this start', false));
+          else if ('run' in a) g.resolve(a.run);
+          else g.reject(a.error);
+        });
+      },
+      (e: unknown) => {
+        if (e instanceof JobStoreError && e.message.includes('deadlock detected')) {
+          return Promise.all(group.map((g) => this.startInEngine(g.p).then(g.resolve, g.reject))).then(() => undefined);
+        }
+        for (const g of group) g.reject(e);
+        return undefined;
+      },
+    );
   }
 
   // ── worker ──

@@ -92,6 +92,7 @@ export type {
   RetryPolicy,
   RunTreeNode,
   SpawnChildOptions,
+  StartEntry,
   StartOptions,
   StepOptions,
   TenantOptions,

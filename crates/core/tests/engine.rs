@@ -1054,3 +1054,113 @@ fn a_released_run_keeps_its_due_time_and_is_claimed_before_runs_started_after_it
     assert_eq!(claim_id(&e, "batch"), Some(b.id));
     assert_eq!(claim_id(&e, "batch"), Some(c.id));
 }
+
+// ── start_many ─────────────────────────────────────────────────────────
+
+fn lane_spec(t: &str, mode: CollisionMode) -> DefinitionSpec {
+    let mut s = spec(t);
+    s.concurrency_key = Some("k:{{k}}".into());
+    s.collision_mode = Some(mode);
+    s
+}
+
+/// A batch applies every rule in entry order, as sequential starts would:
+/// a later entry dedupes onto an earlier one, lanes queue in entry order.
+#[test]
+fn start_many_applies_the_rules_in_entry_order() {
+    let e = engine(false);
+    e.register(spec("p")).unwrap();
+    e.register(lane_spec("q", CollisionMode::Queue)).unwrap();
+    let mut d = spec("d");
+    d.dedupe_key = Some("d:{{k}}".into());
+    d.dedupe_window_ms = Some(60_000);
+    e.register(d).unwrap();
+    let rows = e
+        .start_many(vec![
+            req("q", r#"{"k":1}"#),
+            req("d", r#"{"k":1}"#),
+            req("p", "{}"),
+            req("d", r#"{"k":1}"#),
+            req("q", r#"{"k":1}"#),
+        ])
+        .unwrap();
+    assert_eq!(rows.len(), 5);
+    assert_eq!(
+        rows[3].id, rows[1].id,
+        "the later entry dedupes onto the earlier"
+    );
+    assert_eq!(e.count_runs(&TenantArg::Missing).unwrap(), 4);
+    e.store().verify_indexes().unwrap();
+    // Lane order is entry order: the second lane run waits for the first.
+    let order: Vec<RunId> = std::iter::from_fn(|| claim_id(&e, "batch")).collect();
+    assert_eq!(order, vec![rows[0].id, rows[1].id, rows[2].id]);
+    assert!(e.start_many(Vec::new()).unwrap().is_empty());
+}
+
+/// An entry refused stores nothing of the batch and names its index, and
+/// what earlier entries did to existing runs (a `replace` lane's cancel)
+/// is undone: the memory store has no rollback of its own.
+#[test]
+fn start_many_refused_at_index_k_leaves_the_store_as_it_was() {
+    let e = engine(false);
+    e.register(spec("p")).unwrap();
+    e.register(lane_spec("r", CollisionMode::Replace)).unwrap();
+    e.register(lane_spec("x", CollisionMode::Reject)).unwrap();
+    let incumbent = e.start(req("r", r#"{"k":1}"#)).unwrap();
+    let before = e.count_runs(&TenantArg::Missing).unwrap();
+    // Refused by the lane an earlier entry of the batch took.
+    let err = e
+        .start_many(vec![
+            req("p", "{}"),
+            req("r", r#"{"k":1}"#),
+            req("x", r#"{"k":2}"#),
+            req("x", r#"{"k":2}"#),
+        ])
+        .unwrap_err();
+    assert_eq!(err.index, Some(3));
+    assert_eq!(err.error.code(), "JOB_COLLISION");
+    // An unknown type after a replace.
+    let err = e
+        .start_many(vec![req("r", r#"{"k":1}"#), req("nope", "{}")])
+        .unwrap_err();
+    assert_eq!(
+        (err.index, err.error.code()),
+        (Some(1), "JOB_TYPE_NOT_FOUND")
+    );
+    assert_eq!(e.count_runs(&TenantArg::Missing).unwrap(), before);
+    e.store().verify_indexes().unwrap();
+    assert_eq!(status(&e, &incumbent.id), RunStatus::Pending);
+    // Nothing else is claimable: the undone runs left every index.
+    assert_eq!(claim_id(&e, "batch"), Some(incumbent.id));
+    assert_eq!(claim_id(&e, "batch"), None);
+    let too_many: Vec<StartRequest> = (0..=engine::START_MANY_MAX)
+        .map(|_| req("p", "{}"))
+        .collect();
+    let err = e.start_many(too_many).unwrap_err();
+    assert_eq!((err.index, err.error.code()), (None, "JOB_INPUT_INVALID"));
+    assert_eq!(e.count_runs(&TenantArg::Missing).unwrap(), before);
+}
+
+/// A group's starts are each on their own: one refused leaves the others.
+#[test]
+fn start_group_answers_each_start_alone() {
+    let e = engine(false);
+    e.register(spec("p")).unwrap();
+    e.register(lane_spec("x", CollisionMode::Reject)).unwrap();
+    let answers = e
+        .start_group(vec![
+            req("x", r#"{"k":1}"#),
+            req("x", r#"{"k":1}"#),
+            req("p", "{}"),
+            req("nope", "{}"),
+        ])
+        .unwrap();
+    assert!(answers[0].is_ok() && answers[2].is_ok());
+    assert_eq!(answers[1].as_ref().unwrap_err().code(), "JOB_COLLISION");
+    assert_eq!(
+        answers[3].as_ref().unwrap_err().code(),
+        "JOB_TYPE_NOT_FOUND"
+    );
+    assert_eq!(e.count_runs(&TenantArg::Missing).unwrap(), 2);
+    e.store().verify_indexes().unwrap();
+}

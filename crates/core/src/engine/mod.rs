@@ -35,7 +35,7 @@ mod wakeups;
 
 pub use attempts::{AttemptEnd, AttemptTicket, Settled};
 pub use queries::{JobRunQuery, PageCursor, ScopeOrder, ScopeQuery};
-pub use start::Started;
+pub use start::{BatchError, Started, START_MANY_MAX};
 pub use steps::{RecordStep, StepBegin};
 pub use timeouts::run_timeouts;
 pub use waits::{resume_token_hash, WaitBegin, WaitRequest, MAX_INBOX};

@@ -1,5 +1,7 @@
-//! Starting runs: `start` (every option, every rule, in `start_in`) and
-//! `start_batch` (starts JS answered itself, the hot path).
+//! Starting runs: `start` (every option, every rule, in `start_in`),
+//! `start_many` (many starts, all or none), `start_group` (starts that
+//! arrived together, each on its own, one transaction) and `start_batch`
+//! (starts JS answered itself, the hot path).
 
 use super::{parse_run_id, Effects, Engine};
 use crate::clock::clamp_time;
@@ -29,6 +31,21 @@ pub enum Started {
         root_run_id: Option<RunId>,
         tenant_id: Option<Arc<str>>,
     },
+}
+
+/// The most entries one `start_many` takes. The batch is one transaction,
+/// which holds its rows, its lane and dedupe locks and (on a networked
+/// store) one statement's worth of parameters until it commits; a caller
+/// with more splits them into batches of its own (each all or nothing).
+pub const START_MANY_MAX: usize = 10_000;
+
+/// A `start_many` refused: by its entry at `index` (with the error a
+/// `start` of that entry alone would have met), or as a whole (`None`:
+/// too many entries, the store failed).
+#[derive(Debug)]
+pub struct BatchError {
+    pub index: Option<usize>,
+    pub error: JobError,
 }
 
 /// What a start's options set on a new run. `None`: the definition's
@@ -137,6 +154,107 @@ impl<S: Store> Engine<S> {
             Started::Created { pool, .. } => self.wake_worker_for(pool),
         }
         Ok(started)
+    }
+
+    /// Starts every run of `reqs` in entry order, in one transaction, or
+    /// none: each entry is a `start` with every rule (`start_in`), so a
+    /// later entry dedupes onto an earlier one, joins (or is refused by,
+    /// or replaces) the lane an earlier one took, exactly as `reqs.len()`
+    /// sequential starts would, all created at one instant. An entry
+    /// refused undoes the batch (`StoreTx::begin_undo` where the store
+    /// cannot roll back) and is answered with its index; its side effects
+    /// (a `replace` lane's aborts) never go out. At most
+    /// [`START_MANY_MAX`] entries. O(log n) per entry, as `start`.
+    pub fn start_many(
+        &self,
+        reqs: Vec<StartRequest>,
+    ) -> std::result::Result<Vec<RunRow>, BatchError> {
+        let n = reqs.len();
+        if n > START_MANY_MAX {
+            return Err(BatchError {
+                index: None,
+                error: JobError::invalid(format!(
+                    "startMany takes at most {START_MANY_MAX} entries, got {n}"
+                )),
+            });
+        }
+        if n == 0 {
+            return Ok(Vec::new());
+        }
+        let now = self.now();
+        let mut fx = Effects::default();
+        let mut refused = None;
+        let rows = self.write(|tx| {
+            self.purge(tx, now);
+            tx.expect_inserts(n);
+            tx.begin_undo();
+            let mut rows = Vec::with_capacity(n);
+            for (i, req) in reqs.into_iter().enumerate() {
+                match self.start_in(tx, req, now, true, &mut fx) {
+                    Ok(Started::Row(row)) => rows.push(*row),
+                    // `want_row` is true: a start answers its row.
+                    Ok(Started::Created { .. }) => {
+                        tx.end_undo(true);
+                        return Err(JobError::invalid("start answered no row"));
+                    }
+                    Err(e) => {
+                        tx.end_undo(true);
+                        refused = Some(i);
+                        return Err(e);
+                    }
+                }
+            }
+            tx.end_undo(false);
+            Ok(rows)
+        });
+        let rows = rows.map_err(|error| BatchError {
+            index: refused,
+            error,
+        })?;
+        self.deliver(fx);
+        self.wake_pools_of(rows.iter());
+        Ok(rows)
+    }
+
+    /// Starts that arrived together (concurrent `start` calls a networked
+    /// store groups so they share one commit), in one transaction, each on
+    /// its own: every entry is a `start` with every rule, in entry order,
+    /// and one refused (a `reject` lane, a bad parent, a missing tenant)
+    /// is answered with its error and leaves the others be. That needs no
+    /// savepoint: `start_in` checks everything before it changes anything,
+    /// so a refused start changed nothing. A store failure fails the
+    /// group (nothing of it is stored), as it would each start. O(log n)
+    /// per entry.
+    pub fn start_group(&self, reqs: Vec<StartRequest>) -> Result<Vec<Result<RunRow>>> {
+        if reqs.is_empty() {
+            return Ok(Vec::new());
+        }
+        let now = self.now();
+        let mut fx = Effects::default();
+        let n = reqs.len();
+        let answers = self.write(|tx| {
+            self.purge(tx, now);
+            tx.expect_inserts(n);
+            Ok(reqs
+                .into_iter()
+                .map(|req| match self.start_in(tx, req, now, true, &mut fx)? {
+                    Started::Row(row) => Ok(*row),
+                    Started::Created { .. } => Err(JobError::invalid("start answered no row")),
+                })
+                .collect::<Vec<_>>())
+        })?;
+        self.deliver(fx);
+        self.wake_pools_of(answers.iter().flatten());
+        Ok(answers)
+    }
+
+    /// Wakes the worker for the pools of `rows` (each once: a set, as a
+    /// batch may name thousands of pools).
+    fn wake_pools_of<'r>(&self, rows: impl Iterator<Item = &'r RunRow>) {
+        let pools: std::collections::HashSet<&str> = rows.map(|r| &*r.pool).collect();
+        for pool in pools {
+            self.wake_worker_for(pool);
+        }
     }
 
     /// `start_batch` of starts with no options.

@@ -124,6 +124,21 @@ pub struct MemoryState {
     /// time: a due check is a peek at the first entry.
     schedules: BTreeMap<(Tenant, String), ScheduleRow>,
     schedule_due: BTreeSet<(Millis, Tenant, String)>,
+    /// How to undo what the current transaction changed, while one asked
+    /// (`StoreTx::begin_undo`): this store has no rollback of its own.
+    undo: Option<Vec<Undo>>,
+}
+
+/// One change a transaction made, as the undo journal keeps it: what a
+/// start can change (`insert_run`, `update_run`, `put_step`: a `replace`
+/// lane's cancel cascade and the waits it resolves).
+enum Undo {
+    /// A run this transaction inserted.
+    Inserted(RunId),
+    /// A run's row before an update.
+    Row(Box<RunRow>),
+    /// A step row before it was replaced (`None`: there was none).
+    Step(RunId, Box<str>, Option<Box<StepRow>>),
 }
 
 /// `(createdAt, id)`: the keyset order of `listJobRuns` (newest first).
@@ -820,6 +835,9 @@ impl StoreTx for MemoryTx<'_> {
 
     fn insert_run(&mut self, row: RunRow) {
         let s = &mut *self.0;
+        if let Some(u) = s.undo.as_mut() {
+            u.push(Undo::Inserted(row.id));
+        }
         let reused = s.free.pop();
         let h = reused.unwrap_or(s.runs.len() as Handle);
         let id = row.id;
@@ -876,10 +894,69 @@ impl StoreTx for MemoryTx<'_> {
     fn update_run(&mut self, id: &RunId, f: &mut dyn FnMut(&mut RunRow)) {
         let s = &mut *self.0;
         let Some(h) = s.handle(id) else { return };
+        if let Some(u) = s.undo.as_mut() {
+            u.push(Undo::Row(Box::new(s.runs[h as usize].clone())));
+        }
         let g = s.group_of_run(h);
         let before = IndexView::of(&s.runs[h as usize], g);
         f(&mut s.runs[h as usize]);
         s.reindex(h, before);
+    }
+
+    fn begin_undo(&mut self) {
+        self.0.undo = Some(Vec::new());
+    }
+
+    /// Undoes the journal newest first: rows back as they were (re-indexed
+    /// as any update is), steps back, and the runs inserted removed from
+    /// every index (made terminal first, so they leave their lanes and the
+    /// claim index, then purged). O(changes x log n).
+    fn end_undo(&mut self, undo: bool) {
+        let Some(journal) = self.0.undo.take() else {
+            return;
+        };
+        if !undo {
+            return;
+        }
+        let s = &mut *self.0;
+        for change in journal.into_iter().rev() {
+            match change {
+                Undo::Row(row) => {
+                    let Some(h) = s.handle(&row.id) else { continue };
+                    let g = s.group_of_run(h);
+                    let before = IndexView::of(&s.runs[h as usize], g);
+                    s.runs[h as usize] = *row;
+                    s.reindex(h, before);
+                }
+                Undo::Step(run, step_id, prev) => {
+                    let Some(h) = s.handle(&run) else { continue };
+                    let Some(steps) = s.steps.get_mut(&h) else {
+                        continue;
+                    };
+                    match (steps.position(&step_id), prev) {
+                        (Some(i), Some(prev)) => steps.rows[i] = *prev,
+                        (Some(_), None) => {
+                            steps.rows.retain(|r| r.step_id != step_id);
+                            steps.reindex();
+                            if steps.rows.is_empty() {
+                                s.steps.remove(&h);
+                            }
+                        }
+                        (None, _) => {}
+                    }
+                }
+                Undo::Inserted(id) => {
+                    let Some(h) = s.handle(&id) else { continue };
+                    let g = s.group_of_run(h);
+                    let before = IndexView::of(&s.runs[h as usize], g);
+                    let r = &mut s.runs[h as usize];
+                    r.status = RunStatus::Canceled;
+                    r.finished_at = r.created_at.into();
+                    s.reindex(h, before);
+                    s.purge(h);
+                }
+            }
+        }
     }
 
     fn next_seq(&mut self) -> u64 {
@@ -977,6 +1054,12 @@ impl StoreTx for MemoryTx<'_> {
             return;
         };
         let steps = s.steps.entry(h).or_default();
+        if let Some(u) = s.undo.as_mut() {
+            let prev = steps
+                .position(&row.step_id)
+                .map(|i| Box::new(steps.rows[i].clone()));
+            u.push(Undo::Step(row.job_run_id, row.step_id.clone(), prev));
+        }
         match steps.position(&row.step_id) {
             Some(i) => steps.rows[i] = row,
             None => steps.push(row),

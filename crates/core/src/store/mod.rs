@@ -241,6 +241,21 @@ pub trait StoreTx {
     /// Created order counter (monotonic).
     fn next_seq(&mut self) -> u64;
 
+    /// Says this transaction is about to insert up to `n` runs, so a
+    /// networked store can draw their `seq`s in one round trip and write
+    /// the rows in one statement.
+    fn expect_inserts(&mut self, _n: usize) {}
+
+    /// From here on, remember how to undo this transaction's changes: a
+    /// rule that must change all or nothing across many runs (`start_many`)
+    /// finds a later run refused after earlier ones changed the store. A
+    /// store whose transaction rolls back on `Err` need not (the default).
+    fn begin_undo(&mut self) {}
+
+    /// Stops remembering; `undo`: first puts back every change made since
+    /// `begin_undo`.
+    fn end_undo(&mut self, _undo: bool) {}
+
     /// Tells other processes' run-event listeners of `transition` once this
     /// transaction commits (nothing if it rolls back). A store no one
     /// shares has no one to tell: the default does nothing.

@@ -973,6 +973,10 @@ impl PgStore {
             stopped_running: Vec::new(),
             announced: Vec::new(),
             failure: RefCell::new(None),
+            unwritten: RefCell::new(Vec::new()),
+            seqs: VecDeque::new(),
+            inserts_hint: 0,
+            seq_after_lock: std::cell::Cell::new(false),
         };
         let out = f(&mut tx);
         tx.flush();
@@ -1310,6 +1314,16 @@ const SQL_UPDATE_RUN: &str = "UPDATE {S}.job_run SET status=$2, output=$3, error
     claim_epoch=$12, executing=$13, priority=$14, pool=$15, wait_kind=$16, wait_deadline=$17, \
     awaited_by=$18 WHERE id = $1";
 const SQL_NEXTVAL: &str = "SELECT nextval('{S}.job_run_seq')";
+/// `n` values of the sequence in one round trip (the `seq`s of a batch).
+const SQL_NEXTVALS: &str = "SELECT nextval('{S}.job_run_seq') FROM generate_series(1, $1::int4)";
+/// Many new runs in one statement: one array per column, row `i` of the
+/// insert made of element `i` of each.
+const SQL_INSERT_RUNS: &str = "INSERT INTO {S}.job_run ({R}) SELECT * FROM unnest($1::uuid[], \
+    $2::text[], $3::int4[], $4::uuid[], $5::uuid[], $6::text[], $7::text[], $8::text[], $9::text[], \
+    $10::jsonb[], $11::text[], $12::int4[], $13::text[], $14::text[], $15::text[], $16::jsonb[], \
+    $17::jsonb[], $18::jsonb[], $19::text[], $20::text[], $21::timestamptz[], $22::timestamptz[], \
+    $23::timestamptz[], $24::timestamptz[], $25::int4[], $26::timestamptz[], $27::timestamptz[], \
+    $28::int8[], $29::int8[], $30::int4[], $31::bool[], $32::text[], $33::timestamptz[], $34::jsonb[])";
 const SQL_LOCK: &str = "SELECT pg_advisory_xact_lock($1)";
 const SQL_DEDUPE: &str = "SELECT {R} FROM {S}.job_run WHERE {T} AND job_type = $2 AND dedupe_key = $3 \
     AND created_at > $4 AND status NOT IN ('canceled','failed') ORDER BY created_at DESC, seq DESC LIMIT 1";
@@ -1503,6 +1517,22 @@ pub struct PgTx<'a> {
     /// Run-event transitions to announce on commit.
     announced: Vec<Transition>,
     failure: RefCell<Option<postgres::Error>>,
+    /// Runs inserted in the cache and not yet written: written together,
+    /// in one statement, before the next statement that could see them
+    /// (every statement but a `seq` draw or an advisory lock) and at
+    /// commit, so a batch of starts costs one insert, not one per run.
+    unwritten: RefCell<Vec<RunId>>,
+    /// `seq`s drawn ahead for the inserts this transaction expects
+    /// (`expect_inserts`), ascending.
+    seqs: VecDeque<u64>,
+    /// Inserts still expected.
+    inserts_hint: usize,
+    /// A lane lock was taken since the last `seq` draw: the next `seq`
+    /// (of a run joining that lane) is drawn fresh, under the lock, so lane
+    /// positions follow commit order across processes; the ones drawn
+    /// ahead before it are dropped, so `seq`s stay ascending in the
+    /// transaction.
+    seq_after_lock: std::cell::Cell<bool>,
 }
 
 impl PgTx<'_> {
@@ -1558,6 +1588,9 @@ impl PgTx<'_> {
         if self.failed() {
             return Vec::new();
         }
+        if !std::ptr::eq(tpl, SQL_NEXTVAL) && !std::ptr::eq(tpl, SQL_NEXTVALS) {
+            self.write_inserts();
+        }
         let Some(stmt) = self.statement(tpl, tenant_null) else {
             return Vec::new();
         };
@@ -1572,6 +1605,17 @@ impl PgTx<'_> {
     }
 
     fn exec(&self, tpl: &'static str, params: &[&(dyn ToSql + Sync)]) {
+        if self.failed() {
+            return;
+        }
+        if !std::ptr::eq(tpl, SQL_LOCK) {
+            self.write_inserts();
+        }
+        self.exec_now(tpl, params);
+    }
+
+    /// `exec` without writing the unwritten inserts first.
+    fn exec_now(&self, tpl: &'static str, params: &[&(dyn ToSql + Sync)]) {
         if self.failed() {
             return;
         }
@@ -1629,9 +1673,128 @@ impl PgTx<'_> {
         self.locked.borrow_mut().insert(*id);
     }
 
+    /// Writes the runs inserted in the cache and not yet written, one
+    /// statement for all of them (see `unwritten`). Each is written as the
+    /// cache holds it now: a change made since its insert (a `replace`
+    /// start later in the batch canceling it) goes in with it.
+    fn write_inserts(&self) {
+        let ids = std::mem::take(&mut *self.unwritten.borrow_mut());
+        let rows: Vec<&RunRow> = ids.iter().filter_map(|id| self.runs.get(id)).collect();
+        match rows.as_slice() {
+            [] => {}
+            [row] => self.insert_one(row),
+            rows => self.insert_many(rows),
+        }
+    }
+
+    fn insert_one(&self, row: &RunRow) {
+        let tags = row.tags().map_or("{}", |t| t.get());
+        let error = row.error().map(error_json);
+        let attempts = row.attempts as i32;
+        let seq = row.seq as i64;
+        let lane_seq = row.lane_seq() as i64;
+        let epoch = row.claim_epoch as i32;
+        let jt: &str = &row.job_type;
+        let pool: &str = &row.pool;
+        let awaited = awaited_json(row.awaited_by());
+        self.exec_now(
+            SQL_INSERT_RUN,
+            &[
+                &row.id,
+                &jt,
+                &row.job_version,
+                &row.parent_run_id(),
+                &row.root_run_id(),
+                &row.parent_close_policy.as_str(),
+                &row.scope_entity_type(),
+                &row.scope_entity_id(),
+                &row.tenant_id.as_deref(),
+                &Jsonb(tags),
+                &pool,
+                &row.priority,
+                &row.concurrency_key(),
+                &row.dedupe_key(),
+                &row.status.as_str(),
+                &Jsonb(row.input.get()),
+                &row.output().map(|o| Jsonb(o.get())),
+                &error.as_deref().map(Jsonb),
+                &row.trigger_source.as_str(),
+                &row.trigger_ref(),
+                &Ms(row.run_at),
+                &row.started_at.get().map(Ms),
+                &row.finished_at.get().map(Ms),
+                &row.claimed_at.get().map(Ms),
+                &attempts,
+                &Ms(row.created_at),
+                &Ms(row.updated_at),
+                &seq,
+                &lane_seq,
+                &epoch,
+                &row.executing,
+                &row.wait_kind.map(WaitKind::as_str),
+                &row.wait_deadline.get().map(Ms),
+                &awaited.as_deref().map(Jsonb),
+            ],
+        );
+    }
+
+    fn insert_many(&self, rows: &[&RunRow]) {
+        fn col<'r, T>(rows: &[&'r RunRow], f: impl Fn(&'r RunRow) -> T) -> Vec<T> {
+            rows.iter().map(|r| f(r)).collect()
+        }
+        let error_text = col(rows, |r| r.error().map(error_json));
+        let awaited_text = col(rows, |r| awaited_json(r.awaited_by()));
+        self.exec_now(
+            SQL_INSERT_RUNS,
+            &[
+                &col(rows, |r| r.id),
+                &col(rows, |r| &*r.job_type),
+                &col(rows, |r| r.job_version),
+                &col(rows, |r| r.parent_run_id()),
+                &col(rows, |r| r.root_run_id()),
+                &col(rows, |r| r.parent_close_policy.as_str()),
+                &col(rows, |r| r.scope_entity_type()),
+                &col(rows, |r| r.scope_entity_id()),
+                &col(rows, |r| r.tenant_id.as_deref()),
+                &col(rows, |r| Jsonb(r.tags().map_or("{}", |t| t.get()))),
+                &col(rows, |r| &*r.pool),
+                &col(rows, |r| r.priority),
+                &col(rows, |r| r.concurrency_key()),
+                &col(rows, |r| r.dedupe_key()),
+                &col(rows, |r| r.status.as_str()),
+                &col(rows, |r| Jsonb(r.input.get())),
+                &col(rows, |r| r.output().map(|o| Jsonb(o.get()))),
+                &error_text
+                    .iter()
+                    .map(|e| e.as_deref().map(Jsonb))
+                    .collect::<Vec<_>>(),
+                &col(rows, |r| r.trigger_source.as_str()),
+                &col(rows, |r| r.trigger_ref()),
+                &col(rows, |r| Ms(r.run_at)),
+                &col(rows, |r| r.started_at.get().map(Ms)),
+                &col(rows, |r| r.finished_at.get().map(Ms)),
+                &col(rows, |r| r.claimed_at.get().map(Ms)),
+                &col(rows, |r| r.attempts as i32),
+                &col(rows, |r| Ms(r.created_at)),
+                &col(rows, |r| Ms(r.updated_at)),
+                &col(rows, |r| r.seq as i64),
+                &col(rows, |r| r.lane_seq() as i64),
+                &col(rows, |r| r.claim_epoch as i32),
+                &col(rows, |r| r.executing),
+                &col(rows, |r| r.wait_kind.map(WaitKind::as_str)),
+                &col(rows, |r| r.wait_deadline.get().map(Ms)),
+                &awaited_text
+                    .iter()
+                    .map(|a| a.as_deref().map(Jsonb))
+                    .collect::<Vec<_>>(),
+            ],
+        );
+    }
+
     /// Writes changed rows (before any query that could see them, and at
-    /// commit).
+    /// commit), after the unwritten inserts (a changed row may be one).
     fn flush(&mut self) {
+        self.write_inserts();
         if self.dirty.is_empty() {
             return;
         }
@@ -1812,61 +1975,14 @@ impl StoreTx for PgTx<'_> {
     }
 
     fn insert_run(&mut self, row: RunRow) {
-        self.flush();
-        let tags = row.tags().map_or("{}", |t| t.get());
-        let error = row.error().map(error_json);
-        let attempts = row.attempts as i32;
-        let seq = row.seq as i64;
-        let lane_seq = row.lane_seq() as i64;
-        let epoch = row.claim_epoch as i32;
-        let jt: &str = &row.job_type;
-        let pool: &str = &row.pool;
-        let awaited = awaited_json(row.awaited_by());
-        self.exec(
-            SQL_INSERT_RUN,
-            &[
-                &row.id,
-                &jt,
-                &row.job_version,
-                &row.parent_run_id(),
-                &row.root_run_id(),
-                &row.parent_close_policy.as_str(),
-                &row.scope_entity_type(),
-                &row.scope_entity_id(),
-                &row.tenant_id.as_deref(),
-                &Jsonb(tags),
-                &pool,
-                &row.priority,
-                &row.concurrency_key(),
-                &row.dedupe_key(),
-                &row.status.as_str(),
-                &Jsonb(row.input.get()),
-                &row.output().map(|o| Jsonb(o.get())),
-                &error.as_deref().map(Jsonb),
-                &row.trigger_source.as_str(),
-                &row.trigger_ref(),
-                &Ms(row.run_at),
-                &row.started_at.get().map(Ms),
-                &row.finished_at.get().map(Ms),
-                &row.claimed_at.get().map(Ms),
-                &attempts,
-                &Ms(row.created_at),
-                &Ms(row.updated_at),
-                &seq,
-                &lane_seq,
-                &epoch,
-                &row.executing,
-                &row.wait_kind.map(WaitKind::as_str),
-                &row.wait_deadline.get().map(Ms),
-                &awaited.as_deref().map(Jsonb),
-            ],
-        );
         if row.status == RunStatus::Pending {
             self.notify = true;
         }
         let id = row.id;
         self.runs.as_mut().insert(id, Box::new(row));
         self.locked.borrow_mut().insert(id);
+        // Written with the next statement that could see it, or at commit.
+        self.unwritten.borrow_mut().push(id);
     }
 
     fn update_run(&mut self, id: &RunId, f: &mut dyn FnMut(&mut RunRow)) {
@@ -1914,7 +2030,32 @@ impl StoreTx for PgTx<'_> {
         self.announced.push(transition);
     }
 
+    fn expect_inserts(&mut self, n: usize) {
+        self.inserts_hint = n;
+    }
+
     fn next_seq(&mut self) -> u64 {
+        self.inserts_hint = self.inserts_hint.saturating_sub(1);
+        if self.seq_after_lock.replace(false) {
+            self.seqs.clear();
+        } else if let Some(seq) = self.seqs.pop_front() {
+            return seq;
+        } else if self.inserts_hint > 0 {
+            // This one and the ones expected after it, in one round trip.
+            let n = (self.inserts_hint + 1).min(i32::MAX as usize) as i32;
+            let rows = self.query(SQL_NEXTVALS, &[&n], None);
+            let mut seqs: Vec<u64> = rows
+                .iter()
+                .filter_map(|r| r.try_get::<_, i64>(0).ok())
+                .map(|v| v.max(0) as u64)
+                .collect();
+            seqs.sort_unstable();
+            self.seqs = seqs.into();
+            if let Some(seq) = self.seqs.pop_front() {
+                return seq;
+            }
+            return 0;
+        }
         let rows = self.query(SQL_NEXTVAL, &[], None);
         rows.first()
             .and_then(|r| r.try_get::<_, i64>(0).ok())
@@ -1946,6 +2087,7 @@ impl StoreTx for PgTx<'_> {
         if self.lock {
             let k = lock_key(b'l', tenant, key, "");
             self.exec(SQL_LOCK, &[&k]);
+            self.seq_after_lock.set(true);
         }
         let rows = self.query(SQL_LANE, &[&tenant, &key], Self::tenant_null(tenant));
         rows.iter()

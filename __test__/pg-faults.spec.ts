@@ -156,7 +156,7 @@ postgresOnly('faults: a drain of 3,000 runs under backend kills completes every 
     done = await completed();
     if (done !== was) trace.push(`${done} at ${Date.now() - t0}`);
   }
-  t.log(trace.join(', '));
+  t.log(`completed after the last kill: ${trace.length > 6 ? [...trace.slice(0, 3), '…', ...trace.slice(-3)].join(', ') : trace.join(', ')}`);
   const after = Date.now() - lastKill;
   const twice = [...executed].filter(([, c]) => c > 1).map(([n]) => n);
   t.log(`${kills} backends ended during the drain; ${done}/${N} completed ${after} ms after the last kill; ${twice.length} executed twice`);

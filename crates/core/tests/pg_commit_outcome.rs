@@ -295,3 +295,67 @@ fn a_commit_that_cannot_be_read_back_in_time_is_an_unknown_outcome_not_a_rollbac
         .batch_execute(&format!("DROP SCHEMA \"{schema}\" CASCADE"))
         .unwrap();
 }
+
+#[test]
+fn cancel_replay_and_record_step_whose_answers_were_lost_answer_with_what_they_stored() {
+    let Some((e, proxy, mut direct, schema)) = setup("ops", 10) else {
+        return;
+    };
+    let run = e.start(start_req(r#"{"n":5}"#)).unwrap();
+    let id = run.id.to_string();
+    let status = |direct: &mut postgres::Client| -> String {
+        direct
+            .query_one(
+                &format!("SELECT status FROM \"{schema}\".job_run WHERE id = $1"),
+                &[&run.id],
+            )
+            .unwrap()
+            .get(0)
+    };
+
+    proxy.arm(Mode::LoseAnswer, Mode::Pass);
+    e.cancel(&id, true, &TenantArg::Missing)
+        .expect("the cancel landed");
+    assert_eq!(*proxy.mode.lock().unwrap(), Mode::Pass, "the cut happened");
+    assert_eq!(status(&mut direct), "canceled");
+
+    proxy.arm(Mode::LoseAnswer, Mode::Pass);
+    let replayed = e
+        .replay(&id, &TenantArg::Missing)
+        .expect("the replay landed");
+    assert_eq!(*proxy.mode.lock().unwrap(), Mode::Pass, "the cut happened");
+    assert_eq!(replayed.status, RunStatus::Pending);
+    assert_eq!(status(&mut direct), "pending");
+
+    proxy.arm(Mode::LoseAnswer, Mode::Pass);
+    let step = e
+        .record_step(
+            &TenantArg::Missing,
+            jobforge_core::engine::RecordStep {
+                job_run_id: id.clone(),
+                step_id: "s".to_owned(),
+                seq: 0,
+                status: StepStatus::Completed,
+                input: None,
+                output: Some(RawValue::from_string("7".to_owned()).unwrap()),
+                error: None,
+                attempts: Some(1),
+                started_at: None,
+                finished_at: None,
+            },
+        )
+        .expect("the step landed");
+    assert_eq!(*proxy.mode.lock().unwrap(), Mode::Pass, "the cut happened");
+    assert_eq!(step.status, StepStatus::Completed);
+    let n: i64 = direct
+        .query_one(
+            &format!("SELECT count(*) FROM \"{schema}\".job_step WHERE job_run_id = $1"),
+            &[&run.id],
+        )
+        .unwrap()
+        .get(0);
+    assert_eq!(n, 1);
+    direct
+        .batch_execute(&format!("DROP SCHEMA \"{schema}\" CASCADE"))
+        .unwrap();
+}

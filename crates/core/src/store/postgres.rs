@@ -303,6 +303,32 @@ struct Conn {
     /// Prepared statements by template (address of the `&'static str`)
     /// and tenant variant.
     stmts: HashMap<(usize, bool), Statement>,
+    /// The server's incarnation when this connection was opened
+    /// (`SQL_INCARNATION`): a transaction id is only known to name this
+    /// connection's transaction while the server has not restarted since.
+    incarnation: Arc<str>,
+}
+
+/// What changes when the server restarts or reinitialises after a crash:
+/// its start time (a restart, a failover to another server) and the
+/// checkpointer's (every server process is started again after a crash,
+/// the postmaster's start time stays). A transaction id whose WAL was not
+/// flushed before a crash is handed out again after it, so `txid_status`
+/// of an id from before a restart may answer for another transaction.
+const SQL_INCARNATION: &str = "SELECT pg_postmaster_start_time()::text || ' ' || \
+    coalesce((SELECT min(backend_start)::text FROM pg_stat_activity \
+    WHERE backend_type = 'checkpointer'), '')";
+
+/// The server's incarnation, as `SQL_INCARNATION` says it.
+fn incarnation(client: &mut Client) -> std::result::Result<String, postgres::Error> {
+    let msgs = client.simple_query(SQL_INCARNATION)?;
+    Ok(msgs
+        .iter()
+        .find_map(|m| match m {
+            postgres::SimpleQueryMessage::Row(r) => r.get(0).map(str::to_owned),
+            _ => None,
+        })
+        .unwrap_or_default())
 }
 
 struct Pool {
@@ -478,12 +504,20 @@ impl Pool {
             if st.open < self.max {
                 st.open += 1;
                 drop(st);
-                return match connect_bounded(&self.config, &self.stuck, self.max) {
-                    Ok(client) => Ok(Lease {
+                let opened =
+                    connect_bounded(&self.config, &self.stuck, self.max).and_then(|mut client| {
+                        match incarnation(&mut client) {
+                            Ok(incarnation) => Ok((client, incarnation)),
+                            Err(e) => Err(db_err(e)),
+                        }
+                    });
+                return match opened {
+                    Ok((client, incarnation)) => Ok(Lease {
                         pool: self,
                         conn: Some(Conn {
                             client,
                             stmts: HashMap::new(),
+                            incarnation: incarnation.into(),
                         }),
                     }),
                     Err(e) => {
@@ -1004,11 +1038,20 @@ impl PgStore {
     /// timeout (`connect_timeout` per address, as a connection attempt).
     /// A backend ends a COMMIT it began before it acts on a termination,
     /// so the answer is `committed` or `aborted` once that backend is gone
-    /// (`in progress` until then; a crashed server's recovery aborts what
-    /// it had not flushed). Answers the connection it asked on (for the
-    /// notifications a commit owes), or `Unknown` when no answer came in
-    /// time.
-    fn commit_outcome(&self, xid: i64, cause: &postgres::Error) -> Result<(bool, Client)> {
+    /// (`in progress` until then). Across a restart (`was`: the server's
+    /// incarnation when the transaction's connection opened) the id may
+    /// have been handed out again: had this transaction committed, its
+    /// commit record would hold the id (not handed out again, so
+    /// `committed`); `aborted` or `in progress` then say it did not, and
+    /// `committed` proves nothing (`Unknown`). Answers the connection it
+    /// asked on (for the notifications a commit owes), or `Unknown` when
+    /// no answer came in time.
+    fn commit_outcome(
+        &self,
+        xid: i64,
+        was: &str,
+        cause: &postgres::Error,
+    ) -> Result<(bool, Client)> {
         let limit = self
             .pool
             .config
@@ -1020,33 +1063,56 @@ impl PgStore {
         loop {
             let left = deadline.saturating_duration_since(std::time::Instant::now());
             if left.is_zero() {
-                return Err(JobError::Store {
-                    message: format!(
-                        "the connection died during COMMIT ({}), and whether it committed \
-                         could not be read back within {} ms: {why}",
-                        db_err_text(cause),
-                        limit.as_millis()
-                    ),
-                    retryable: false,
-                    outcome: StoreOutcome::Unknown,
-                });
+                return Err(self.unknown(cause, limit, &why));
             }
             // This attempt may take only what is left of the budget.
             let mut config = self.pool.config.clone();
             config.connect_timeout(left.max(Duration::from_millis(1)));
             match connect_bounded(&config, &self.pool.stuck, self.pool.max) {
-                Ok(mut client) => match client.query_one("SELECT txid_status($1)", &[&xid]) {
-                    Ok(row) => match row.try_get::<_, Option<String>>(0) {
-                        Ok(Some(s)) if s == "committed" => return Ok((true, client)),
-                        Ok(Some(s)) if s == "aborted" => return Ok((false, client)),
-                        Ok(s) => why = format!("its status was {s:?}"),
-                        Err(e) => why = e.to_string(),
-                    },
-                    Err(e) => why = db_err_text(&e),
-                },
+                Ok(mut client) => {
+                    let asked = incarnation(&mut client).and_then(|now| {
+                        let row = client.query_one("SELECT txid_status($1)", &[&xid])?;
+                        Ok((now, row.try_get::<_, Option<String>>(0)?))
+                    });
+                    match asked {
+                        Ok((now, status)) => {
+                            let restarted = now != was;
+                            match status.as_deref() {
+                                Some("aborted") => return Ok((false, client)),
+                                Some("in progress") if restarted => return Ok((false, client)),
+                                Some("committed") if !restarted => return Ok((true, client)),
+                                // Asking again cannot tell.
+                                Some("committed") => {
+                                    return Err(self.unknown(
+                                        cause,
+                                        limit,
+                                        "the server restarted since, and its id may name \
+                                         another transaction",
+                                    ))
+                                }
+                                s => why = format!("its status was {s:?}"),
+                            }
+                        }
+                        Err(e) => why = db_err_text(&e),
+                    }
+                }
                 Err(e) => why = e.to_string(),
             }
             std::thread::sleep(Duration::from_millis(5).min(left));
+        }
+    }
+
+    /// A COMMIT whose outcome could not be read back.
+    fn unknown(&self, cause: &postgres::Error, limit: Duration, why: &str) -> JobError {
+        JobError::Store {
+            message: format!(
+                "the connection died during COMMIT ({}), and whether it committed \
+                 could not be read back within {} ms: {why}",
+                db_err_text(cause),
+                limit.as_millis()
+            ),
+            retryable: false,
+            outcome: StoreOutcome::Unknown,
         }
     }
 
@@ -1157,6 +1223,7 @@ impl PgStore {
                     }
                 };
                 let notices = self.notifications_sql(notify, &stopped, &announced);
+                let was = conn.incarnation.clone();
                 match conn.client.batch_execute("COMMIT") {
                     Ok(()) => {}
                     Err(e) if connection_lost(&e) || conn.client.is_closed() => {
@@ -1165,7 +1232,7 @@ impl PgStore {
                         let Some(xid) = xid else {
                             return Err(lost(e));
                         };
-                        let (committed, mut client) = self.commit_outcome(xid, &e)?;
+                        let (committed, mut client) = self.commit_outcome(xid, &was, &e)?;
                         if !committed {
                             return Err(lost(e));
                         }

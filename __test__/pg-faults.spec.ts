@@ -159,7 +159,12 @@ postgresOnly('faults: a drain of 3,000 runs under backend kills completes every 
   t.log(`completed after the last kill: ${trace.length > 6 ? [...trace.slice(0, 3), '…', ...trace.slice(-3)].join(', ') : trace.join(', ')}`);
   const after = Date.now() - lastKill;
   const twice = [...executed].filter(([, c]) => c > 1).map(([n]) => n);
-  t.log(`${kills} backends ended during the drain; ${done}/${N} completed ${after} ms after the last kill; ${twice.length} executed twice`);
+  const left = await admin.query<{ status: string; n: number }>(
+    `SELECT status, count(*)::int AS n FROM "${schema}".job_run WHERE job_type = 'job' GROUP BY status ORDER BY status`,
+  );
+  t.log(
+    `${kills} backends ended during the drain; ${done}/${N} completed ${after} ms after the last kill (${left.rows.map((r) => `${r.status}=${r.n}`).join(', ')}); ${twice.length} executed twice`,
+  );
   t.true(kills >= 20, `backends were ended (${kills})`);
   t.is(done, N, 'every run completed within 5 s of the last kill');
   t.deepEqual(twice, [], 'no run executed twice');

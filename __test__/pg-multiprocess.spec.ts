@@ -11,8 +11,9 @@
 // IPC. Children are SIGKILLed at teardown if still alive, exit by
 // themselves when the IPC channel closes, and one that exits unexpectedly
 // fails the test with its stderr.
+import test from 'ava';
 import type { ExecutionContext } from 'ava';
-import { fork } from 'node:child_process';
+import { fork, spawnSync } from 'node:child_process';
 import type { ChildProcess } from 'node:child_process';
 import * as path from 'node:path';
 import { performance } from 'node:perf_hooks';
@@ -848,3 +849,94 @@ postgresOnly('multiprocess: starts racing from 3 processes — one run per dedup
   t.log(`${ROUNDS} rounds of ${PROCS} processes × ${CALLS} concurrent calls per type; test ${(performance.now() - T0).toFixed(0)} ms`);
 });
 
+
+// ── 4. a server crash mid-drain ────────────────────────────────────────
+
+/**
+ * A PostgreSQL cluster of its own that the test may crash: Debian's
+ * `pg_createcluster` as root, on a free port, dropped at teardown. `null`
+ * (with the reason) where that cannot be done.
+ */
+function crashableCluster(): { why: string } | { version: string; name: string; port: number } {
+  if (process.getuid?.() !== 0) return { why: 'needs root (pg_createcluster / pg_ctlcluster)' };
+  const which = spawnSync('sh', ['-c', 'command -v pg_createcluster && ls /usr/lib/postgresql'], { encoding: 'utf8' });
+  if (which.status !== 0) return { why: "needs Debian's postgresql-common (pg_createcluster)" };
+  const versions = which.stdout.split('\n').slice(1).filter((v) => /^\d+$/.test(v.trim()));
+  if (versions.length === 0) return { why: 'no PostgreSQL server installed under /usr/lib/postgresql' };
+  const version = versions.sort((a, b) => Number(b) - Number(a))[0]!.trim();
+  return { version, name: `jf_crash_${process.pid}`, port: 20000 + (process.pid % 20000) };
+}
+
+function sh(cmd: string, args: string[]): void {
+  const r = spawnSync(cmd, args, { encoding: 'utf8' });
+  if (r.status !== 0) throw new Error(`${cmd} ${args.join(' ')}: exit ${r.status}\n${r.stderr}${r.stdout}`);
+}
+
+const crash = crashableCluster();
+if ('why' in crash) {
+  console.warn(`jobforge tests: the server-crash test is skipped: it ${crash.why}.`);
+}
+(('why' in crash ? test.skip : postgresOnly) as typeof postgresOnly)(
+  'multiprocess: a server crash (-m immediate) mid-drain with 2 worker processes — no run lost, none executed twice, the workers back within 2 s',
+  async (t) => {
+    if ('why' in crash) return;
+    t.timeout(110_000);
+    const { version, name, port } = crash;
+    t.teardown(() => {
+      spawnSync('pg_dropcluster', [version, name, '--stop']);
+    });
+    sh('pg_createcluster', [version, name, '-p', String(port), '--start', '--', '--auth=trust']);
+    const url = `postgres://postgres@127.0.0.1:${port}/postgres`;
+    const postgres = { url, schema: 'jf_crash', maxConnections: 4 };
+    const o = new JobOrchestrator({ backend: 'postgres', postgres, loggerFactory: () => silentLogger });
+    t.teardown(() => o.close());
+    await o.migrate();
+    o.registerHandler('mp.slow', {}, () => null);
+    const RUNS = 3000;
+    for (let i = 0; i < RUNS; i += 100) {
+      await Promise.all(Array.from({ length: Math.min(100, RUNS - i) }, (_, j) => o.start('mp.slow', { i: i + j })));
+    }
+    const ends: Fx[] = [];
+    const fleet = new Fleet(t, (_c, m) => {
+      if (m.t === 'fx') for (const r of m.rows as Fx[]) ends.push(r);
+    });
+    // 20 slots of 20 ms runs: a drain of at least 3 s, crashed a quarter in.
+    const base = { mode: 'worker', postgres, flushMs: 20, concurrency: 10, workMs: 20 };
+    const a = fleet.spawn('a', base);
+    const b = fleet.spawn('b', base);
+    await fleet.race(Promise.all([a.next('ready'), b.next('ready')]), 'the workers to be ready', 30_000);
+    await fleet.until(() => ends.length >= RUNS / 4, () => `a quarter of the runs to execute (${ends.length})`, 60_000, 5);
+
+    sh('pg_ctlcluster', [version, name, 'stop', '-m', 'immediate']);
+    const crashedAt = performance.now();
+    await sleep(1000);
+    const before = ends.length;
+    sh('pg_ctlcluster', [version, name, 'start']); // returns once the server accepts connections
+    const upAt = performance.now();
+    await fleet.until(() => ends.some((r) => r[2] - performance.timeOrigin > upAt), () => `an execution after the restart (${ends.length} so far)`, 30_000, 5);
+    const backAfter = Math.min(...ends.filter((r) => r[2] - performance.timeOrigin > upAt).map((r) => r[2] - performance.timeOrigin)) - upAt;
+
+    let counts: PoolStatusCount[] = [];
+    await fleet.until(
+      async () => {
+        counts = await o.countByPoolAndStatus().catch(() => []);
+        return completedOf(counts) >= RUNS;
+      },
+      () => `all ${RUNS} runs to complete: ${countsText(counts)}`,
+      60_000,
+      100,
+    );
+    await fleet.stopAll();
+    const times = new Map<string, number>();
+    for (const r of ends) times.set(r[0], (times.get(r[0]) ?? 0) + 1);
+    const twice = [...times].filter(([, n]) => n > 1).map(([id]) => id);
+    t.log(
+      `${before} executions before the crash; the server down ${(upAt - crashedAt).toFixed(0)} ms; ` +
+        `the first execution ${backAfter.toFixed(0)} ms after it accepted connections; ${twice.length} executed twice`,
+    );
+    t.deepEqual(counts, [{ pool: 'batch', status: 'completed', count: RUNS }], 'no run lost');
+    t.is(times.size, RUNS, 'every run executed');
+    t.deepEqual(twice, [], 'none executed twice');
+    t.true(backAfter < 2000, `the workers were back ${backAfter.toFixed(0)} ms after the server accepted connections`);
+  },
+);

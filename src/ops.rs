@@ -26,8 +26,15 @@ macro_rules! operations {
         /// the codes cannot drift apart).
         pub const NAMES: &[&str] = &[$(stringify!($name)),*];
 
-        /// Runs operation number `op` with its request.
+        /// Runs operation number `op` with its request, again while it
+        /// fails on a lost connection having changed nothing
+        /// (`Engine::again`): an operation is a function of its request.
         pub fn run<S: AnyStore>(e: &Engine<S>, op: u32, req: &str) -> Result<String> {
+            wire::take_lost();
+            e.again(|| run_once(e, op, req), |_| wire::take_lost())
+        }
+
+        fn run_once<S: AnyStore>(e: &Engine<S>, op: u32, req: &str) -> Result<String> {
             let mut code = 0u32;
             $(
                 if op == code {

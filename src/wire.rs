@@ -71,7 +71,9 @@ pub fn error_text(e: &JobError) -> String {
             json!({ "runId": run_id, "stepId": step_id })
         }
         JobError::JobResumeToken { reason } => json!({ "reason": reason }),
-        JobError::Store { retryable, .. } => json!({ "retryable": retryable }),
+        JobError::Store {
+            retryable, outcome, ..
+        } => json!({ "retryable": retryable, "outcome": outcome.as_str() }),
     };
     let payload = json!({ "code": e.code(), "message": e.to_string(), "fields": fields });
     format!("{ERROR_PREFIX}{payload}")
@@ -109,8 +111,23 @@ pub fn group_text(answers: &[std::result::Result<RunRow, JobError>]) -> String {
     out
 }
 
+thread_local! {
+    /// Whether the last error `to_napi` converted on this thread was a
+    /// lost connection that changed nothing (`JobError::lost_connection`):
+    /// the operation may run again (`ops::run`). An operation runs start
+    /// to end on one thread.
+    static LOST: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
 pub fn to_napi(e: JobError) -> Error {
+    LOST.with(|l| l.set(e.lost_connection()));
     Error::new(Status::GenericFailure, error_text(&e))
+}
+
+/// Whether the last error converted on this thread was a lost connection
+/// that changed nothing; clears it.
+pub fn take_lost() -> bool {
+    LOST.with(|l| l.replace(false))
 }
 
 pub fn invalid(reason: impl Into<String>) -> Error {

@@ -195,9 +195,17 @@ export class JobClockError extends JobforgeError {
 }
 
 /**
- * The database failed (connection lost, deadlock, ...): the operation's
- * transaction was rolled back, nothing changed. `retryable` when trying
- * again may succeed (deadlock, serialization failure, lost connection).
+ * The database failed (connection lost, deadlock, ...). `outcome` says what
+ * the call changed:
+ * - `'none'`: nothing — the transaction was rolled back, or its commit was
+ *   lost with the connection and the server answered, read back on a fresh
+ *   connection, that it did not commit. `retryable` when trying again may
+ *   succeed (deadlock, serialization failure, lost or refused connection).
+ * - `'unknown'`: the connection died while the commit was under way and
+ *   whether it landed could not be read back within the connection timeout
+ *   (`connect_timeout`, 10 s by default): the change may be stored. Never
+ *   `retryable`: read the state back (`findById`, a dedupe key) before
+ *   trying again.
  */
 export class JobStoreError extends JobforgeError {
   override readonly name = 'JobStoreError';
@@ -205,6 +213,7 @@ export class JobStoreError extends JobforgeError {
   constructor(
     message: string,
     readonly retryable: boolean,
+    readonly outcome: 'none' | 'unknown' = 'none',
   ) {
     super(message);
   }

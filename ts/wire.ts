@@ -427,7 +427,8 @@ const builders: Record<string, (f: Fields, message: string) => JobforgeError> = 
   },
   JOB_STEP_CONFLICT: (f) => new JobStepConflictError(String(f.runId), String(f.stepId)),
   JOB_RESUME_TOKEN: (f) => new JobResumeTokenError(String(f.reason)),
-  JOB_STORE_ERROR: (f, m) => new JobStoreError(m, f.retryable === true),
+  JOB_STORE_ERROR: (f, m) =>
+    new JobStoreError(m, f.retryable === true, f.outcome === 'unknown' ? 'unknown' : 'none'),
 };
 
 /** Rebuilds the typed error of a native failure; other errors pass through. */

@@ -96,7 +96,8 @@ export class Executor {
    */
   private lateEnd(ticket: Ticket, outcome: Outcome, tries = 0): void {
     this.host.store.finishAttempt(ticket.id, ticket.epoch, outcome.text).catch((e: unknown) => {
-      if (e instanceof JobStoreError && e.retryable && tries < LATE_END_TRIES) {
+      // An unknown outcome is reported again too: an outcome that landed is then ignored (its epoch).
+      if (e instanceof JobStoreError && (e.retryable || e.outcome === 'unknown') && tries < LATE_END_TRIES) {
         setTimeout(() => this.lateEnd(ticket, outcome, tries + 1), 50 * 2 ** tries).unref();
         return;
       }

@@ -57,11 +57,43 @@ pub enum JobError {
     #[error("resume token refused: {reason}")]
     JobResumeToken { reason: String },
 
-    /// The database failed (connection lost, deadlock, ...): the
-    /// transaction was rolled back, nothing changed. `retryable` for
-    /// deadlocks, serialisation failures and lost connections.
-    #[error("database error: {message}")]
-    Store { message: String, retryable: bool },
+    /// The database failed (connection lost, deadlock, ...). `outcome`
+    /// says whether anything changed: `Unchanged` (the transaction was
+    /// rolled back, or proven not committed), `Lost` (the same, on a
+    /// connection that died: the call may run again at once on another),
+    /// or `Unknown` (the connection died during the commit and whether it
+    /// landed could not be read back in time; never `retryable`).
+    /// `retryable` for deadlocks, serialisation failures and lost
+    /// connections when nothing changed.
+    #[error("database error: {message}{}", if *outcome == StoreOutcome::Unknown { " (whether the change was stored is unknown)" } else { "" })]
+    Store {
+        message: String,
+        retryable: bool,
+        outcome: StoreOutcome,
+    },
+}
+
+/// What a failed store call changed (see [`JobError::Store`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StoreOutcome {
+    /// Nothing: the transaction was rolled back.
+    Unchanged,
+    /// Nothing, and the connection is gone: the call can run again at once
+    /// on a fresh one ([`crate::Engine::again`]).
+    Lost,
+    /// The commit was sent and its answer lost, and reading back whether
+    /// it landed failed too: the change may or may not be stored.
+    Unknown,
+}
+
+impl StoreOutcome {
+    /// As JS reads it (`JobStoreError.outcome`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            StoreOutcome::Unchanged | StoreOutcome::Lost => "none",
+            StoreOutcome::Unknown => "unknown",
+        }
+    }
 }
 
 impl JobError {
@@ -121,7 +153,30 @@ impl JobError {
                 json!({ "runId": run_id, "stepId": step_id })
             }
             JobError::JobResumeToken { reason } => json!({ "reason": reason }),
-            JobError::Store { retryable, .. } => json!({ "retryable": retryable }),
+            JobError::Store {
+                retryable, outcome, ..
+            } => json!({ "retryable": retryable, "outcome": outcome.as_str() }),
+        }
+    }
+
+    /// A store failure that changed nothing on a connection that died: the
+    /// call may run again at once (`Engine::again`).
+    pub fn lost_connection(&self) -> bool {
+        matches!(
+            self,
+            JobError::Store {
+                outcome: StoreOutcome::Lost,
+                ..
+            }
+        )
+    }
+
+    /// A store failure that changed nothing.
+    pub fn store(message: impl Into<String>, retryable: bool) -> Self {
+        JobError::Store {
+            message: message.into(),
+            retryable,
+            outcome: StoreOutcome::Unchanged,
         }
     }
 

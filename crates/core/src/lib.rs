@@ -48,7 +48,7 @@ pub use clock::{Clock, ClockKind};
 pub use engine::{
     AttemptEnd, AttemptTicket, Engine, EngineObserver, EngineOptions, Settled, StepBegin,
 };
-pub use error::{JobError, Result};
+pub use error::{JobError, Result, StoreOutcome};
 pub use model::*;
 pub use store::memory::MemoryStore;
 pub use store::{Coordination, Store, StoreAdmin, StoreTx};

@@ -231,6 +231,10 @@ pub struct Worker<S: Store + Coordination> {
     settle_failures: AtomicU32,
 }
 
+/// Settles that failed on a lost connection (having changed nothing) and
+/// are tried again with no pause, in a row, before the backoff applies.
+const LOST_AT_ONCE: u32 = 3;
+
 /// How long to wait after `failures` failed attempts in a row: doubling
 /// from `first` up to `cap`, minus up to a fifth at random, so a fleet of
 /// workers does not reconnect in step to a database that just came back.
@@ -922,18 +926,29 @@ impl<S: Store + Coordination> Worker<S> {
                 settled.tickets
             }
             failed => {
+                let lost = matches!(&failed, Some(Err(e)) if e.lost_connection());
                 match failed {
                     Some(Err(e)) => self.record_error(CallKind::Write, e),
                     _ => self.record_error(CallKind::Write, "a store transaction did not finish"),
                 }
-                // Nothing changed: give the reservations back and try the
-                // ends again shortly (their runs stay running and leased).
+                // Nothing changed (a commit whose answer was lost is read
+                // back by the store: `Ok` if it landed): give the
+                // reservations back and try the ends again shortly (their
+                // runs stay running and leased). A transaction whose
+                // outcome is unknown is tried again the same way: an end
+                // already applied is ignored (its claim epoch moved on).
                 self.release_plan(&plan);
                 self.requeue(batch);
                 // Try again soon, then less and less often while it keeps
-                // failing (an unreachable database is not hammered).
+                // failing (an unreachable database is not hammered); a
+                // connection the server ended is replaced at once, so the
+                // first tries after one go straight to a fresh connection.
                 let failures = self.settle_failures.fetch_add(1, Ordering::SeqCst);
-                let wait = backoff(Duration::from_millis(100), Duration::from_secs(2), failures);
+                let wait = if lost && failures < LOST_AT_ONCE {
+                    Duration::ZERO
+                } else {
+                    backoff(Duration::from_millis(100), Duration::from_secs(2), failures)
+                };
                 tokio::time::sleep(wait).await;
                 self.settling.fetch_sub(1, Ordering::SeqCst);
                 self.wake.notify_one();

@@ -25,7 +25,9 @@ fn a_server_that_never_answers_fails_calls_within_the_connect_timeout() {
             .expect_err("migrate against a silent server");
         let took = t0.elapsed();
         match &err {
-            JobError::Store { message, retryable } => {
+            JobError::Store {
+                message, retryable, ..
+            } => {
                 assert!(*retryable, "a server that does not answer may answer later");
                 assert!(message.contains("did not answer"), "message: {message}");
             }

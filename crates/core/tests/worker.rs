@@ -139,10 +139,10 @@ impl Store for ReadOnlyAtTimes {
 
     fn transaction<R>(&self, f: impl FnOnce(&mut Self::Tx<'_>) -> Result<R>) -> Result<R> {
         if self.read_only.load(Ordering::SeqCst) {
-            return Err(JobError::Store {
-                message: "cannot execute UPDATE in a read-only transaction".to_owned(),
-                retryable: false,
-            });
+            return Err(JobError::store(
+                "cannot execute UPDATE in a read-only transaction",
+                false,
+            ));
         }
         self.inner.transaction(f)
     }

@@ -52,6 +52,11 @@ use std::sync::{Arc, Mutex, RwLock};
 use tokio::sync::Notify;
 use uuid::Uuid;
 
+/// How many times more `Engine::again` runs a call that lost its
+/// connection (a pool's connections may all have died at once: the
+/// default pool holds 10).
+const LOST_RETRIES: usize = 16;
+
 #[derive(Debug, Clone, Copy)]
 pub struct EngineOptions {
     pub multi_tenant: bool,
@@ -255,6 +260,31 @@ impl<S: Store> Engine<S> {
             open.end(&id, epoch);
             if let Some(o) = &observer {
                 o.run_aborted(id, epoch, reason);
+            }
+        }
+    }
+
+    /// Runs a whole call (`f`: one or more transactions) again while it
+    /// fails on a lost connection with nothing changed (`lost` says so of
+    /// its error: `JobError::lost_connection` for the engine's own;
+    /// `StoreOutcome::Lost`: no COMMIT was sent, or the server answered
+    /// that it did not commit), so a backend ended under a call (a
+    /// failover, `pg_terminate_backend`, an idle timeout) costs a retry on
+    /// a fresh connection rather than an error. Every pooled connection
+    /// may have died at once, and each try puts one dead connection out:
+    /// at most `LOST_RETRIES` tries more. A call whose outcome is unknown
+    /// is never run again. `f` must change nothing outside the store
+    /// before its transaction commits, as every engine call does.
+    pub fn again<R, E>(
+        &self,
+        mut f: impl FnMut() -> std::result::Result<R, E>,
+        lost: impl Fn(&E) -> bool,
+    ) -> std::result::Result<R, E> {
+        let mut tries = 0;
+        loop {
+            match f() {
+                Err(e) if tries < LOST_RETRIES && lost(&e) => tries += 1,
+                out => return out,
             }
         }
     }

@@ -33,7 +33,7 @@
 //!   holds (`SKIP LOCKED`): never waiting for a lock, they cannot close a
 //!   deadlock cycle, and what one skips the next one takes.
 
-use crate::error::{JobError, Result};
+use crate::error::{JobError, Result, StoreOutcome};
 use crate::model::*;
 use crate::store::{PageQuery, Store, StoreTx, TenantRef, Transition};
 use crate::template::KeyTemplate;
@@ -94,6 +94,27 @@ fn connection_lost(e: &postgres::Error) -> bool {
             .is_some_and(|d| matches!(d.severity(), "FATAL" | "PANIC"))
 }
 
+/// A statement's failure on a connection that died, before any COMMIT was
+/// sent: the server rolls the transaction back, nothing changed, and the
+/// call can run again at once on a fresh connection (`Engine::again`).
+fn lost(e: postgres::Error) -> JobError {
+    JobError::Store {
+        message: db_err_text(&e),
+        retryable: true,
+        outcome: StoreOutcome::Lost,
+    }
+}
+
+/// The driver's error and its cause (the outer message is terse: "db error").
+fn db_err_text(e: &postgres::Error) -> String {
+    let mut message = e.to_string();
+    if let Some(cause) = std::error::Error::source(e) {
+        message.push_str(": ");
+        message.push_str(&cause.to_string());
+    }
+    message
+}
+
 fn db_err(e: postgres::Error) -> JobError {
     let retryable = e.code().is_some_and(|c| {
         let c = c.code();
@@ -103,13 +124,12 @@ fn db_err(e: postgres::Error) -> JobError {
         c == "40001" || c == "40P01" || c.starts_with("08") || c.starts_with("57P0")
     }) || e.is_closed()
         || caused_by_io(&e);
-    // The outer message is terse ("db error"); the cause says what happened.
-    let mut message = e.to_string();
-    if let Some(cause) = std::error::Error::source(&e) {
-        message.push_str(": ");
-        message.push_str(&cause.to_string());
+    let message = db_err_text(&e);
+    JobError::Store {
+        message,
+        retryable,
+        outcome: StoreOutcome::Unchanged,
     }
-    JobError::Store { message, retryable }
 }
 
 // ── wire types ─────────────────────────────────────────────────────────
@@ -283,6 +303,32 @@ struct Conn {
     /// Prepared statements by template (address of the `&'static str`)
     /// and tenant variant.
     stmts: HashMap<(usize, bool), Statement>,
+    /// The server's incarnation when this connection was opened
+    /// (`SQL_INCARNATION`): a transaction id is only known to name this
+    /// connection's transaction while the server has not restarted since.
+    incarnation: Arc<str>,
+}
+
+/// What changes when the server restarts or reinitialises after a crash:
+/// its start time (a restart, a failover to another server) and the
+/// checkpointer's (every server process is started again after a crash,
+/// the postmaster's start time stays). A transaction id whose WAL was not
+/// flushed before a crash is handed out again after it, so `txid_status`
+/// of an id from before a restart may answer for another transaction.
+const SQL_INCARNATION: &str = "SELECT pg_postmaster_start_time()::text || ' ' || \
+    coalesce((SELECT min(backend_start)::text FROM pg_stat_activity \
+    WHERE backend_type = 'checkpointer'), '')";
+
+/// The server's incarnation, as `SQL_INCARNATION` says it.
+fn incarnation(client: &mut Client) -> std::result::Result<String, postgres::Error> {
+    let msgs = client.simple_query(SQL_INCARNATION)?;
+    Ok(msgs
+        .iter()
+        .find_map(|m| match m {
+            postgres::SimpleQueryMessage::Row(r) => r.get(0).map(str::to_owned),
+            _ => None,
+        })
+        .unwrap_or_default())
 }
 
 struct Pool {
@@ -345,10 +391,12 @@ fn connect_bounded(
             budget.as_millis()
         ),
         retryable: true,
+        outcome: StoreOutcome::Unchanged,
     };
     let lost = || JobError::Store {
         message: "a connection attempt ended without a result".to_owned(),
         retryable: true,
+        outcome: StoreOutcome::Unchanged,
     };
     let waiting = stuck.load(Ordering::Acquire);
     if waiting >= max {
@@ -373,6 +421,7 @@ fn connect_bounded(
                               (out of file descriptors?)"
                             .to_owned(),
                         retryable: true,
+                        outcome: StoreOutcome::Unchanged,
                     }),
                 };
             // Whoever flips the flag second settles: if the caller gave up
@@ -386,6 +435,7 @@ fn connect_bounded(
         .map_err(|e| JobError::Store {
             message: format!("could not start a connection thread: {e}"),
             retryable: true,
+            outcome: StoreOutcome::Unchanged,
         })?;
     match rx.recv_timeout(budget) {
         Ok(out) => out,
@@ -454,12 +504,20 @@ impl Pool {
             if st.open < self.max {
                 st.open += 1;
                 drop(st);
-                return match connect_bounded(&self.config, &self.stuck, self.max) {
-                    Ok(client) => Ok(Lease {
+                let opened =
+                    connect_bounded(&self.config, &self.stuck, self.max).and_then(|mut client| {
+                        match incarnation(&mut client) {
+                            Ok(incarnation) => Ok((client, incarnation)),
+                            Err(e) => Err(db_err(e)),
+                        }
+                    });
+                return match opened {
+                    Ok((client, incarnation)) => Ok(Lease {
                         pool: self,
                         conn: Some(Conn {
                             client,
                             stmts: HashMap::new(),
+                            incarnation: incarnation.into(),
                         }),
                     }),
                     Err(e) => {
@@ -479,6 +537,7 @@ impl Pool {
                 return Err(JobError::Store {
                     message: "no database connection free after 30 s".to_owned(),
                     retryable: true,
+                    outcome: StoreOutcome::Unchanged,
                 });
             }
         }
@@ -925,6 +984,138 @@ impl PgStore {
         told.extend(words.filter_map(parse_transition));
     }
 
+    /// The notifications a committed transaction sends (`None`: none).
+    /// They go out after the commit, in a transaction of their own that
+    /// does not wait for its WAL flush. A commit that notifies holds a
+    /// cluster-wide lock until its flush, so starts that notified in their
+    /// own transaction queued one fsync at a time (20 concurrent starts:
+    /// +18–68 % jobs/s and 20–30 % shorter 20k-run enqueues this way,
+    /// measured alternating in `bench/pg.js`). The runs are committed
+    /// before anyone is woken. A notification that is lost (a crash in
+    /// between, a full queue) leaves other workers to their next poll, and
+    /// a handler canceled elsewhere to run to its end, whose outcome is
+    /// then ignored, as when a listener is reconnecting.
+    ///
+    /// One statement per notification (a select list holds at most 1,664
+    /// entries, fewer than the runs a cascade can stop); the statements of
+    /// one query string share one implicit transaction, and so the
+    /// setting. Run-event transitions go on the events channel, many to a
+    /// notification: one more statement per ~150 transitions, in the same
+    /// round trip.
+    fn notifications_sql(
+        &self,
+        notify: bool,
+        stopped: &[(RunId, u32)],
+        announced: &[Transition],
+    ) -> Option<String> {
+        if !notify && stopped.is_empty() && announced.is_empty() {
+            return None;
+        }
+        let mut sql = String::from("SELECT set_config('synchronous_commit', 'off', true);");
+        if notify {
+            sql.push_str(&format!("SELECT pg_notify({}, '');", self.channel_literal));
+        }
+        for (id, epoch) in stopped {
+            sql.push_str(&format!(
+                "SELECT pg_notify({}, 'c:{id}:{epoch}');",
+                self.channel_literal
+            ));
+        }
+        // Payloads hold hex digits, hyphens, colons, letters and spaces
+        // only: no quote to escape.
+        for payload in announcement_payloads(&self.origin, announced) {
+            sql.push_str(&format!(
+                "SELECT pg_notify({}, '{payload}');",
+                self.events_channel_literal
+            ));
+        }
+        Some(sql)
+    }
+
+    /// Whether transaction `xid`, whose COMMIT was sent on a connection
+    /// that then died (`cause`), committed: asked of the server
+    /// (`txid_status`) on a fresh connection, for at most the connection
+    /// timeout (`connect_timeout` per address, as a connection attempt).
+    /// A backend ends a COMMIT it began before it acts on a termination,
+    /// so the answer is `committed` or `aborted` once that backend is gone
+    /// (`in progress` until then). Across a restart (`was`: the server's
+    /// incarnation when the transaction's connection opened) the id may
+    /// have been handed out again: had this transaction committed, its
+    /// commit record would hold the id (not handed out again, so
+    /// `committed`); `aborted` or `in progress` then say it did not, and
+    /// `committed` proves nothing (`Unknown`). Answers the connection it
+    /// asked on (for the notifications a commit owes), or `Unknown` when
+    /// no answer came in time.
+    fn commit_outcome(
+        &self,
+        xid: i64,
+        was: &str,
+        cause: &postgres::Error,
+    ) -> Result<(bool, Client)> {
+        let limit = self
+            .pool
+            .config
+            .get_connect_timeout()
+            .copied()
+            .unwrap_or(Duration::from_secs(10));
+        let deadline = std::time::Instant::now() + attempt_budget(&self.pool.config, limit);
+        let mut why = String::new();
+        loop {
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            if left.is_zero() {
+                return Err(self.unknown(cause, limit, &why));
+            }
+            // This attempt may take only what is left of the budget.
+            let mut config = self.pool.config.clone();
+            config.connect_timeout(left.max(Duration::from_millis(1)));
+            match connect_bounded(&config, &self.pool.stuck, self.pool.max) {
+                Ok(mut client) => {
+                    let asked = incarnation(&mut client).and_then(|now| {
+                        let row = client.query_one("SELECT txid_status($1)", &[&xid])?;
+                        Ok((now, row.try_get::<_, Option<String>>(0)?))
+                    });
+                    match asked {
+                        Ok((now, status)) => {
+                            let restarted = now != was;
+                            match status.as_deref() {
+                                Some("aborted") => return Ok((false, client)),
+                                Some("in progress") if restarted => return Ok((false, client)),
+                                Some("committed") if !restarted => return Ok((true, client)),
+                                // Asking again cannot tell.
+                                Some("committed") => {
+                                    return Err(self.unknown(
+                                        cause,
+                                        limit,
+                                        "the server restarted since, and its id may name \
+                                         another transaction",
+                                    ))
+                                }
+                                s => why = format!("its status was {s:?}"),
+                            }
+                        }
+                        Err(e) => why = db_err_text(&e),
+                    }
+                }
+                Err(e) => why = e.to_string(),
+            }
+            std::thread::sleep(Duration::from_millis(5).min(left));
+        }
+    }
+
+    /// A COMMIT whose outcome could not be read back.
+    fn unknown(&self, cause: &postgres::Error, limit: Duration, why: &str) -> JobError {
+        JobError::Store {
+            message: format!(
+                "the connection died during COMMIT ({}), and whether it committed \
+                 could not be read back within {} ms: {why}",
+                db_err_text(cause),
+                limit.as_millis()
+            ),
+            retryable: false,
+            outcome: StoreOutcome::Unknown,
+        }
+    }
+
     /// One transaction (`lock`) or one autocommit read on a pooled
     /// connection. `dead`: set when the call failed because the connection
     /// is gone (`connection_lost`: the server ended it — restart, failover,
@@ -952,6 +1143,10 @@ impl PgStore {
                     tries += 1;
                     drop(lease); // a closed connection leaves the pool
                     lease = self.pool.get()?;
+                }
+                Err(e) if connection_lost(&e) => {
+                    lease.discard();
+                    return Err(lost(e));
                 }
                 Err(e) => return Err(db_err(e)),
             }
@@ -992,7 +1187,8 @@ impl PgStore {
             Some(e) if connection_lost(&e) || conn.client.is_closed() => {
                 *dead = true;
                 lease.discard();
-                return Err(db_err(e));
+                // No COMMIT was sent: the server rolls the transaction back.
+                return Err(lost(e));
             }
             other => other,
         };
@@ -1004,46 +1200,54 @@ impl PgStore {
         }
         match (out, failure) {
             (Ok(v), None) => {
-                conn.client.batch_execute("COMMIT").map_err(db_err)?;
-                // Notifications go out after the commit, in a transaction of
-                // their own that does not wait for its WAL flush. A commit
-                // that notifies holds a cluster-wide lock until its flush,
-                // so starts that notified in their own transaction queued
-                // one fsync at a time (20 concurrent starts: +18–68 % jobs/s
-                // and 20–30 % shorter 20k-run enqueues this way, measured
-                // alternating in `bench/pg.js`). The runs are committed
-                // before anyone is woken. A notification that is lost (a
-                // crash in between, a full queue) leaves other workers to
-                // their next poll, and a handler canceled elsewhere to run
-                // to its end, whose outcome is then ignored, as when a
-                // listener is reconnecting.
-                // One statement per notification (a select list holds at
-                // most 1,664 entries, fewer than the runs a cascade can
-                // stop); the statements of one query string share one
-                // implicit transaction, and so the setting. Run-event
-                // transitions go on the events channel, many to a
-                // notification: one more statement per ~150 transitions,
-                // in the same round trip.
-                if notify || !stopped.is_empty() || !announced.is_empty() {
-                    let mut sql =
-                        String::from("SELECT set_config('synchronous_commit', 'off', true);");
-                    if notify {
-                        sql.push_str(&format!("SELECT pg_notify({}, '');", self.channel_literal));
+                // The transaction's id, read before the COMMIT is sent:
+                // should the connection die before the COMMIT's answer
+                // arrives, the outcome is asked of the server by this id
+                // (`commit_outcome`). None: it wrote and locked nothing,
+                // so committing it or not is the same.
+                let xid = match conn.client.simple_query(SQL_XID) {
+                    Ok(msgs) => msgs.iter().find_map(|m| match m {
+                        postgres::SimpleQueryMessage::Row(r) => {
+                            r.get(0).and_then(|x| x.parse::<i64>().ok())
+                        }
+                        _ => None,
+                    }),
+                    Err(e) if connection_lost(&e) || conn.client.is_closed() => {
+                        *dead = true;
+                        lease.discard();
+                        return Err(lost(e));
                     }
-                    for (id, epoch) in &stopped {
-                        sql.push_str(&format!(
-                            "SELECT pg_notify({}, 'c:{id}:{epoch}');",
-                            self.channel_literal
-                        ));
+                    Err(e) => {
+                        let _ = conn.client.batch_execute("ROLLBACK");
+                        return Err(db_err(e));
                     }
-                    // Payloads hold hex digits, hyphens, colons, letters and
-                    // spaces only: no quote to escape.
-                    for payload in announcement_payloads(&self.origin, &announced) {
-                        sql.push_str(&format!(
-                            "SELECT pg_notify({}, '{payload}');",
-                            self.events_channel_literal
-                        ));
+                };
+                let notices = self.notifications_sql(notify, &stopped, &announced);
+                let was = conn.incarnation.clone();
+                match conn.client.batch_execute("COMMIT") {
+                    Ok(()) => {}
+                    Err(e) if connection_lost(&e) || conn.client.is_closed() => {
+                        *dead = true;
+                        lease.discard();
+                        let Some(xid) = xid else {
+                            return Err(lost(e));
+                        };
+                        let (committed, mut client) = self.commit_outcome(xid, &was, &e)?;
+                        if !committed {
+                            return Err(lost(e));
+                        }
+                        // It landed: the answer is the one it would have had,
+                        // and so are the notifications it owes.
+                        if let Some(sql) = notices {
+                            let _ = client.batch_execute(&sql);
+                        }
+                        return Ok(v);
                     }
+                    // The server refused the commit (a deferred check, a
+                    // serialisation failure): it rolled back.
+                    Err(e) => return Err(db_err(e)),
+                }
+                if let Some(sql) = notices {
                     let _ = conn.client.batch_execute(&sql);
                 }
                 Ok(v)
@@ -1408,6 +1612,11 @@ fn schedule_from_row(r: &Row) -> Option<ScheduleRow> {
         updated_at: r.try_get::<_, Ms>(12).ok()?.0,
     })
 }
+
+/// The running transaction's id, `NULL` when it has none (it wrote and
+/// locked nothing). Not `txid_current()`, which would give one to a
+/// transaction that needs none (and so a WAL flush at its commit).
+const SQL_XID: &str = "SELECT txid_current_if_assigned()";
 
 const SQL_DEF: &str = "SELECT type, version::int4, pool, scope_entity_type, retry_policy, timeout_ms::int8, \
     concurrency_key_template, collision_mode, dedupe_key_template, dedupe_window_ms::int8, priority_default::int4, \

@@ -1,0 +1,361 @@
+//! A COMMIT whose answer never arrives: the store reads back whether it
+//! landed and answers as it did, or says the outcome is unknown when it
+//! cannot find out in time. The connection is cut by a proxy of this test
+//! between the store and the server, at the COMMIT: once after forwarding
+//! it and reading the server's answer (the commit landed, the client never
+//! hears of it), once without forwarding it (nothing landed). Needs a
+//! server: `JOBFORGE_PG_URL`, as `postgres.rs` (skips without one unless
+//! `JOBFORGE_REQUIRE_PG=1`).
+
+use jobforge_core::store::postgres::{PgConfig, PgStore};
+use jobforge_core::*;
+use serde_json::value::RawValue;
+use std::io::{Read, Write};
+use std::net::{Shutdown, TcpListener, TcpStream};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+fn url() -> String {
+    std::env::var("JOBFORGE_PG_URL")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned())
+}
+
+/// The simple-protocol message the store commits with.
+const COMMIT: &[u8] = b"Q\0\0\0\x0bCOMMIT\0";
+
+#[derive(Clone, Copy, PartialEq, Debug)]
+enum Mode {
+    /// Relay everything.
+    Pass,
+    /// At the next COMMIT: forward it, swallow the server's answer, cut.
+    LoseAnswer,
+    /// At the next COMMIT: cut without forwarding it.
+    LoseCommit,
+    /// Accept connections and close them at once (the server unreachable).
+    Refuse,
+}
+
+struct Proxy {
+    port: u16,
+    mode: Arc<Mutex<Mode>>,
+    /// The mode after the cut.
+    after: Arc<Mutex<Mode>>,
+}
+
+impl Proxy {
+    fn start(server: (String, u16)) -> Proxy {
+        let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
+        let port = listener.local_addr().expect("addr").port();
+        let mode = Arc::new(Mutex::new(Mode::Pass));
+        let after = Arc::new(Mutex::new(Mode::Pass));
+        let (m, a) = (mode.clone(), after.clone());
+        std::thread::spawn(move || {
+            for client in listener.incoming().flatten() {
+                if *m.lock().unwrap() == Mode::Refuse {
+                    drop(client);
+                    continue;
+                }
+                let Ok(server) = TcpStream::connect((server.0.as_str(), server.1)) else {
+                    continue;
+                };
+                relay(client, server, m.clone(), a.clone());
+            }
+        });
+        Proxy { port, mode, after }
+    }
+
+    fn arm(&self, at_commit: Mode, after: Mode) {
+        *self.after.lock().unwrap() = after;
+        *self.mode.lock().unwrap() = at_commit;
+    }
+}
+
+fn cut(a: &TcpStream, b: &TcpStream) {
+    let _ = a.shutdown(Shutdown::Both);
+    let _ = b.shutdown(Shutdown::Both);
+}
+
+fn relay(client: TcpStream, server: TcpStream, mode: Arc<Mutex<Mode>>, after: Arc<Mutex<Mode>>) {
+    let swallow = Arc::new(AtomicBool::new(false));
+    let (c2, s2) = (client.try_clone().unwrap(), server.try_clone().unwrap());
+    let sw = swallow.clone();
+    // Server to client: after a forwarded COMMIT, its answer is read and
+    // dropped, and the connection cut.
+    std::thread::spawn(move || {
+        let (mut from, mut to) = (s2, c2);
+        let mut buf = [0u8; 65536];
+        while let Ok(n @ 1..) = from.read(&mut buf) {
+            if sw.load(Ordering::SeqCst) {
+                cut(&from, &to);
+                return;
+            }
+            if to.write_all(&buf[..n]).is_err() {
+                break;
+            }
+        }
+        cut(&from, &to);
+    });
+    std::thread::spawn(move || {
+        let (mut from, mut to) = (client, server);
+        let mut buf = [0u8; 65536];
+        while let Ok(n @ 1..) = from.read(&mut buf) {
+            let chunk = &buf[..n];
+            let commit = chunk.windows(COMMIT.len()).any(|w| w == COMMIT);
+            let now = *mode.lock().unwrap();
+            if commit && now != Mode::Pass {
+                *mode.lock().unwrap() = *after.lock().unwrap();
+                if now == Mode::LoseCommit {
+                    cut(&from, &to);
+                    return;
+                }
+                swallow.store(true, Ordering::SeqCst);
+            }
+            if to.write_all(chunk).is_err() {
+                break;
+            }
+        }
+        cut(&from, &to);
+    });
+}
+
+/// An engine on a fresh schema reached through a proxy, or None (skip).
+fn setup(
+    tag: &str,
+    connect_timeout_s: u32,
+) -> Option<(Engine<PgStore>, Proxy, postgres::Client, String)> {
+    let schema = format!("jf_rs_co_{tag}_{}", std::process::id());
+    let mut direct = match postgres::Client::connect(&url(), postgres::NoTls) {
+        Ok(c) => c,
+        Err(e) => {
+            if std::env::var("JOBFORGE_REQUIRE_PG").is_ok_and(|v| v == "1") {
+                panic!("JOBFORGE_REQUIRE_PG=1 but PostgreSQL is unreachable: {e}");
+            }
+            eprintln!("skipping postgres test: no server at JOBFORGE_PG_URL ({e})");
+            return None;
+        }
+    };
+    direct
+        .batch_execute(&format!("DROP SCHEMA IF EXISTS \"{schema}\" CASCADE"))
+        .unwrap();
+    let cfg: postgres::Config = url().parse().unwrap();
+    let host = match &cfg.get_hosts()[0] {
+        postgres::config::Host::Tcp(h) => h.clone(),
+        #[allow(unreachable_patterns)]
+        _ => panic!("these tests need a TCP server address"),
+    };
+    let port = cfg.get_ports().first().copied().unwrap_or(5432);
+    let proxy = Proxy::start((host, port));
+    let user = cfg.get_user().unwrap_or("postgres");
+    let db = cfg.get_dbname().unwrap_or("test");
+    let mut pc = PgConfig::new(format!(
+        "postgres://{user}@127.0.0.1:{}/{db}?connect_timeout={connect_timeout_s}",
+        proxy.port
+    ));
+    pc.schema = schema.clone();
+    pc.max_connections = 2;
+    let store = PgStore::new(pc).unwrap();
+    store.migrate().unwrap();
+    let e = Engine::new(
+        store,
+        EngineOptions {
+            multi_tenant: false,
+            clock: ClockKind::System,
+            retention: Default::default(),
+        },
+    );
+    e.register(DefinitionSpec {
+        job_type: "a".to_owned(),
+        ..DefinitionSpec::default()
+    })
+    .unwrap();
+    Some((e, proxy, direct, schema))
+}
+
+fn start_req(input: &str) -> StartRequest {
+    StartRequest {
+        job_type: "a".to_owned(),
+        input: RawValue::from_string(input.to_owned()).unwrap(),
+        ..StartRequest::default()
+    }
+}
+
+fn stored(direct: &mut postgres::Client, schema: &str, input: &str) -> i64 {
+    direct
+        .query_one(
+            &format!("SELECT count(*) FROM \"{schema}\".job_run WHERE input = $1::text::jsonb"),
+            &[&input],
+        )
+        .unwrap()
+        .get(0)
+}
+
+#[test]
+fn a_commit_whose_answer_was_lost_answers_with_what_it_stored() {
+    let Some((e, proxy, mut direct, schema)) = setup("answer", 10) else {
+        return;
+    };
+    proxy.arm(Mode::LoseAnswer, Mode::Pass);
+    let row = e
+        .start(start_req(r#"{"n":1}"#))
+        .expect("the commit landed: the start succeeds");
+    assert_eq!(*proxy.mode.lock().unwrap(), Mode::Pass, "the cut happened");
+    assert_eq!(stored(&mut direct, &schema, r#"{"n":1}"#), 1);
+    let found = e
+        .find_by_id(&row.id.to_string(), &TenantArg::Missing)
+        .unwrap();
+    assert_eq!(found.map(|r| r.id), Some(row.id));
+
+    // A claim whose answer was lost: the worker gets the run it holds.
+    proxy.arm(Mode::LoseAnswer, Mode::Pass);
+    let tickets = e
+        .claim_attempts(&row.pool, 5)
+        .expect("the claim landed: its tickets come back");
+    assert_eq!(
+        tickets.iter().map(|t| t.run.id).collect::<Vec<_>>(),
+        vec![row.id]
+    );
+    let now = e
+        .find_by_id(&row.id.to_string(), &TenantArg::Missing)
+        .unwrap()
+        .unwrap();
+    assert_eq!(now.status, RunStatus::Running);
+    assert_eq!(now.claim_epoch, tickets[0].epoch);
+    direct
+        .batch_execute(&format!("DROP SCHEMA \"{schema}\" CASCADE"))
+        .unwrap();
+}
+
+#[test]
+fn a_commit_that_never_reached_the_server_changed_nothing_and_runs_again() {
+    let Some((e, proxy, mut direct, schema)) = setup("lost", 10) else {
+        return;
+    };
+    proxy.arm(Mode::LoseCommit, Mode::Pass);
+    let err = e
+        .start(start_req(r#"{"n":2}"#))
+        .expect_err("nothing committed");
+    match &err {
+        JobError::Store {
+            retryable, outcome, ..
+        } => {
+            assert!(*retryable);
+            assert_eq!(*outcome, StoreOutcome::Lost, "{err}");
+        }
+        other => panic!("expected a store error, got {other:?}"),
+    }
+    assert_eq!(
+        stored(&mut direct, &schema, r#"{"n":2}"#),
+        0,
+        "a rejected start is not stored"
+    );
+
+    // Run again (as the binding runs every operation): one run.
+    proxy.arm(Mode::LoseCommit, Mode::Pass);
+    let row = e
+        .again(
+            || e.start(start_req(r#"{"n":3}"#)),
+            JobError::lost_connection,
+        )
+        .expect("the second try commits");
+    assert_eq!(stored(&mut direct, &schema, r#"{"n":3}"#), 1);
+    assert_eq!(row.status, RunStatus::Pending);
+    direct
+        .batch_execute(&format!("DROP SCHEMA \"{schema}\" CASCADE"))
+        .unwrap();
+}
+
+#[test]
+fn a_commit_that_cannot_be_read_back_in_time_is_an_unknown_outcome_not_a_rollback() {
+    let Some((e, proxy, mut direct, schema)) = setup("unknown", 1) else {
+        return;
+    };
+    proxy.arm(Mode::LoseAnswer, Mode::Refuse);
+    let t0 = Instant::now();
+    let err = e.start(start_req(r#"{"n":4}"#)).expect_err("cannot tell");
+    let took = t0.elapsed();
+    match &err {
+        JobError::Store {
+            retryable, outcome, ..
+        } => {
+            assert!(!*retryable, "an unknown outcome is not retryable");
+            assert_eq!(*outcome, StoreOutcome::Unknown, "{err}");
+            assert_eq!(err.fields_json()["outcome"], "unknown");
+        }
+        other => panic!("expected a store error, got {other:?}"),
+    }
+    assert!(
+        took >= Duration::from_millis(900) && took < Duration::from_secs(4),
+        "the read-back is tried for the connect timeout (1 s), took {took:?}"
+    );
+    // It had landed: "unknown" was the honest answer.
+    assert_eq!(stored(&mut direct, &schema, r#"{"n":4}"#), 1);
+    *proxy.mode.lock().unwrap() = Mode::Pass;
+    direct
+        .batch_execute(&format!("DROP SCHEMA \"{schema}\" CASCADE"))
+        .unwrap();
+}
+
+#[test]
+fn cancel_replay_and_record_step_whose_answers_were_lost_answer_with_what_they_stored() {
+    let Some((e, proxy, mut direct, schema)) = setup("ops", 10) else {
+        return;
+    };
+    let run = e.start(start_req(r#"{"n":5}"#)).unwrap();
+    let id = run.id.to_string();
+    let status = |direct: &mut postgres::Client| -> String {
+        direct
+            .query_one(
+                &format!("SELECT status FROM \"{schema}\".job_run WHERE id = $1"),
+                &[&run.id],
+            )
+            .unwrap()
+            .get(0)
+    };
+
+    proxy.arm(Mode::LoseAnswer, Mode::Pass);
+    e.cancel(&id, true, &TenantArg::Missing)
+        .expect("the cancel landed");
+    assert_eq!(*proxy.mode.lock().unwrap(), Mode::Pass, "the cut happened");
+    assert_eq!(status(&mut direct), "canceled");
+
+    proxy.arm(Mode::LoseAnswer, Mode::Pass);
+    let replayed = e
+        .replay(&id, &TenantArg::Missing)
+        .expect("the replay landed");
+    assert_eq!(*proxy.mode.lock().unwrap(), Mode::Pass, "the cut happened");
+    assert_eq!(replayed.status, RunStatus::Pending);
+    assert_eq!(status(&mut direct), "pending");
+
+    proxy.arm(Mode::LoseAnswer, Mode::Pass);
+    let step = e
+        .record_step(
+            &TenantArg::Missing,
+            jobforge_core::engine::RecordStep {
+                job_run_id: id.clone(),
+                step_id: "s".to_owned(),
+                seq: 0,
+                status: StepStatus::Completed,
+                input: None,
+                output: Some(RawValue::from_string("7".to_owned()).unwrap()),
+                error: None,
+                attempts: Some(1),
+                started_at: None,
+                finished_at: None,
+            },
+        )
+        .expect("the step landed");
+    assert_eq!(*proxy.mode.lock().unwrap(), Mode::Pass, "the cut happened");
+    assert_eq!(step.status, StepStatus::Completed);
+    let n: i64 = direct
+        .query_one(
+            &format!("SELECT count(*) FROM \"{schema}\".job_step WHERE job_run_id = $1"),
+            &[&run.id],
+        )
+        .unwrap()
+        .get(0);
+    assert_eq!(n, 1);
+    direct
+        .batch_execute(&format!("DROP SCHEMA \"{schema}\" CASCADE"))
+        .unwrap();
+}

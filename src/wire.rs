@@ -120,7 +120,7 @@ thread_local! {
 }
 
 pub fn to_napi(e: JobError) -> Error {
-    LOST.with(|l| l.set(e.lost_connection()));
+    LOST.with(|l| l.set(e.runs_again()));
     Error::new(Status::GenericFailure, error_text(&e))
 }
 

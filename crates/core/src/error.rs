@@ -81,6 +81,12 @@ pub enum StoreOutcome {
     /// Nothing, and the connection is gone: the call can run again at once
     /// on a fresh one ([`crate::Engine::again`]).
     Lost,
+    /// Nothing: the server rolled the transaction back to break a deadlock
+    /// or a serialization conflict with another transaction. The call can
+    /// run again at once: the other one has gone on (two invokes of a
+    /// fan-out and its children's ends lock parent and child in opposite
+    /// orders; a cancel cascade and a child's end too).
+    Conflict,
     /// The commit was sent and its answer lost, and reading back whether
     /// it landed failed too: the change may or may not be stored.
     Unknown,
@@ -90,7 +96,7 @@ impl StoreOutcome {
     /// As JS reads it (`JobStoreError.outcome`).
     pub fn as_str(self) -> &'static str {
         match self {
-            StoreOutcome::Unchanged | StoreOutcome::Lost => "none",
+            StoreOutcome::Unchanged | StoreOutcome::Lost | StoreOutcome::Conflict => "none",
             StoreOutcome::Unknown => "unknown",
         }
     }
@@ -159,13 +165,14 @@ impl JobError {
         }
     }
 
-    /// A store failure that changed nothing on a connection that died: the
-    /// call may run again at once (`Engine::again`).
-    pub fn lost_connection(&self) -> bool {
+    /// A store failure that changed nothing and may pass if the call runs
+    /// again at once (`Engine::again`): a lost connection, a deadlock or a
+    /// serialization conflict.
+    pub fn runs_again(&self) -> bool {
         matches!(
             self,
             JobError::Store {
-                outcome: StoreOutcome::Lost,
+                outcome: StoreOutcome::Lost | StoreOutcome::Conflict,
                 ..
             }
         )

@@ -926,7 +926,7 @@ impl<S: Store + Coordination> Worker<S> {
                 settled.tickets
             }
             failed => {
-                let lost = matches!(&failed, Some(Err(e)) if e.lost_connection());
+                let lost = matches!(&failed, Some(Err(e)) if e.runs_again());
                 match failed {
                     Some(Err(e)) => self.record_error(CallKind::Write, e),
                     _ => self.record_error(CallKind::Write, "a store transaction did not finish"),

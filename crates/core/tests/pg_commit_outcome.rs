@@ -253,10 +253,7 @@ fn a_commit_that_never_reached_the_server_changed_nothing_and_runs_again() {
     // Run again (as the binding runs every operation): one run.
     proxy.arm(Mode::LoseCommit, Mode::Pass);
     let row = e
-        .again(
-            || e.start(start_req(r#"{"n":3}"#)),
-            JobError::lost_connection,
-        )
+        .again(|| e.start(start_req(r#"{"n":3}"#)), JobError::runs_again)
         .expect("the second try commits");
     assert_eq!(stored(&mut direct, &schema, r#"{"n":3}"#), 1);
     assert_eq!(row.status, RunStatus::Pending);

@@ -2270,3 +2270,55 @@ fn start_many_on_postgres() {
     assert!(answers[1].is_ok() && answers[2].is_ok());
     assert_eq!(e.count_runs(&TenantArg::Missing).unwrap(), before + 2_002);
 }
+
+/// A transaction the server rolls back to break a deadlock changed nothing
+/// and is run again (`JobError::runs_again`, `Engine::again`, which every
+/// operation of the binding goes through): a cancel cascade locks parent
+/// then child while another transaction holds the child and then asks for
+/// the parent (as a child's end resuming its parent does).
+#[test]
+fn a_call_the_server_rolled_back_to_break_a_deadlock_runs_again() {
+    let Some((e, cfg)) = engine("deadlock") else {
+        return;
+    };
+    e.register(spec("parent")).unwrap();
+    e.register(spec("child")).unwrap();
+    let parent = e.start(req("parent", "{}")).unwrap();
+    let child = e
+        .start(StartRequest {
+            parent_run_id: Some(parent.id.to_string()),
+            ..req("child", "{}")
+        })
+        .unwrap();
+    let (url, schema) = (cfg.url.clone(), cfg.schema.clone());
+    let (locked_tx, locked_rx) = std::sync::mpsc::channel();
+    let other = std::thread::spawn(move || {
+        let mut c = postgres::Client::connect(&url, postgres::NoTls).unwrap();
+        let mut tx = c.transaction().unwrap();
+        // The engine's session detects the cycle (1 s), so it is the one rolled back.
+        tx.execute("SET LOCAL deadlock_timeout = '20s'", &[])
+            .unwrap();
+        let lock = format!("SELECT 1 FROM \"{schema}\".job_run WHERE id = $1 FOR UPDATE");
+        tx.execute(&lock, &[&child.id]).unwrap();
+        locked_tx.send(()).unwrap();
+        // Let the cancel lock the parent and wait for the child.
+        std::thread::sleep(std::time::Duration::from_millis(300));
+        tx.execute(&lock, &[&parent.id]).unwrap();
+        tx.commit().unwrap();
+    });
+    locked_rx.recv().unwrap();
+    let id = parent.id.to_string();
+    let mut tries = 0;
+    let out = e.again(
+        || {
+            tries += 1;
+            e.cancel(&id, true, &TenantArg::Missing)
+        },
+        JobError::runs_again,
+    );
+    other.join().unwrap();
+    assert!(out.is_ok(), "{out:?}");
+    assert_eq!(tries, 2, "the first try was the deadlock's victim");
+    assert_eq!(row_of(&e, &parent.id).status, RunStatus::Canceled);
+    assert_eq!(row_of(&e, &child.id).status, RunStatus::Canceled);
+}

@@ -266,11 +266,12 @@ impl<S: Store> Engine<S> {
 
     /// Runs a whole call (`f`: one or more transactions) again while it
     /// fails on a lost connection with nothing changed (`lost` says so of
-    /// its error: `JobError::lost_connection` for the engine's own;
+    /// its error: `JobError::runs_again` for the engine's own;
     /// `StoreOutcome::Lost`: no COMMIT was sent, or the server answered
     /// that it did not commit), so a backend ended under a call (a
     /// failover, `pg_terminate_backend`, an idle timeout) costs a retry on
-    /// a fresh connection rather than an error. Every pooled connection
+    /// a fresh connection rather than an error; likewise a transaction the
+    /// server rolled back to break a deadlock (`StoreOutcome::Conflict`). Every pooled connection
     /// may have died at once, and each try puts one dead connection out:
     /// at most `LOST_RETRIES` tries more. A call whose outcome is unknown
     /// is never run again. `f` must change nothing outside the store

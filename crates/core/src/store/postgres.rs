@@ -124,11 +124,18 @@ fn db_err(e: postgres::Error) -> JobError {
         c == "40001" || c == "40P01" || c.starts_with("08") || c.starts_with("57P0")
     }) || e.is_closed()
         || caused_by_io(&e);
+    let conflict = e
+        .code()
+        .is_some_and(|c| matches!(c.code(), "40001" | "40P01"));
     let message = db_err_text(&e);
     JobError::Store {
         message,
         retryable,
-        outcome: StoreOutcome::Unchanged,
+        outcome: if conflict {
+            StoreOutcome::Conflict
+        } else {
+            StoreOutcome::Unchanged
+        },
     }
 }
 

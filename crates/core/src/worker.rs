@@ -121,10 +121,32 @@ impl WorkerPool {
         reserve_on(&self.in_flight, self.concurrency, want)
     }
 
+    /// Gives back `n` slots. Saturates: a count below zero would make
+    /// `reserve` refuse every slot for good (and `stop()` wait forever);
+    /// releasing more than is held is a bug of the caller's accounting.
     pub fn release(&self, n: usize) {
-        if n > 0 {
-            self.in_flight.fetch_sub(n, Ordering::SeqCst);
+        if n == 0 {
+            return;
         }
+        let before = self
+            .in_flight
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |c| {
+                Some(c.saturating_sub(n))
+            })
+            .unwrap_or_else(|c| c);
+        debug_assert!(
+            before >= n,
+            "pool {}: released {n} of {before} slots",
+            self.name
+        );
+    }
+
+    /// Takes `n` slots back whatever the concurrency: slots that were never
+    /// really free (an end whose settle failed holds its slot until it is
+    /// stored, even if a prefetched attempt was handed the slot meanwhile;
+    /// the pool then claims nothing until the count is below concurrency).
+    fn retake(&self, n: usize) {
+        self.in_flight.fetch_add(n, Ordering::SeqCst);
     }
 }
 
@@ -747,12 +769,7 @@ impl<S: Store + Coordination> Worker<S> {
             } else {
                 Vec::new()
             };
-            // Slots freed by this batch are claimable in the same transaction.
-            for d in &batch {
-                self.slot_freed(d.slot, &d.end.id, d.end.epoch);
-            }
-            // Free slots take prefetched runs first (they were claimed first).
-            let handed = self.hand_out_prefetched();
+            let handed = self.free_and_hand_out(&batch);
             if !handed.is_empty() {
                 self.dispatch_or_release(&*dispatcher, handed).await;
             }
@@ -815,6 +832,17 @@ impl<S: Store + Coordination> Worker<S> {
         if let Ok(mut n) = self.notices.lock() {
             *n = None;
         }
+    }
+
+    /// The start of a pass of the loop: the slots of `batch` (ends about to
+    /// be settled) are freed, claimable in the same transaction, and free
+    /// slots take prefetched runs first (they were claimed first). If the
+    /// settle fails, `requeue` takes the batch's slots back.
+    fn free_and_hand_out(&self, batch: &[Done]) -> Vec<AttemptTicket> {
+        for d in batch {
+            self.slot_freed(d.slot, &d.end.id, d.end.epoch);
+        }
+        self.hand_out_prefetched()
     }
 
     /// What each pool claims: its free slots, plus (prefetch on) the
@@ -983,8 +1011,13 @@ impl<S: Store + Coordination> Worker<S> {
     fn requeue(&self, batch: Vec<Done>) {
         for d in &batch {
             if let Some(p) = self.pools.get(d.slot) {
-                // The slot is still taken until the end is stored.
-                p.reserve(1);
+                // The slot is still taken until the end is stored, though
+                // the pass that freed it may have handed it to a
+                // prefetched attempt: `reserve` would then find the pool
+                // full and take nothing, and the next pass's `slot_freed`
+                // would free it again (the count drifting below the
+                // handlers running, then wrapping).
+                p.retake(1);
             }
             if self.shared {
                 if let Ok(mut h) = self.held.lock() {
@@ -1261,8 +1294,172 @@ fn sweep_in<S: Store + Coordination>(
 #[cfg(test)]
 mod tests {
     use super::{backoff, trouble_began, trouble_ended, CallKind, Trouble};
-    use std::sync::Mutex;
+    use super::{BatchDispatcher, Done, Worker, WorkerPool, WorkerTimings};
+    use crate::{
+        AttemptEnd, AttemptOutcome, AttemptTicket, ClockKind, Coordination, DefinitionSpec, Engine,
+        EngineOptions, JobError, MemoryStore, Result, StartRequest, Store,
+    };
+    use serde_json::value::RawValue;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::{Arc, Mutex};
     use std::time::Duration;
+
+    /// A networked store (settles on blocking threads, prefetches) whose
+    /// transactions fail while `failing` is set.
+    struct Flaky {
+        inner: MemoryStore,
+        failing: AtomicBool,
+    }
+
+    impl Store for Flaky {
+        type Tx<'a> = <MemoryStore as Store>::Tx<'a>;
+
+        fn transaction<R>(&self, f: impl FnOnce(&mut Self::Tx<'_>) -> Result<R>) -> Result<R> {
+            if self.failing.load(Ordering::SeqCst) {
+                return Err(JobError::Store {
+                    message: "connection refused".to_owned(),
+                    retryable: true,
+                    outcome: crate::error::StoreOutcome::Unchanged,
+                });
+            }
+            self.inner.transaction(f)
+        }
+
+        fn read<R>(&self, f: impl Fn(&mut Self::Tx<'_>) -> Result<R>) -> Result<R> {
+            self.inner.read(f)
+        }
+    }
+
+    impl Coordination for Flaky {
+        fn inline(&self) -> bool {
+            false
+        }
+
+        fn connections(&self) -> usize {
+            4
+        }
+    }
+
+    /// Keeps what the worker dispatched: the handlers it started.
+    #[derive(Clone, Default)]
+    struct Started(Arc<Mutex<Vec<AttemptTicket>>>);
+
+    impl BatchDispatcher for Started {
+        fn dispatch(&self, tickets: Vec<AttemptTicket>) -> bool {
+            self.0.lock().unwrap().extend(tickets);
+            true
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_failed_settle_after_a_hand_out_keeps_the_slots_of_its_ends() {
+        let e = Arc::new(Engine::new(
+            Flaky {
+                inner: MemoryStore::new(),
+                failing: AtomicBool::new(false),
+            },
+            EngineOptions {
+                multi_tenant: false,
+                clock: ClockKind::Manual,
+                retention: Default::default(),
+            },
+        ));
+        e.register(DefinitionSpec {
+            job_type: "t".into(),
+            pool: Some("a".into()),
+            ..DefinitionSpec::default()
+        })
+        .unwrap();
+        for i in 0..10 {
+            e.start(StartRequest {
+                job_type: "t".into(),
+                input: RawValue::from_string(format!("{{\"i\":{i}}}")).unwrap(),
+                ..StartRequest::default()
+            })
+            .unwrap();
+        }
+        let w = Worker::with_timings(
+            e.clone(),
+            vec![WorkerPool::new("a", 2)],
+            WorkerTimings {
+                prefetch: 8,
+                ..WorkerTimings::default()
+            },
+        );
+        let started = Started::default();
+        let concurrency = 2;
+        // The first claim: two runs into the slots, the rest queued.
+        let plan = w.plan_claims();
+        w.clone()
+            .settle(Arc::new(started.clone()), Vec::new(), plan)
+            .await;
+        assert_eq!(started.0.lock().unwrap().len(), 2);
+        assert_eq!(w.pools()[0].prefetched(), 8);
+        // The first handler ends, its report finding the queue empty (a
+        // claim that queued runs was still in its transaction): its end
+        // keeps its slot until a pass of the loop settles it.
+        let first = started.0.lock().unwrap()[0].clone();
+        w.done.lock().unwrap().push(Done {
+            end: AttemptEnd {
+                id: first.run.id,
+                epoch: first.epoch,
+                outcome: Some(AttemptOutcome::Completed(None)),
+                ended_at: Some(e.now()),
+            },
+            slot: 0,
+        });
+        w.unsaved.fetch_add(1, Ordering::SeqCst);
+        let mut ended = 1;
+        e.store().failing.store(true, Ordering::SeqCst);
+        // Passes of the loop whose settles fail: each frees the end's slot,
+        // hands it to a prefetched run, and takes it back on the failure.
+        for pass in 0..3 {
+            let batch: Vec<Done> = std::mem::take(&mut *w.done.lock().unwrap());
+            let handed = w.free_and_hand_out(&batch);
+            started.0.lock().unwrap().extend(handed);
+            let plan = w.plan_claims();
+            w.clone()
+                .settle(Arc::new(started.clone()), batch, plan)
+                .await;
+            let running = started.0.lock().unwrap().len() - ended;
+            assert!(
+                running <= concurrency,
+                "pass {pass}: {running} handlers for a concurrency of {concurrency}"
+            );
+            assert_eq!(
+                w.in_flight(),
+                running + 1,
+                "pass {pass}: the handlers' slots and the unsaved end's"
+            );
+        }
+        // The store is back: the end is stored, and the slots held are the
+        // handlers'.
+        e.store().failing.store(false, Ordering::SeqCst);
+        let batch: Vec<Done> = std::mem::take(&mut *w.done.lock().unwrap());
+        let handed = w.free_and_hand_out(&batch);
+        started.0.lock().unwrap().extend(handed);
+        let plan = w.plan_claims();
+        w.clone()
+            .settle(Arc::new(started.clone()), batch, plan)
+            .await;
+        let running = started.0.lock().unwrap().len() - ended;
+        assert_eq!(running, concurrency);
+        assert_eq!(w.in_flight(), running);
+        // Every handler ends: no slot is left held, and none was given back
+        // twice (the count would wrap and the pool never claim again).
+        let all: Vec<AttemptTicket> = started.0.lock().unwrap()[ended..].to_vec();
+        ended += all.len();
+        let finished = all
+            .iter()
+            .map(|t| (t.run.id, t.epoch, Some(AttemptOutcome::Completed(None)), 0))
+            .collect();
+        let (handed, error) = w.report(finished);
+        assert!(error.is_none());
+        assert_eq!(handed.len(), concurrency, "the slots go to queued runs");
+        started.0.lock().unwrap().extend(handed);
+        assert_eq!(w.in_flight(), started.0.lock().unwrap().len() - ended);
+        assert!(w.in_flight() <= concurrency);
+    }
 
     #[test]
     fn an_outage_ends_once_the_kinds_of_call_that_failed_succeed() {

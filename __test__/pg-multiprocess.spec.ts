@@ -714,6 +714,43 @@ postgresOnly('multiprocess: stop() returns unstarted prefetched runs to pending 
   t.log(`stop() took ${stopMs.toFixed(0)} ms; the first worker ran ${firstRan}, the second the other ${RUNS - firstRan} in ${tookMs.toFixed(0)} ms`);
 });
 
+postgresOnly('multiprocess: a burst started at once is shared by the idle workers of 2 processes (by default a prefetch queue holds a pool\'s concurrency, no more)', async (t, make) => {
+  t.timeout(60_000);
+  const RUNS = 8;
+  const CONCURRENCY = 2;
+  const { o, postgres } = await parentOrchestrator(t, make, 4);
+  o.registerHandler('mp.slow', {}, () => null);
+  const ends: Fx[] = [];
+  const fleet = new Fleet(t, (_c, m) => {
+    if (m.t === 'fx') for (const r of m.rows as Fx[]) ends.push(r);
+  });
+  // No `prefetch`: the default. Slow handlers, so a process that took the
+  // whole burst would leave the other idle for its whole length.
+  const base = { mode: 'worker', postgres: { ...postgres, maxConnections: 4 }, flushMs: 20, waitForWork: true, concurrency: CONCURRENCY, workMs: 200 };
+  const children = [fleet.spawn('w0', base), fleet.spawn('w1', base)];
+  await fleet.race(Promise.all(children.map((c) => c.next('ready'))), 'the workers to be ready', 30_000);
+  const working = children.map((c) => c.next('working'));
+  for (const c of children) c.send({ t: 'work' });
+  await fleet.race(Promise.all(working), 'the workers to work', 10_000);
+  // Both idle and listening: the burst goes in together.
+  await Promise.all(Array.from({ length: RUNS }, (_, i) => o.start('mp.slow', { i })));
+  await fleet.until(() => ends.length >= RUNS, () => `${RUNS} executions (${ends.length})`, 30_000, 20);
+  await fleet.stopAll();
+  const byPid = new Map<number, number>();
+  for (const r of ends) byPid.set(r[1], (byPid.get(r[1]) ?? 0) + 1);
+  const shares = children.map((c) => byPid.get(c.pid) ?? 0);
+  t.is(ends.length, RUNS, 'each run executed once');
+  t.true(
+    shares.every((n) => n > 0),
+    `both processes executed some of the burst: ${JSON.stringify(shares)}`,
+  );
+  // Each claims at most its slots plus a queue of the same size.
+  t.true(
+    shares.every((n) => n <= 2 * CONCURRENCY),
+    `neither process took more than its slots and its queue: ${JSON.stringify(shares)}`,
+  );
+});
+
 postgresOnly('multiprocess: a higher-priority run started while other processes hold prefetched runs is claimed before every lower one still pending', async (t, make) => {
   t.timeout(90_000);
   const RUNS = 150;

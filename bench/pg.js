@@ -296,7 +296,7 @@ const SYSTEMS = {
       } catch {}
       return {
         version,
-        config: `jobforge ${version ?? '?'}: backend 'postgres', schema 'jf_bench', maxConnections = pool, prefetch default (200 per pool), startWorker({ pools: { batch: { concurrency } } })`,
+        config: `jobforge ${version ?? '?'}: backend 'postgres', schema 'jf_bench', maxConnections = pool, prefetch default (the pool's concurrency), startWorker({ pools: { batch: { concurrency } } })`,
       };
     },
     async client(cfg) {

@@ -10,7 +10,7 @@ use crate::wire::{self, invalid, to_napi, Result};
 use jobforge_core::engine::{run_timeouts, AttemptEnd, Retention};
 use jobforge_core::feed::EventFeed;
 use jobforge_core::store::postgres::{PgConfig, PgStore};
-use jobforge_core::worker::{Worker, WorkerTimings, DEFAULT_PREFETCH, MAX_PREFETCH};
+use jobforge_core::worker::{Worker, WorkerTimings, MAX_PREFETCH};
 use jobforge_core::{
     ClockKind, Coordination, Engine, EngineOptions, MemoryStore, RunId, StoreAdmin,
 };
@@ -43,7 +43,7 @@ pub struct NativeOptions {
     /// Postgres: polling fallback when no notification arrives. Default 1000.
     pub poll_ms: Option<f64>,
     /// Postgres: runs each worker pool claims ahead of its free slots
-    /// (0: none). Default `DEFAULT_PREFETCH`.
+    /// (0: none). Default: each pool's concurrency.
     pub prefetch: Option<f64>,
 }
 
@@ -156,14 +156,15 @@ impl NativeEngine {
             lease_ms: positive_ms(options.lease_ms, "postgres.leaseMs", 30_000)?,
             poll_ms: positive_ms(options.poll_ms, "postgres.pollMs", 1_000)?,
             prefetch: match options.prefetch {
-                None => DEFAULT_PREFETCH,
+                // Each pool its concurrency (`WorkerTimings::prefetch`).
+                None => None,
                 Some(n)
                     if n.is_finite()
                         && n >= 0.0
                         && n.fract() == 0.0
                         && n <= MAX_PREFETCH as f64 =>
                 {
-                    n as usize
+                    Some(n as usize)
                 }
                 Some(n) => {
                     return Err(invalid(format!(

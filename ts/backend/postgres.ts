@@ -32,7 +32,11 @@ export interface PostgresOptions {
    * database round trip, returned to `pending` at once by `stop()`, and by
    * the lease sweeper if the process dies). A run that becomes due after
    * others were prefetched may start after up to `prefetch` of them per
-   * process and pool, even at a higher priority. 0 turns it off. Default 200.
+   * process and pool, even at a higher priority; and a queue longer than
+   * the pool's concurrency hoards a burst: the first process to claim takes
+   * up to its slots plus its queue while other processes' slots stay idle.
+   * 0 turns it off. Default: each pool's concurrency (a queue as long as
+   * its slots, enough to refill every slot that frees during a claim).
    */
   prefetch?: number | undefined;
   /**

@@ -28,8 +28,9 @@ use crate::engine::{AttemptEnd, AttemptTicket, Engine};
 use crate::error::{JobError, Result};
 use crate::model::{AbortReason, AttemptOutcome, Millis, RunId};
 use crate::store::{Coordination, Store};
+use std::collections::HashSet;
 use std::collections::{HashMap, VecDeque};
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU32, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::sync::Notify;
@@ -108,6 +109,19 @@ impl WorkerPool {
         self.queue.lock().ok()?.pop_front()
     }
 
+    /// Drops the prefetched attempts in `lost` from the queue; how many.
+    fn remove_prefetched(&self, lost: &HashSet<(RunId, u32)>) -> usize {
+        let Ok(mut q) = self.queue.lock() else {
+            return 0;
+        };
+        let before = q.len();
+        q.retain(|t| !lost.contains(&(t.run.id, t.epoch)));
+        let n = before - q.len();
+        drop(q);
+        self.ahead.fetch_sub(n, Ordering::SeqCst);
+        n
+    }
+
     pub fn in_flight(&self) -> usize {
         self.in_flight.load(Ordering::SeqCst)
     }
@@ -150,12 +164,6 @@ impl WorkerPool {
     }
 }
 
-/// `WorkerTimings::prefetch` of a Postgres worker unless configured:
-/// large enough that a transaction settles and claims for many slots at
-/// once (measured in `bench/pg.js`, see BENCHMARKS.md), small enough to
-/// bound how far a late high-priority run can be overtaken.
-pub const DEFAULT_PREFETCH: usize = 200;
-
 /// The most `WorkerTimings::prefetch` may be: one claim statement takes
 /// at most 1,000 runs.
 pub const MAX_PREFETCH: usize = 1000;
@@ -170,13 +178,17 @@ pub struct WorkerTimings {
     /// may be lost).
     pub poll_ms: i64,
     /// Runs each pool claims ahead of its free slots (a networked store;
-    /// 0: none). They are leased and heartbeated like any claim, handed
-    /// to the next free slot without a round trip, returned to `pending`
-    /// at once by `stop()` and by the sweeper if the process dies. The
-    /// price: a run that becomes due after others were prefetched may
-    /// start after up to `prefetch` of them per process and pool, even
-    /// if its priority is higher (they were claimed before it was due).
-    pub prefetch: usize,
+    /// `Some(0)`: none; `None`: as many as the pool's concurrency, the
+    /// Postgres default). They are leased and heartbeated like any claim,
+    /// handed to the next free slot without a round trip, returned to
+    /// `pending` at once by `stop()` and by the sweeper if the process
+    /// dies. The price: a run that becomes due after others were
+    /// prefetched may start after up to that many of them per process and
+    /// pool, even if its priority is higher (they were claimed before it
+    /// was due); and a queue longer than the pool's slots hoards: the
+    /// first process to claim a burst takes up to that many runs while
+    /// the other processes' slots stay idle.
+    pub prefetch: Option<usize>,
 }
 
 impl Default for WorkerTimings {
@@ -184,7 +196,7 @@ impl Default for WorkerTimings {
         WorkerTimings {
             lease_ms: 30_000,
             poll_ms: 1_000,
-            prefetch: 0,
+            prefetch: Some(0),
         }
     }
 }
@@ -220,8 +232,9 @@ pub struct Worker<S: Store + Coordination> {
     /// Whether other processes share the store (`Coordination::shared`).
     shared: bool,
     /// Runs claimed ahead of free slots per pool (`WorkerTimings::prefetch`;
-    /// 0 for a store that settles inline, whose claims cost no round trip).
-    prefetch: usize,
+    /// `Some(0)` for a store that settles inline, whose claims cost no
+    /// round trip). See `queue_bound`.
+    prefetch: Option<usize>,
     /// Ends queued by `report` for the loop (networked stores).
     done: Mutex<Vec<Done>>,
     /// Ends queued and not yet stored (queued, in a settle, or waiting to
@@ -251,6 +264,10 @@ pub struct Worker<S: Store + Coordination> {
     notices: Mutex<Option<NoticeSink>>,
     /// Settles failed in a row: the next one waits longer (see `backoff`).
     settle_failures: AtomicU32,
+    /// When the last heartbeat that succeeded began (engine clock; shared
+    /// stores): a prefetched attempt claimed before it and not renewed
+    /// since may have lost its lease (see `lease_may_have_lapsed`).
+    renewed_at: AtomicI64,
 }
 
 /// Settles that failed on a lost connection (having changed nothing) and
@@ -377,7 +394,11 @@ impl<S: Store + Coordination> Worker<S> {
             },
             inline,
             shared,
-            prefetch: if inline { 0 } else { timings.prefetch },
+            prefetch: if inline {
+                Some(0)
+            } else {
+                timings.prefetch.map(|n| n.min(MAX_PREFETCH))
+            },
             done: Mutex::new(Vec::new()),
             unsaved: AtomicUsize::new(0),
             held: Mutex::new(HashMap::new()),
@@ -392,6 +413,7 @@ impl<S: Store + Coordination> Worker<S> {
             schedule_trouble: Mutex::new(Trouble::default()),
             notices: Mutex::new(None),
             settle_failures: AtomicU32::new(0),
+            renewed_at: AtomicI64::new(i64::MIN),
         })
     }
 
@@ -425,7 +447,7 @@ impl<S: Store + Coordination> Worker<S> {
     /// out) is dropped: its run is over, its lease no longer renewed.
     fn hand_out_prefetched(&self) -> Vec<AttemptTicket> {
         let mut out = Vec::new();
-        if self.prefetch == 0 || self.is_stopping() {
+        if !self.prefetching() || self.is_stopping() {
             return out;
         }
         for (i, p) in self.pools.iter().enumerate() {
@@ -442,17 +464,55 @@ impl<S: Store + Coordination> Worker<S> {
         out
     }
 
-    /// The next prefetched attempt of pool `i` still open here.
+    /// The next prefetched attempt of pool `i` still open here and still
+    /// leased. One whose lease may have lapsed is dropped: another process
+    /// may have swept it and run it already; if not, a sweep returns it to
+    /// `pending` (a lease lapses only with its process's heartbeats failing).
     fn pop_live(&self, i: usize) -> Option<AttemptTicket> {
         let p = self.pools.get(i)?;
         while let Some(t) = p.pop_prefetched() {
             p.ahead.fetch_sub(1, Ordering::SeqCst);
-            if self.engine.attempt_open(&t.run.id, t.epoch) {
+            if self.engine.attempt_open(&t.run.id, t.epoch) && !self.lease_may_have_lapsed(&t) {
                 return Some(t);
             }
+            self.engine.end_in_flight(&t.run.id, t.epoch);
             self.forget_lease(&t.run.id, t.epoch);
         }
         None
+    }
+
+    /// Whether the lease of prefetched `t` may be older than `lease_ms`:
+    /// neither its claim nor a heartbeat that succeeded renewed it since.
+    fn lease_may_have_lapsed(&self, t: &AttemptTicket) -> bool {
+        if !self.shared {
+            return false;
+        }
+        let renewed = t
+            .run
+            .claimed_at
+            .get()
+            .unwrap_or(i64::MIN)
+            .max(self.renewed_at.load(Ordering::SeqCst));
+        self.engine.now().saturating_sub(renewed) >= self.timings.lease_ms
+    }
+
+    /// Attempts this process held that are no longer its own (ended,
+    /// canceled or swept elsewhere; the heartbeat found them): dropped
+    /// from the prefetch queues before they start, no longer open here, no
+    /// longer renewed. A handler already running one runs on (its outcome
+    /// is ignored by its epoch), as after a missed cancel.
+    fn drop_lost(&self, lost: &[(RunId, u32)]) {
+        if lost.is_empty() {
+            return;
+        }
+        let set: HashSet<(RunId, u32)> = lost.iter().copied().collect();
+        for p in &self.pools {
+            p.remove_prefetched(&set);
+        }
+        for (id, epoch) in lost {
+            self.engine.end_in_flight(id, *epoch);
+            self.forget_lease(id, *epoch);
+        }
     }
 
     /// Stops renewing the lease of attempt `epoch` of `id`.
@@ -585,7 +645,7 @@ impl<S: Store + Coordination> Worker<S> {
                     // The slot goes straight to the pool's next prefetched
                     // attempt: the handler after this one waits for no
                     // round trip.
-                    let next = if self.prefetch > 0 && !stopping {
+                    let next = if self.prefetching() && !stopping {
                         self.pop_live(slot)
                     } else {
                         None
@@ -746,7 +806,7 @@ impl<S: Store + Coordination> Worker<S> {
         let activity = self.engine.activity();
         loop {
             let stopping = self.is_stopping();
-            if stopping && self.prefetch > 0 {
+            if stopping && self.prefetching() {
                 self.return_prefetched().await;
             }
             let active = self.settling.load(Ordering::SeqCst);
@@ -846,22 +906,36 @@ impl<S: Store + Coordination> Worker<S> {
     }
 
     /// What each pool claims: its free slots, plus (prefetch on) the
-    /// room left in its prefetch queue.
+    /// room left in its prefetch queue, which holds at most the pool's
+    /// concurrency (see `queue_bound`). At most `MAX_PREFETCH` in all: the
+    /// store fetches no more in one claim, and asking for more would make
+    /// every claim come up short (`starved`).
     fn plan_claims(&self) -> Vec<ClaimPlan> {
         self.pools
             .iter()
             .enumerate()
-            .map(|(pool, p)| ClaimPlan {
-                pool,
-                slots: p.reserve(usize::MAX),
-                ahead: if self.prefetch > 0 {
-                    reserve_on(&p.ahead, self.prefetch, usize::MAX)
-                } else {
-                    0
-                },
+            .map(|(pool, p)| {
+                let slots = p.reserve(MAX_PREFETCH);
+                let ahead = reserve_on(&p.ahead, self.queue_bound(p), MAX_PREFETCH - slots);
+                ClaimPlan { pool, slots, ahead }
             })
             .filter(|c| c.slots + c.ahead > 0)
             .collect()
+    }
+
+    /// Whether pools claim ahead of their free slots.
+    fn prefetching(&self) -> bool {
+        self.prefetch != Some(0)
+    }
+
+    /// How many runs pool `p` may hold prefetched: `prefetch` as
+    /// configured, by default its concurrency. A queue as long as the
+    /// slots are many lets a transaction claim for every slot that frees
+    /// while the previous one ran; a longer one hoards: the first process
+    /// to claim a burst would take up to the whole queue while the other
+    /// processes' slots stay idle.
+    fn queue_bound(&self, p: &WorkerPool) -> usize {
+        self.prefetch.unwrap_or(p.concurrency).min(MAX_PREFETCH)
     }
 
     /// Gives back what a failed claim reserved.
@@ -1195,12 +1269,28 @@ impl<S: Store + Coordination> Worker<S> {
                 .map(|h| h.iter().map(|(k, v)| (*k, *v)).collect())
                 .unwrap_or_default();
             if !held.is_empty() {
+                let began = self.engine.now();
+                let beat = held.clone();
                 let r = self
-                    .on_store(move |e| e.store().renew_leases(&held, e.now()))
+                    .on_store(move |e| e.store().renew_leases(&beat, e.now()))
                     .await;
                 match r {
                     Some(Err(e)) => self.record_error(CallKind::Write, &e),
-                    Some(Ok(_)) => self.record_success(CallKind::Write),
+                    Some(Ok(renewed)) => {
+                        self.record_success(CallKind::Write);
+                        self.renewed_at.fetch_max(began, Ordering::SeqCst);
+                        // Some not renewed: ended, canceled or swept
+                        // elsewhere (a missed notification, an outage
+                        // longer than the lease), or only locked right now
+                        // (SKIP LOCKED): a plain read tells which.
+                        if (renewed as usize) < held.len() {
+                            match self.on_store(move |e| e.store().lost_leases(&held)).await {
+                                Some(Ok(lost)) => self.drop_lost(&lost),
+                                Some(Err(e)) => self.record_error(CallKind::Read, &e),
+                                None => {}
+                            }
+                        }
+                    }
                     None => {}
                 }
             }
@@ -1382,19 +1472,20 @@ mod tests {
             e.clone(),
             vec![WorkerPool::new("a", 2)],
             WorkerTimings {
-                prefetch: 8,
+                prefetch: None,
                 ..WorkerTimings::default()
             },
         );
         let started = Started::default();
         let concurrency = 2;
-        // The first claim: two runs into the slots, the rest queued.
+        // The first claim: two runs into the slots, two queued (by default
+        // a queue holds as many as the pool's concurrency).
         let plan = w.plan_claims();
         w.clone()
             .settle(Arc::new(started.clone()), Vec::new(), plan)
             .await;
         assert_eq!(started.0.lock().unwrap().len(), 2);
-        assert_eq!(w.pools()[0].prefetched(), 8);
+        assert_eq!(w.pools()[0].prefetched(), 2);
         // The first handler ends, its report finding the queue empty (a
         // claim that queued runs was still in its transaction): its end
         // keeps its slot until a pass of the loop settles it.

@@ -2322,3 +2322,101 @@ fn a_call_the_server_rolled_back_to_break_a_deadlock_runs_again() {
     assert_eq!(row_of(&e, &parent.id).status, RunStatus::Canceled);
     assert_eq!(row_of(&e, &child.id).status, RunStatus::Canceled);
 }
+
+/// Keeps what a worker dispatched (handlers that run until the test
+/// reports them).
+struct Dispatched(Arc<std::sync::Mutex<Vec<AttemptTicket>>>);
+
+impl worker::BatchDispatcher for Dispatched {
+    fn dispatch(&self, tickets: Vec<AttemptTicket>) -> bool {
+        self.0.lock().unwrap().extend(tickets);
+        true
+    }
+}
+
+/// A prefetched run canceled where this process never hears of it (the
+/// row changed in SQL: no notification) is not started: the heartbeat
+/// finds its attempt is no longer running and drops it from the queue,
+/// and the slot that frees next takes nothing.
+#[test]
+fn a_prefetched_run_canceled_unheard_is_dropped_by_the_heartbeat() {
+    use std::time::{Duration, Instant};
+    let Some((e, cfg)) = engine("lostq") else {
+        return;
+    };
+    e.register(spec("q")).unwrap();
+    let first = e.start(req("q", r#"{"i":0}"#)).unwrap().id;
+    std::thread::sleep(Duration::from_millis(2)); // claimed first
+    let queued = e.start(req("q", r#"{"i":1}"#)).unwrap().id;
+    let e = Arc::new(e);
+    let w = worker::Worker::with_timings(
+        e.clone(),
+        vec![worker::WorkerPool::new("batch", 1)],
+        worker::WorkerTimings {
+            lease_ms: 300, // a heartbeat every 100 ms
+            poll_ms: 50,
+            prefetch: None,
+        },
+    );
+    let got = Arc::new(std::sync::Mutex::new(Vec::new()));
+    // The worker on a runtime of its own; this thread (the test's, as JS
+    // would) reports and blocks on the database.
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let looping = rt.spawn(w.clone().run(Dispatched(got.clone())));
+    fn until(what: &str, cond: impl Fn() -> bool) {
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while !cond() {
+            assert!(Instant::now() < deadline, "timed out waiting for {what}");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+    until("one run executing, one prefetched", || {
+        got.lock().unwrap().len() == 1 && w.pools()[0].prefetched() == 1
+    });
+    let executing: AttemptTicket = got.lock().unwrap()[0].clone();
+    assert_eq!(executing.run.id, first);
+    // Canceled behind this process's back: no NOTIFY reaches it.
+    let mut c = postgres::Client::connect(&cfg.url, postgres::NoTls).unwrap();
+    let n = c
+        .execute(
+            &format!(
+                "UPDATE \"{}\".job_run SET status = 'canceled', finished_at = now() \
+                 WHERE id = $1 AND status = 'running'",
+                cfg.schema
+            ),
+            &[&queued],
+        )
+        .unwrap();
+    assert_eq!(n, 1);
+    until(
+        "the heartbeat to drop the canceled run from the queue",
+        || w.pools()[0].prefetched() == 0,
+    );
+    // The slot frees: nothing prefetched is left to start.
+    let (handed, error) = w.report(vec![(
+        executing.run.id,
+        executing.epoch,
+        Some(AttemptOutcome::Completed(None)),
+        0,
+    )]);
+    assert!(error.is_none());
+    assert!(handed.is_empty(), "the canceled run was handed out");
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(
+        got.lock().unwrap().iter().all(|t| t.run.id != queued),
+        "the canceled run was started"
+    );
+    w.stop();
+    rt.block_on(async { tokio::time::timeout(Duration::from_secs(10), looping).await })
+        .unwrap()
+        .unwrap();
+    let row = e
+        .find_by_id(&queued.to_string(), &TenantArg::Missing)
+        .unwrap()
+        .unwrap();
+    assert_eq!(row.status, RunStatus::Canceled);
+}

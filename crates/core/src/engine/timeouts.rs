@@ -157,8 +157,9 @@ impl<S: Store> Engine<S> {
             .unwrap_or(false)
     }
 
-    /// The attempt ended (its outcome applied, or it was released).
-    pub(super) fn end_in_flight(&self, id: &RunId, epoch: u32) {
+    /// The attempt ended (its outcome applied, or it was released; or the
+    /// worker found it is no longer its own).
+    pub fn end_in_flight(&self, id: &RunId, epoch: u32) {
         if let Ok(mut open) = self.open.lock() {
             open.end(id, Some(epoch));
         }

@@ -132,6 +132,15 @@ pub trait Coordination {
         Ok(0)
     }
 
+    /// Of `runs` (attempts this process holds), those that are no longer
+    /// running attempts of ours: the run ended, was canceled, or was swept
+    /// and claimed again elsewhere (a lease lost in an outage, a cancel
+    /// whose notification was missed). A plain read, no locks: it answers
+    /// for the rows a heartbeat skipped as locked too. O(k log n).
+    fn lost_leases(&self, _runs: &[(RunId, u32)]) -> Result<Vec<(RunId, u32)>> {
+        Ok(Vec::new())
+    }
+
     /// Running attempts whose lease is older than `lease_ms`: `(id, epoch)`,
     /// at most `limit`.
     fn expired_leases(

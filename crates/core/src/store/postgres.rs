@@ -880,6 +880,28 @@ impl PgStore {
         })
     }
 
+    /// Of `runs`, the attempts that are no longer running (see
+    /// `Coordination::lost_leases`): one primary-key lookup each.
+    pub fn lost_leases(&self, runs: &[(RunId, u32)]) -> Result<Vec<(RunId, u32)>> {
+        if runs.is_empty() {
+            return Ok(Vec::new());
+        }
+        let ids: Vec<Uuid> = runs.iter().map(|r| r.0).collect();
+        let epochs: Vec<i32> = runs.iter().map(|r| r.1 as i32).collect();
+        self.read(|tx| {
+            let rows = tx.query(SQL_LOST_LEASES, &[&ids, &epochs], None);
+            Ok(rows
+                .iter()
+                .filter_map(|r| {
+                    Some((
+                        r.try_get::<_, Uuid>(0).ok()?,
+                        r.try_get::<_, i32>(1).ok()? as u32,
+                    ))
+                })
+                .collect())
+        })
+    }
+
     /// Running runs whose lease is older than `lease_ms` (their worker is
     /// gone): `(id, epoch)`, at most `limit`.
     pub fn expired_leases(
@@ -1294,6 +1316,10 @@ impl super::Coordination for PgStore {
         PgStore::expired_leases(self, now, lease_ms, limit)
     }
 
+    fn lost_leases(&self, runs: &[(RunId, u32)]) -> Result<Vec<(RunId, u32)>> {
+        PgStore::lost_leases(self, runs)
+    }
+
     fn listen(
         &self,
         keep_going: &dyn Fn() -> bool,
@@ -1703,6 +1729,12 @@ const SQL_TAKE_SIGNAL: &str = "DELETE FROM {S}.job_signal WHERE run_id = $1 AND 
     FOR UPDATE) RETURNING payload";
 const SQL_INBOX_LEN: &str = "SELECT count(*) FROM {S}.job_signal WHERE run_id = $1";
 const SQL_CLEAR_SIGNALS: &str = "DELETE FROM {S}.job_signal WHERE run_id = $1";
+/// Held attempts that are not running attempts any more (the heartbeat's
+/// reconciliation): no lock, so a row another transaction holds is read as
+/// last committed. `job_run_pkey`.
+const SQL_LOST_LEASES: &str = "SELECT h.id, h.epoch FROM unnest($1::uuid[], $2::int4[]) \
+    AS h(id, epoch) LEFT JOIN {S}.job_run j ON j.id = h.id \
+    WHERE j.id IS NULL OR j.status <> 'running' OR j.claim_epoch <> h.epoch";
 const SQL_EXPIRED: &str = "SELECT id, claim_epoch FROM {S}.job_run WHERE status = 'running' \
     AND claimed_at < $1 ORDER BY claimed_at LIMIT $2";
 

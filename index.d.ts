@@ -141,7 +141,7 @@ export interface NativeOptions {
   pollMs?: number
   /**
    * Postgres: runs each worker pool claims ahead of its free slots
-   * (0: none). Default `DEFAULT_PREFETCH`.
+   * (0: none). Default: each pool's concurrency.
    */
   prefetch?: number
 }

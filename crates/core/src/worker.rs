@@ -164,6 +164,10 @@ impl WorkerPool {
     }
 }
 
+/// Transactions a stopping worker tries to return its prefetched runs in
+/// (100 ms, then 200 ms between): well within the 1 s a stop waits at least.
+const RETURN_TRIES: u32 = 3;
+
 /// The most `WorkerTimings::prefetch` may be: one claim statement takes
 /// at most 1,000 runs.
 pub const MAX_PREFETCH: usize = 1000;
@@ -525,15 +529,18 @@ impl<S: Store + Coordination> Worker<S> {
     }
 
     /// A stopping worker's prefetched attempts, back to `pending` in one
-    /// transaction (`release_attempt` keeps their due time, so they keep
+    /// transaction (`release_claims` keeps their due time, so they keep
     /// their place among the due runs): another process can claim them at
-    /// once. If that fails their leases lapse and the sweeper returns them.
+    /// once. Tried up to `RETURN_TRIES` times, a short pause between (a
+    /// connection lost once should not cost the other processes a lease's
+    /// wait); if every try fails their leases lapse and the sweeper returns
+    /// them. Either way they are no longer open here nor renewed.
     async fn return_prefetched(&self) {
         let mut back = Vec::new();
         for p in &self.pools {
             let mut n = 0;
             while let Some(t) = p.pop_prefetched() {
-                back.push((t.run.id, t.epoch));
+                back.push((t.run.id, t.epoch, t.run.claimed_at.get()));
                 n += 1;
             }
             p.ahead.fetch_sub(n, Ordering::SeqCst);
@@ -541,13 +548,22 @@ impl<S: Store + Coordination> Worker<S> {
         if back.is_empty() {
             return;
         }
-        let list = back.clone();
-        match self.on_store(move |e| e.release_attempts(&list)).await {
-            Some(Ok(_)) => self.record_success(CallKind::Write),
-            Some(Err(e)) => self.record_error(CallKind::Write, e),
-            None => self.record_error(CallKind::Write, "a store transaction did not finish"),
+        for tried in 1..=RETURN_TRIES {
+            let list = back.clone();
+            match self.on_store(move |e| e.release_claims(&list)).await {
+                Some(Ok(_)) => {
+                    self.record_success(CallKind::Write);
+                    break;
+                }
+                Some(Err(e)) => self.record_error(CallKind::Write, e),
+                None => self.record_error(CallKind::Write, "a store transaction did not finish"),
+            }
+            if tried < RETURN_TRIES {
+                tokio::time::sleep(Duration::from_millis(100 * u64::from(tried))).await;
+            }
         }
-        for (id, epoch) in &back {
+        for (id, epoch, _) in &back {
+            self.engine.end_in_flight(id, *epoch);
             self.forget_lease(id, *epoch);
         }
     }
@@ -1366,15 +1382,11 @@ fn sweep_in<S: Store + Coordination>(
     } else {
         CallKind::Write
     };
-    let mut n = 0;
-    for (id, epoch) in expired {
-        if engine
-            .release_attempt(&id, epoch)
-            .map_err(|e| (CallKind::Write, e))?
-        {
-            n += 1;
-        }
-    }
+    // One transaction for all of them (at most 500): rows read in one
+    // statement, written in one.
+    let n = engine
+        .release_attempts(&expired)
+        .map_err(|e| (CallKind::Write, e))?;
     if n > 0 {
         engine.wake_worker();
     }

@@ -2420,3 +2420,38 @@ fn a_prefetched_run_canceled_unheard_is_dropped_by_the_heartbeat() {
         .unwrap();
     assert_eq!(row.status, RunStatus::Canceled);
 }
+
+/// The sweeper returns the expired leases it finds in one transaction
+/// (their rows share the xmin of the transaction that wrote them), not
+/// one transaction per run.
+#[test]
+fn the_sweeper_releases_expired_leases_in_one_transaction() {
+    let Some((e, cfg)) = engine("sweep1") else {
+        return;
+    };
+    e.register(spec("w")).unwrap();
+    for i in 0..5 {
+        e.start(req("w", &format!(r#"{{"i":{i}}}"#))).unwrap();
+    }
+    let Settled { tickets, .. } = e.settle(Vec::new(), &[(Arc::from("batch"), 5)]).unwrap();
+    assert_eq!(tickets.len(), 5);
+    let mut c = postgres::Client::connect(&cfg.url, postgres::NoTls).unwrap();
+    let s = format!("\"{}\"", cfg.schema);
+    // Their worker is gone: leases a minute old.
+    c.batch_execute(&format!(
+        "UPDATE {s}.job_run SET claimed_at = claimed_at - interval '1 minute'"
+    ))
+    .unwrap();
+    assert_eq!(worker::sweep(&e, 30_000).unwrap(), 5);
+    let row = c
+        .query_one(
+            &format!(
+                "SELECT count(*)::int, count(DISTINCT xmin::text)::int FROM {s}.job_run \
+                 WHERE status = 'pending'"
+            ),
+            &[],
+        )
+        .unwrap();
+    assert_eq!(row.get::<_, i32>(0), 5);
+    assert_eq!(row.get::<_, i32>(1), 1, "one transaction released them all");
+}

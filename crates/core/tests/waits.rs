@@ -328,3 +328,64 @@ fn a_parked_execution_that_goes_on_still_acts_for_its_run_until_a_wait_resumes_i
         RunStatus::Pending
     );
 }
+
+/// A run released after a resumption (a stopping worker gives back its
+/// prefetched claim, the sweeper an expired lease) keeps `started_at`, the
+/// start of its first execution; a run released from its first claim
+/// never started: `started_at` is cleared.
+#[test]
+fn a_released_resumed_run_keeps_the_start_of_its_first_execution() {
+    let e = engine();
+    register(&e, "s", None);
+    let run = start(&e, "s", "{}");
+    let row = e.claim_next("batch").unwrap().unwrap();
+    let first_start = row.started_at.get();
+    assert!(first_start.is_some());
+    let soon = e.now() + 1_000;
+    assert!(matches!(
+        e.wait_begin(
+            &row.id.to_string(),
+            row.claim_epoch,
+            "nap",
+            WaitRequest::Sleep { until: soon }
+        )
+        .unwrap(),
+        WaitBegin::Open
+    ));
+    e.finish_attempt(&run.id, row.claim_epoch, AttemptOutcome::Parked)
+        .unwrap();
+    e.advance_time(1_000);
+    // The claim resumes the wait and claims the run again.
+    let again = e.claim_next("batch").unwrap().unwrap();
+    assert_eq!(again.id, run.id);
+    assert_eq!(again.started_at.get(), first_start);
+    assert!(again.claimed_at.get() > first_start);
+    assert!(e.release_attempt(&run.id, again.claim_epoch).unwrap());
+    let back = e
+        .find_by_id(&run.id.to_string(), &TenantArg::Missing)
+        .unwrap()
+        .unwrap();
+    assert_eq!(back.status, RunStatus::Pending);
+    assert_eq!(back.started_at.get(), first_start, "startedAt kept");
+    assert!(back.claimed_at.get().is_none());
+
+    // A first claim given back: the run never started.
+    let fresh = start(&e, "s", r#"{"n":2}"#);
+    e.advance_time(1);
+    let claimed = e.claim_next("batch").unwrap().unwrap();
+    let claimed = if claimed.id == fresh.id {
+        claimed
+    } else {
+        // The resumed run was due first.
+        e.claim_next("batch").unwrap().unwrap()
+    };
+    assert_eq!(claimed.id, fresh.id);
+    assert!(e
+        .release_claims(&[(fresh.id, claimed.claim_epoch, claimed.claimed_at.get())])
+        .is_ok_and(|n| n == 1));
+    let back = e
+        .find_by_id(&fresh.id.to_string(), &TenantArg::Missing)
+        .unwrap()
+        .unwrap();
+    assert_eq!(back.started_at.get(), None, "never started");
+}

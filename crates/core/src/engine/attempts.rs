@@ -490,10 +490,24 @@ impl<S: Store> Engine<S> {
         self.release_attempts(&[(*run_id, epoch)]).map(|n| n == 1)
     }
 
-    /// `release_attempt` for many attempts in one transaction (a stopping
-    /// worker's prefetched runs): their rows are read in one statement and
-    /// written in one. Returns how many were released. O(k log n).
+    /// `release_attempt` for many attempts in one transaction (the sweeper's
+    /// expired leases): their rows are read in one statement and written in
+    /// one. Returns how many were released. O(k log n). A run whose
+    /// `started_at` predates its `claimed_at` (a resumed run: it started
+    /// before this claim) keeps it: `startedAt` stays the start of its
+    /// first execution.
     pub fn release_attempts(&self, attempts: &[(RunId, u32)]) -> Result<usize> {
+        let claims: Vec<(RunId, u32, Option<Millis>)> =
+            attempts.iter().map(|(id, e)| (*id, *e, None)).collect();
+        self.release_claims(&claims)
+    }
+
+    /// `release_attempts` for attempts whose claim time is known (a worker's
+    /// tickets: `(id, epoch, claimed at)`; `None`: the row's `claimed_at`,
+    /// which heartbeats move on): `started_at` is kept if it predates the
+    /// claim, cleared if the claim set it (a prefetched run given back
+    /// unstarted never started).
+    pub fn release_claims(&self, attempts: &[(RunId, u32, Option<Millis>)]) -> Result<usize> {
         if attempts.is_empty() {
             return Ok(0);
         }
@@ -504,17 +518,22 @@ impl<S: Store> Engine<S> {
                 tx.prefetch(&ids);
             }
             let mut n = 0;
-            for (run_id, epoch) in attempts {
+            for (run_id, epoch, claimed) in attempts {
                 let Some(run) = tx.run(run_id) else {
                     continue;
                 };
                 if run.status != RunStatus::Running || run.claim_epoch != *epoch {
                     continue;
                 }
+                let claimed = claimed.or(run.claimed_at.get());
+                let started_before =
+                    matches!((run.started_at.get(), claimed), (Some(s), Some(c)) if s < c);
                 tx.update_run(run_id, &mut |r| {
                     r.status = RunStatus::Pending;
                     r.claimed_at = OptMillis::NONE;
-                    r.started_at = OptMillis::NONE;
+                    if !started_before {
+                        r.started_at = OptMillis::NONE;
+                    }
                     r.updated_at = now;
                     r.executing = false;
                     r.clear_wait();
@@ -523,7 +542,7 @@ impl<S: Store> Engine<S> {
             }
             Ok(n)
         })?;
-        for (run_id, epoch) in attempts {
+        for (run_id, epoch, _) in attempts {
             self.end_in_flight(run_id, *epoch);
         }
         Ok(released)

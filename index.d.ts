@@ -141,7 +141,8 @@ export interface NativeOptions {
   pollMs?: number
   /**
    * Postgres: runs each worker pool claims ahead of its free slots
-   * (0: none). Default: each pool's concurrency.
+   * (0: none). Default: each pool's pace (what it ended in the last
+   * 100 ms), from its concurrency up to `DEFAULT_PREFETCH`.
    */
   prefetch?: number
 }

@@ -39,7 +39,7 @@
  *
  *   node bench/pg.js [--n 20000] [--reps 1] [--procs 1,2,4] [--concurrency 24] [--pool 10]
  *                    [--inflight 20] [--enqueue-n 2000] [--bulk-n 20000] [--rate 200] [--seconds 5]
- *                    [--limit 60 (seconds per throughput point)]
+ *                    [--limit 60 (seconds per throughput point)] [--prefetch N (jobforge's postgres.prefetch; default: unset)]
  *                    [--only graphile,graphileBatched,bullmq,jobforge] [--json <file>] [--docs]
  *   JOBFORGE_PG_URL   database URL (default postgres://postgres@127.0.0.1:5432/test)
  */
@@ -65,7 +65,7 @@ const redact = (url) => url.replace(/(\/\/[^:/@]+):[^@]*@/, '$1:***@');
 // ── arguments ──────────────────────────────────────────────────────────
 
 function parseArgs(argv) {
-  const a = { n: 20000, reps: 1, procs: [1, 2, 4], concurrency: 24, pool: 10, inflight: 20, enqueueN: 2000, bulkN: 20000, rate: 200, seconds: 5, limitS: 60, only: null, json: null, docs: false, worker: null };
+  const a = { n: 20000, reps: 1, procs: [1, 2, 4], concurrency: 24, pool: 10, inflight: 20, enqueueN: 2000, bulkN: 20000, rate: 200, seconds: 5, limitS: 60, prefetch: null, only: null, json: null, docs: false, worker: null };
   const int = (k, v) => {
     const x = Number(v);
     if (!Number.isInteger(x) || x < 1) throw new Error(`${k} needs a positive integer, got ${v}`);
@@ -89,6 +89,7 @@ function parseArgs(argv) {
     else if (k === '--rate') a.rate = int(k, val());
     else if (k === '--seconds') a.seconds = int(k, val());
     else if (k === '--limit') a.limitS = int(k, val());
+    else if (k === '--prefetch') a.prefetch = int(k, val());
     else if (k === '--only') a.only = val();
     else if (k === '--json') a.json = path.resolve(val());
     else if (k === '--docs') a.docs = true;
@@ -271,7 +272,7 @@ const SYSTEMS = {
       const { JobOrchestrator } = require(path.join(ROOT, 'dist'));
       return new JobOrchestrator({
         backend: 'postgres',
-        postgres: { url: cfg.url, schema: SYSTEMS.jobforge.schema, maxConnections: cfg.pool, groupStarts: cfg.groupStarts },
+        postgres: { url: cfg.url, schema: SYSTEMS.jobforge.schema, maxConnections: cfg.pool, groupStarts: cfg.groupStarts, prefetch: cfg.prefetch ?? undefined },
         loggerFactory: () => quietJobforgeLogger,
       });
     },
@@ -296,7 +297,7 @@ const SYSTEMS = {
       } catch {}
       return {
         version,
-        config: `jobforge ${version ?? '?'}: backend 'postgres', schema 'jf_bench', maxConnections = pool, prefetch default (the pool's concurrency), startWorker({ pools: { batch: { concurrency } } })`,
+        config: `jobforge ${version ?? '?'}: backend 'postgres', schema 'jf_bench', maxConnections = pool, prefetch ${cfg.prefetch ?? 'default (paced: concurrency to 200)'}, startWorker({ pools: { batch: { concurrency } } })`,
       };
     },
     async client(cfg) {
@@ -585,7 +586,7 @@ async function enqueuePoint(pg, name, opt, rep = 0) {
 
 async function throughputPoint(pg, name, procs, opt) {
   const sys = SYSTEMS[name];
-  const cfg = { url: opt.url, concurrency: opt.concurrency, pool: opt.pool };
+  const cfg = { url: opt.url, concurrency: opt.concurrency, pool: opt.pool, prefetch: opt.prefetch };
   // The parent's connections are closed while the workers run, so
   // procs x pool connections fit in the server's max_connections.
   const backlog = await withClient(sys, cfg, async (client) => {
@@ -648,7 +649,7 @@ function pct(sorted, p) {
 
 async function latencyPoint(pg, name, opt) {
   const sys = SYSTEMS[name];
-  const cfg = { url: opt.url, concurrency: opt.concurrency, pool: opt.pool };
+  const cfg = { url: opt.url, concurrency: opt.concurrency, pool: opt.pool, prefetch: opt.prefetch };
   const client = await sys.client(cfg);
   let fleet = null;
   try {
@@ -863,14 +864,14 @@ async function main(args) {
   );
 
   const names = Object.keys(SYSTEMS).filter((n) => !args.only || args.only.includes(n));
-  const opt = { url, n: args.n, concurrency: args.concurrency, pool: args.pool, inflight: args.inflight, enqueueN: args.enqueueN, bulkN: args.bulkN, rate: args.rate, seconds: args.seconds, limitS: args.limitS };
+  const opt = { url, n: args.n, concurrency: args.concurrency, pool: args.pool, inflight: args.inflight, enqueueN: args.enqueueN, bulkN: args.bulkN, rate: args.rate, seconds: args.seconds, limitS: args.limitS, prefetch: args.prefetch };
   const live = [];
   for (const name of names) {
     const sys = SYSTEMS[name];
     const s = { label: sys.label, schema: sys.schema, available: false, reason: null, version: null, config: null, enqueue: null, throughput: {}, latency: null, errors: [], reps: { enqueue: [], throughput: {}, latency: [] } };
     results.systems[name] = s;
     try {
-      const p = await sys.probe({ url, pool: args.pool });
+      const p = await sys.probe({ url, pool: args.pool, prefetch: args.prefetch });
       s.available = true;
       s.version = p.version;
       s.config = p.config;

@@ -43,7 +43,8 @@ pub struct NativeOptions {
     /// Postgres: polling fallback when no notification arrives. Default 1000.
     pub poll_ms: Option<f64>,
     /// Postgres: runs each worker pool claims ahead of its free slots
-    /// (0: none). Default: each pool's concurrency.
+    /// (0: none). Default: each pool's pace (what it ended in the last
+    /// 100 ms), from its concurrency up to `DEFAULT_PREFETCH`.
     pub prefetch: Option<f64>,
 }
 

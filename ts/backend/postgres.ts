@@ -35,8 +35,10 @@ export interface PostgresOptions {
    * process and pool, even at a higher priority; and a queue longer than
    * the pool's concurrency hoards a burst: the first process to claim takes
    * up to its slots plus its queue while other processes' slots stay idle.
-   * 0 turns it off. Default: each pool's concurrency (a queue as long as
-   * its slots, enough to refill every slot that frees during a claim).
+   * Unset (the default), each pool's queue follows its pace: what it
+   * ended in the last 100 ms, at least its concurrency, at most 200 (fast
+   * handlers get long queues, slow ones share a burst). 0 turns it off; a
+   * number fixes the queue at that length.
    */
   prefetch?: number | undefined;
   /**

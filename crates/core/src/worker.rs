@@ -55,7 +55,29 @@ pub struct WorkerPool {
     /// Runs queued plus runs being claimed for the queue: at most the
     /// worker's `prefetch`.
     ahead: AtomicUsize,
+    /// Attempts of this pool ended so far (reported): its pace.
+    ended: AtomicUsize,
+    /// The default prefetch bound, from the pace (see `Worker::queue_bound`).
+    pace: Mutex<Pace>,
 }
+
+/// A pool's pace over the last `PACE_WINDOW`: what its default prefetch
+/// queue holds.
+struct Pace {
+    since: std::time::Instant,
+    ended_then: usize,
+    /// Attempts it ended in the last full window (0: none measured yet).
+    per_window: usize,
+}
+
+/// The window a pool's pace is measured over, and the time its default
+/// prefetch queue covers: a few claim transactions' worth. A queue holding
+/// more than a pool starts in this long only hoards.
+const PACE_WINDOW: Duration = Duration::from_millis(100);
+
+/// The most a default prefetch queue holds (`WorkerTimings::prefetch`
+/// unset), however fast its pool goes.
+pub const DEFAULT_PREFETCH: usize = 200;
 
 /// Reserves up to `want` of `limit` on `counter`; how many were reserved.
 fn reserve_on(counter: &AtomicUsize, limit: usize, want: usize) -> usize {
@@ -87,6 +109,12 @@ impl WorkerPool {
             in_flight: AtomicUsize::new(0),
             queue: Mutex::new(VecDeque::new()),
             ahead: AtomicUsize::new(0),
+            ended: AtomicUsize::new(0),
+            pace: Mutex::new(Pace {
+                since: std::time::Instant::now(),
+                ended_then: 0,
+                per_window: 0,
+            }),
         }
     }
 
@@ -182,8 +210,8 @@ pub struct WorkerTimings {
     /// may be lost).
     pub poll_ms: i64,
     /// Runs each pool claims ahead of its free slots (a networked store;
-    /// `Some(0)`: none; `None`: as many as the pool's concurrency, the
-    /// Postgres default). They are leased and heartbeated like any claim,
+    /// `Some(0)`: none; `None`, the Postgres default: what the pool ended
+    /// in the last 100 ms, from its concurrency up to `DEFAULT_PREFETCH`). They are leased and heartbeated like any claim,
     /// handed to the next free slot without a round trip, returned to
     /// `pending` at once by `stop()` and by the sweeper if the process
     /// dies. The price: a run that becomes due after others were
@@ -658,6 +686,9 @@ impl<S: Store + Coordination> Worker<S> {
             if let Ok(mut d) = self.done.lock() {
                 let stopping = self.is_stopping();
                 for (id, epoch, outcome, slot) in finished {
+                    if let Some(p) = self.pools.get(slot) {
+                        p.ended.fetch_add(1, Ordering::SeqCst);
+                    }
                     // The slot goes straight to the pool's next prefetched
                     // attempt: the handler after this one waits for no
                     // round trip.
@@ -945,13 +976,35 @@ impl<S: Store + Coordination> Worker<S> {
     }
 
     /// How many runs pool `p` may hold prefetched: `prefetch` as
-    /// configured, by default its concurrency. A queue as long as the
-    /// slots are many lets a transaction claim for every slot that frees
-    /// while the previous one ran; a longer one hoards: the first process
-    /// to claim a burst would take up to the whole queue while the other
-    /// processes' slots stay idle.
+    /// configured; by default what the pool ended in the last
+    /// `PACE_WINDOW`, at least its concurrency, at most `DEFAULT_PREFETCH`.
+    /// A fast pool (short handlers) needs a long queue for each transaction
+    /// to claim for many runs; a slow one gains nothing from one, which
+    /// only hoards: the first process to claim a burst would take up to
+    /// the whole queue while the other processes' slots stay idle.
     fn queue_bound(&self, p: &WorkerPool) -> usize {
-        self.prefetch.unwrap_or(p.concurrency).min(MAX_PREFETCH)
+        if let Some(n) = self.prefetch {
+            return n.min(MAX_PREFETCH);
+        }
+        let per_window = match p.pace.lock() {
+            Ok(mut pace) => {
+                let ended = p.ended.load(Ordering::SeqCst);
+                let elapsed = pace.since.elapsed();
+                if elapsed >= PACE_WINDOW {
+                    let n = ended.saturating_sub(pace.ended_then);
+                    // Scaled to one window (a pass may come late).
+                    let scaled = n as u128 * PACE_WINDOW.as_micros() / elapsed.as_micros().max(1);
+                    pace.per_window = usize::try_from(scaled).unwrap_or(usize::MAX);
+                    pace.since = std::time::Instant::now();
+                    pace.ended_then = ended;
+                }
+                pace.per_window
+            }
+            Err(_) => 0,
+        };
+        per_window
+            .clamp(p.concurrency.min(DEFAULT_PREFETCH), DEFAULT_PREFETCH)
+            .min(MAX_PREFETCH)
     }
 
     /// Gives back what a failed claim reserved.
@@ -1562,6 +1615,47 @@ mod tests {
         started.0.lock().unwrap().extend(handed);
         assert_eq!(w.in_flight(), started.0.lock().unwrap().len() - ended);
         assert!(w.in_flight() <= concurrency);
+    }
+
+    #[test]
+    fn a_default_prefetch_queue_follows_its_pools_pace() {
+        let e = Arc::new(Engine::new(
+            Flaky {
+                inner: MemoryStore::new(),
+                failing: AtomicBool::new(false),
+            },
+            EngineOptions {
+                multi_tenant: false,
+                clock: ClockKind::Manual,
+                retention: Default::default(),
+            },
+        ));
+        let timings = |prefetch| WorkerTimings {
+            prefetch,
+            ..WorkerTimings::default()
+        };
+        let w = Worker::with_timings(e.clone(), vec![WorkerPool::new("a", 4)], timings(None));
+        let p = &w.pools()[0];
+        // Nothing measured yet (an idle pool meeting a burst): its slots' worth.
+        assert_eq!(w.queue_bound(p), 4);
+        let window_ago = |p: &WorkerPool| {
+            p.pace.lock().unwrap().since = std::time::Instant::now() - super::PACE_WINDOW;
+        };
+        // Slow handlers: 3 ended in a window.
+        p.ended.fetch_add(3, Ordering::SeqCst);
+        window_ago(p);
+        assert_eq!(w.queue_bound(p), 4, "at least the pool's concurrency");
+        // Fast ones: 120 in a window, then more than the cap.
+        p.ended.fetch_add(120, Ordering::SeqCst);
+        window_ago(p);
+        let fast = w.queue_bound(p);
+        assert!((110..=120).contains(&fast), "{fast}");
+        p.ended.fetch_add(5_000, Ordering::SeqCst);
+        window_ago(p);
+        assert_eq!(w.queue_bound(p), super::DEFAULT_PREFETCH);
+        // A set prefetch is what it says.
+        let fixed = Worker::with_timings(e, vec![WorkerPool::new("a", 4)], timings(Some(30)));
+        assert_eq!(fixed.queue_bound(&fixed.pools()[0]), 30);
     }
 
     #[test]

@@ -714,7 +714,7 @@ postgresOnly('multiprocess: stop() returns unstarted prefetched runs to pending 
   t.log(`stop() took ${stopMs.toFixed(0)} ms; the first worker ran ${firstRan}, the second the other ${RUNS - firstRan} in ${tookMs.toFixed(0)} ms`);
 });
 
-postgresOnly('multiprocess: a burst started at once is shared by the idle workers of 2 processes (by default a prefetch queue holds a pool\'s concurrency, no more)', async (t, make) => {
+postgresOnly('multiprocess: a burst started at once is shared by the idle workers of 2 processes (an idle pool\'s default prefetch queue holds its concurrency, no more)', async (t, make) => {
   t.timeout(60_000);
   const RUNS = 8;
   const CONCURRENCY = 2;

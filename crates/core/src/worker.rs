@@ -1464,6 +1464,8 @@ mod tests {
     struct Flaky {
         inner: MemoryStore,
         failing: AtomicBool,
+        /// Whether it says other processes share it (leases matter).
+        shared: bool,
     }
 
     impl Store for Flaky {
@@ -1486,6 +1488,10 @@ mod tests {
     }
 
     impl Coordination for Flaky {
+        fn shared(&self) -> bool {
+            self.shared
+        }
+
         fn inline(&self) -> bool {
             false
         }
@@ -1512,6 +1518,7 @@ mod tests {
             Flaky {
                 inner: MemoryStore::new(),
                 failing: AtomicBool::new(false),
+                shared: false,
             },
             EngineOptions {
                 multi_tenant: false,
@@ -1617,12 +1624,76 @@ mod tests {
         assert!(w.in_flight() <= concurrency);
     }
 
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_prefetched_run_whose_lease_may_have_lapsed_is_dropped_not_started() {
+        let e = Arc::new(Engine::new(
+            Flaky {
+                inner: MemoryStore::new(),
+                failing: AtomicBool::new(false),
+                shared: true,
+            },
+            EngineOptions {
+                multi_tenant: false,
+                clock: ClockKind::Manual,
+                retention: Default::default(),
+            },
+        ));
+        e.register(DefinitionSpec {
+            job_type: "t".into(),
+            pool: Some("a".into()),
+            ..DefinitionSpec::default()
+        })
+        .unwrap();
+        for i in 0..4 {
+            e.start(StartRequest {
+                job_type: "t".into(),
+                input: RawValue::from_string(format!("{{\"i\":{i}}}")).unwrap(),
+                ..StartRequest::default()
+            })
+            .unwrap();
+        }
+        let w = Worker::with_timings(
+            e.clone(),
+            vec![WorkerPool::new("a", 1)],
+            WorkerTimings {
+                lease_ms: 1_000,
+                prefetch: Some(2),
+                ..WorkerTimings::default()
+            },
+        );
+        let started = Started::default();
+        let plan = w.plan_claims();
+        w.clone()
+            .settle(Arc::new(started.clone()), Vec::new(), plan)
+            .await;
+        assert_eq!(started.0.lock().unwrap().len(), 1);
+        assert_eq!(w.pools()[0].prefetched(), 2);
+        let first = started.0.lock().unwrap()[0].clone();
+        let end =
+            |t: &AttemptTicket| vec![(t.run.id, t.epoch, Some(AttemptOutcome::Completed(None)), 0)];
+        // Within the lease: the freed slot takes the next queued run.
+        e.advance_time(999);
+        let (handed, _) = w.report(end(&first));
+        assert_eq!(handed.len(), 1, "a fresh lease is handed out");
+        // No heartbeat succeeded since the claim, a lease ago: another
+        // process may have swept the last queued run and run it.
+        e.advance_time(1);
+        let (handed, _) = w.report(end(&handed[0]));
+        assert!(handed.is_empty(), "a lapsed lease was handed out");
+        assert_eq!(w.pools()[0].prefetched(), 0);
+        assert_eq!(w.ahead(), 0);
+        // A heartbeat that succeeded renews what is queued.
+        w.renewed_at.store(e.now(), Ordering::SeqCst);
+        assert!(!w.lease_may_have_lapsed(&first));
+    }
+
     #[test]
     fn a_default_prefetch_queue_follows_its_pools_pace() {
         let e = Arc::new(Engine::new(
             Flaky {
                 inner: MemoryStore::new(),
                 failing: AtomicBool::new(false),
+                shared: false,
             },
             EngineOptions {
                 multi_tenant: false,

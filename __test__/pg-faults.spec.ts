@@ -90,6 +90,12 @@ postgresOnly('faults: start loops under backend kills every 5â€“25 ms for 10 s â
   }
   const missing = [...resolved].filter(([k, id]) => stored.get(k) !== id).map(([k]) => k);
   const notStoreErrors = rejected.filter((r) => !(r.err instanceof JobStoreError));
+  const kinds = new Map<string, number>();
+  for (const r of rejected) {
+    const m = String((r.err as Error).message).replace(/[0-9a-f-]{36}|\d+/g, '#').slice(0, 90);
+    kinds.set(m, (kinds.get(m) ?? 0) + 1);
+  }
+  t.log(`rejections by message: ${JSON.stringify([...kinds].sort((a, b) => b[1] - a[1]).slice(0, 4))}`);
   const unknown = rejected.filter((r) => r.err instanceof JobStoreError && r.err.outcome === 'unknown');
   const rejectedButStored = rejected.filter((r) => !(r.err instanceof JobStoreError && r.err.outcome === 'unknown') && stored.has(r.key));
   t.log(

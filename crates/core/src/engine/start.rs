@@ -235,13 +235,20 @@ impl<S: Store> Engine<S> {
         let answers = self.write(|tx| {
             self.purge(tx, now);
             tx.expect_inserts(n);
-            Ok(reqs
-                .into_iter()
-                .map(|req| match self.start_in(tx, req, now, true, &mut fx)? {
-                    Started::Row(row) => Ok(*row),
-                    Started::Created { .. } => Err(JobError::invalid("start answered no row")),
-                })
-                .collect::<Vec<_>>())
+            let mut answers = Vec::with_capacity(n);
+            for req in reqs {
+                answers.push(match self.start_in(tx, req, now, true, &mut fx) {
+                    Ok(Started::Row(row)) => Ok(*row),
+                    Ok(Started::Created { .. }) => Err(JobError::invalid("start answered no row")),
+                    // A store failure is the group's, not this start's: the
+                    // transaction is gone, so the call fails whole (and runs
+                    // again if that changed nothing, `Engine::again`). A
+                    // rule's refusal changed nothing and leaves the others be.
+                    Err(e @ JobError::Store { .. }) => return Err(e),
+                    Err(e) => Err(e),
+                });
+            }
+            Ok(answers)
         })?;
         self.deliver(fx);
         self.wake_pools_of(answers.iter().flatten());

@@ -107,7 +107,10 @@ postgresOnly('faults: start loops under backend kills every 5â€“25 ms for 10 s â
   t.deepEqual(missing, [], 'every resolved start is stored, with the id it answered');
   t.deepEqual(rejectedButStored.map((r) => r.key), [], "a start rejected with outcome 'none' is not stored");
   t.deepEqual(unknown.map((r) => String(r.err)), [], 'the server was up: every outcome could be read back');
-  t.true(resolved.size > rejected.length, 'most starts succeed (a lost connection runs the call again)');
+  // A start that lost its connection having changed nothing runs again on
+  // a fresh one (up to 16 tries), whichever statement met the kill (the
+  // connection's first query included): none reaches the caller here.
+  t.deepEqual(rejected.map((r) => String(r.err)), [], 'no start rejected: a lost connection runs the call again');
 });
 
 postgresOnly('faults: a drain of 3,000 runs under backend kills completes every run once, within 5 s of the last kill (default leaseMs)', async (t, make) => {

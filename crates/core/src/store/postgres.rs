@@ -515,6 +515,10 @@ impl Pool {
                     connect_bounded(&self.config, &self.stuck, self.max).and_then(|mut client| {
                         match incarnation(&mut client) {
                             Ok(incarnation) => Ok((client, incarnation)),
+                            // Ended as soon as it opened (a backend killed,
+                            // a server going down): the call ran nothing and
+                            // may run again on another (`Engine::again`).
+                            Err(e) if connection_lost(&e) || client.is_closed() => Err(lost(e)),
                             Err(e) => Err(db_err(e)),
                         }
                     });
@@ -1282,7 +1286,29 @@ impl PgStore {
                 Ok(v)
             }
             (Err(e), None) => {
-                conn.client.batch_execute("ROLLBACK").map_err(db_err)?;
+                // A rule that refused, or a store call that failed and
+                // answered its error itself (a batched insert, a seq round
+                // trip). On a connection that died meanwhile no COMMIT was
+                // sent: the server rolls back, and a store failure is then
+                // a lost connection that changed nothing (it runs again,
+                // `Engine::again`), not a plain rollback.
+                let gone = conn.client.is_closed()
+                    || match conn.client.batch_execute("ROLLBACK") {
+                        Ok(()) => false,
+                        Err(re) if connection_lost(&re) || conn.client.is_closed() => true,
+                        Err(re) => return Err(db_err(re)),
+                    };
+                if gone {
+                    *dead = true;
+                    lease.discard();
+                    if let JobError::Store { message, .. } = e {
+                        return Err(JobError::Store {
+                            message,
+                            retryable: true,
+                            outcome: StoreOutcome::Lost,
+                        });
+                    }
+                }
                 Err(e)
             }
             (_, Some(e)) => {

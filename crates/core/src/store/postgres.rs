@@ -380,6 +380,19 @@ fn attempt_budget(config: &postgres::Config, limit: Duration) -> Duration {
 /// dropped) and counted in `stuck` until it does. While `max` attempts are
 /// stuck, calls fail at once rather than start more threads; the count
 /// comes down as those connections end (the server answers or closes).
+/// A connection attempt's failure. A server that answered and ended the new
+/// backend (`57P01`, `pg_terminate_backend` during its startup) is up: the
+/// call ran nothing and may run again at once (`Engine::again`); a refused
+/// or unanswered attempt is not tried again there (a server that is down
+/// would make every call wait for 16 connect timeouts).
+fn connect_err(e: postgres::Error) -> JobError {
+    if e.code().is_some_and(|c| c.code() == "57P01") {
+        lost(e)
+    } else {
+        db_err(e)
+    }
+}
+
 fn connect_bounded(
     config: &postgres::Config,
     stuck: &Arc<std::sync::atomic::AtomicUsize>,
@@ -388,7 +401,7 @@ fn connect_bounded(
     use std::sync::atomic::Ordering;
     use std::sync::mpsc::RecvTimeoutError;
     let Some(limit) = config.get_connect_timeout().copied() else {
-        return config.connect(NoTls).map_err(db_err);
+        return config.connect(NoTls).map_err(connect_err);
     };
     let budget = attempt_budget(config, limit);
     let unanswered = |n: usize| JobError::Store {
@@ -422,7 +435,7 @@ fn connect_bounded(
             let out =
                 match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| cfg.connect(NoTls)))
                 {
-                    Ok(r) => r.map_err(db_err),
+                    Ok(r) => r.map_err(connect_err),
                     Err(_) => Err(JobError::Store {
                         message: "the database driver failed to set up a connection \
                               (out of file descriptors?)"

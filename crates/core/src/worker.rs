@@ -1468,6 +1468,37 @@ mod tests {
         shared: bool,
     }
 
+    /// An engine over `Flaky` with type `t` in pool `a` and `runs` pending runs of it.
+    fn flaky_engine(shared: bool, runs: usize) -> Arc<Engine<Flaky>> {
+        let e = Arc::new(Engine::new(
+            Flaky {
+                inner: MemoryStore::new(),
+                failing: AtomicBool::new(false),
+                shared,
+            },
+            EngineOptions {
+                multi_tenant: false,
+                clock: ClockKind::Manual,
+                retention: Default::default(),
+            },
+        ));
+        e.register(DefinitionSpec {
+            job_type: "t".into(),
+            pool: Some("a".into()),
+            ..DefinitionSpec::default()
+        })
+        .unwrap();
+        for i in 0..runs {
+            e.start(StartRequest {
+                job_type: "t".into(),
+                input: RawValue::from_string(format!("{{\"i\":{i}}}")).unwrap(),
+                ..StartRequest::default()
+            })
+            .unwrap();
+        }
+        e
+    }
+
     impl Store for Flaky {
         type Tx<'a> = <MemoryStore as Store>::Tx<'a>;
 
@@ -1514,32 +1545,7 @@ mod tests {
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_failed_settle_after_a_hand_out_keeps_the_slots_of_its_ends() {
-        let e = Arc::new(Engine::new(
-            Flaky {
-                inner: MemoryStore::new(),
-                failing: AtomicBool::new(false),
-                shared: false,
-            },
-            EngineOptions {
-                multi_tenant: false,
-                clock: ClockKind::Manual,
-                retention: Default::default(),
-            },
-        ));
-        e.register(DefinitionSpec {
-            job_type: "t".into(),
-            pool: Some("a".into()),
-            ..DefinitionSpec::default()
-        })
-        .unwrap();
-        for i in 0..10 {
-            e.start(StartRequest {
-                job_type: "t".into(),
-                input: RawValue::from_string(format!("{{\"i\":{i}}}")).unwrap(),
-                ..StartRequest::default()
-            })
-            .unwrap();
-        }
+        let e = flaky_engine(false, 10);
         let w = Worker::with_timings(
             e.clone(),
             vec![WorkerPool::new("a", 2)],
@@ -1626,32 +1632,7 @@ mod tests {
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_prefetched_run_whose_lease_may_have_lapsed_is_dropped_not_started() {
-        let e = Arc::new(Engine::new(
-            Flaky {
-                inner: MemoryStore::new(),
-                failing: AtomicBool::new(false),
-                shared: true,
-            },
-            EngineOptions {
-                multi_tenant: false,
-                clock: ClockKind::Manual,
-                retention: Default::default(),
-            },
-        ));
-        e.register(DefinitionSpec {
-            job_type: "t".into(),
-            pool: Some("a".into()),
-            ..DefinitionSpec::default()
-        })
-        .unwrap();
-        for i in 0..4 {
-            e.start(StartRequest {
-                job_type: "t".into(),
-                input: RawValue::from_string(format!("{{\"i\":{i}}}")).unwrap(),
-                ..StartRequest::default()
-            })
-            .unwrap();
-        }
+        let e = flaky_engine(true, 4);
         let w = Worker::with_timings(
             e.clone(),
             vec![WorkerPool::new("a", 1)],
@@ -1689,18 +1670,7 @@ mod tests {
 
     #[test]
     fn a_default_prefetch_queue_follows_its_pools_pace() {
-        let e = Arc::new(Engine::new(
-            Flaky {
-                inner: MemoryStore::new(),
-                failing: AtomicBool::new(false),
-                shared: false,
-            },
-            EngineOptions {
-                multi_tenant: false,
-                clock: ClockKind::Manual,
-                retention: Default::default(),
-            },
-        ));
+        let e = flaky_engine(false, 0);
         let timings = |prefetch| WorkerTimings {
             prefetch,
             ..WorkerTimings::default()

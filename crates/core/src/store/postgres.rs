@@ -2928,7 +2928,8 @@ mod tests {
             (SQL_PURGE, &[&now, &now], "job_signal_pkey"),
             (SQL_PUSH_SIGNAL, &[&run, &"go", &Jsonb("1"), &now], "Insert"),
         ];
-        for (tpl, params, index) in cases {
+        // Each statement's plan: no sequential scan, and the index it needs.
+        let mut explain = |tpl: &str, params: &[&(dyn ToSql + Sync)], index: &str| {
             let sql = tpl.replace("{S}", &s).replace("{R}", RUN_COLS);
             let plan = c
                 .query(&format!("EXPLAIN {sql}"), params)
@@ -2939,6 +2940,9 @@ mod tests {
                 .join("\n");
             assert!(!plan.contains("Seq Scan"), "{sql}\n{plan}");
             assert!(plan.contains(index), "{sql}\n{plan}");
+        };
+        for (tpl, params, index) in cases {
+            explain(tpl, params, index);
         }
         // The worker's batch: one claim statement for many runs, one read
         // and one write for many settled (or returned) runs, the heartbeat.
@@ -2968,16 +2972,7 @@ mod tests {
             (SQL_HEARTBEAT, &[&ids, &epochs, &now], "job_run_pkey"),
         ];
         for (tpl, params, index) in batch {
-            let sql = tpl.replace("{S}", &s).replace("{R}", RUN_COLS);
-            let plan = c
-                .query(&format!("EXPLAIN {sql}"), params)
-                .expect("explain")
-                .iter()
-                .map(|r| r.get::<_, String>(0))
-                .collect::<Vec<_>>()
-                .join("\n");
-            assert!(!plan.contains("Seq Scan"), "{sql}\n{plan}");
-            assert!(plan.contains(index), "{sql}\n{plan}");
+            explain(tpl, params, index);
         }
         c.batch_execute(&format!("DROP SCHEMA {s} CASCADE"))
             .expect("drop");

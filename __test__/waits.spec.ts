@@ -602,23 +602,28 @@ postgresOnly('a signal from another process wakes a waiting run at once (NOTIFY,
 
 forBackends('a wait that resolves while its attempt still runs resumes the run at once when it parks on its other waits (Promise.race)', async (t, make) => {
   const o = await make.manual();
-  let sent = false;
+  let sent: Promise<unknown> | undefined;
   o.registerHandler('race', {}, async (ctx: JobContext<unknown>) => {
     const winner = Promise.race([
       ctx.waitForSignal<string>('approve').then((v) => `approve:${v}`),
       ctx.waitForSignal<string>('reject').then((v) => `reject:${v}`),
     ]);
-    // The signal lands after both waits answered "open", before the attempt
-    // parks (first execution only: a rerun awaiting it after its wait
-    // resolved would be other async work, which parking does not see).
+    // The signal is sent while both waits open, before the attempt parks
+    // (first execution only: a rerun awaiting it after its wait resolved
+    // would be other async work, which parking does not see).
     if (!sent) {
-      sent = true;
-      await o.signal(ctx.run.id, 'approve', 'yes');
+      sent = o.signal(ctx.run.id, 'approve', 'yes');
+      await sent;
     }
     return winner;
   });
   const r = await o.start('race', {});
-  const after = await tickRun(o, r.id);
+  await tickRun(o, r.id);
+  // On PostgreSQL the attempt may park while the signal is still in flight
+  // (parking does not wait for work that is not a ctx call): the run is
+  // then waiting until the signal commits. Read it once the signal answered.
+  await sent;
+  const after = await get(o, r.id);
   // Memory answers both waits before the signal (calls are synchronous):
   // the run must not park on the loser. On PostgreSQL the signal may also
   // come first and be taken from the inbox: the run then completes at once.

@@ -356,3 +356,79 @@ fn cancel_replay_and_record_step_whose_answers_were_lost_answer_with_what_they_s
         .batch_execute(&format!("DROP SCHEMA \"{schema}\" CASCADE"))
         .unwrap();
 }
+
+/// The store error of an unknown outcome.
+fn assert_unknown(err: &JobError) {
+    match err {
+        JobError::Store { outcome, .. } => assert_eq!(*outcome, StoreOutcome::Unknown, "{err}"),
+        other => panic!("expected a store error, got {other:?}"),
+    }
+}
+
+#[test]
+fn a_claim_whose_outcome_stayed_unknown_is_released_by_the_next_transaction_not_left_to_its_lease()
+{
+    let Some((e, proxy, mut direct, schema)) = setup("orphan", 1) else {
+        return;
+    };
+    let row = e.start(start_req(r#"{"n":7}"#)).unwrap();
+    let stored_claim = |direct: &mut postgres::Client| -> (String, i32) {
+        let r = direct
+            .query_one(
+                &format!("SELECT status, claim_epoch FROM \"{schema}\".job_run WHERE id = $1"),
+                &[&row.id],
+            )
+            .unwrap();
+        (r.get(0), r.get(1))
+    };
+
+    // The claim lands; its answer is lost and the server stays out of
+    // reach past the connect timeout: nobody holds the run it claimed.
+    proxy.arm(Mode::LoseAnswer, Mode::Refuse);
+    let err = e
+        .claim_attempts(&row.pool, 5)
+        .expect_err("the outcome cannot be told");
+    assert_unknown(&err);
+    assert_eq!(stored_claim(&mut direct), ("running".to_owned(), 1));
+
+    // The server answers again: the first transaction releases the orphan
+    // (its lease of 30 s has not run out), so the claim in it takes the
+    // run again at once, under a new epoch.
+    *proxy.mode.lock().unwrap() = Mode::Pass;
+    let tickets = e.claim_attempts(&row.pool, 5).expect("claims again");
+    assert_eq!(
+        tickets
+            .iter()
+            .map(|t| (t.run.id, t.epoch))
+            .collect::<Vec<_>>(),
+        vec![(row.id, 2)],
+        "the orphaned claim was released and claimed again"
+    );
+    assert_eq!(stored_claim(&mut direct), ("running".to_owned(), 2));
+    assert!(!e.store().has_orphans(), "resolved");
+
+    // A claim whose COMMIT never reached the server: the read-back is as
+    // unknown, but the server rolled it back, so nothing is released
+    // later (the run claimed above stays held by its epoch 2).
+    let other = e.start(start_req(r#"{"n":8}"#)).unwrap();
+    proxy.arm(Mode::LoseCommit, Mode::Refuse);
+    let err = e
+        .claim_attempts(&row.pool, 5)
+        .expect_err("the outcome cannot be told");
+    assert_unknown(&err);
+    *proxy.mode.lock().unwrap() = Mode::Pass;
+    let tickets = e.claim_attempts(&row.pool, 5).expect("claims");
+    assert_eq!(
+        tickets
+            .iter()
+            .map(|t| (t.run.id, t.epoch))
+            .collect::<Vec<_>>(),
+        vec![(other.id, 1)],
+        "the rolled-back claim left the run pending; the held one is untouched"
+    );
+    assert_eq!(stored_claim(&mut direct), ("running".to_owned(), 2));
+    assert!(!e.store().has_orphans(), "resolved");
+    direct
+        .batch_execute(&format!("DROP SCHEMA \"{schema}\" CASCADE"))
+        .unwrap();
+}

@@ -512,40 +512,49 @@ impl<S: Store> Engine<S> {
             return Ok(0);
         }
         let now = self.now();
-        let released = self.write(|tx| {
-            if attempts.len() > 1 {
-                let ids: Vec<RunId> = attempts.iter().map(|a| a.0).collect();
-                tx.prefetch(&ids);
-            }
-            let mut n = 0;
-            for (run_id, epoch, claimed) in attempts {
-                let Some(run) = tx.run(run_id) else {
-                    continue;
-                };
-                if run.status != RunStatus::Running || run.claim_epoch != *epoch {
-                    continue;
-                }
-                let claimed = claimed.or(run.claimed_at.get());
-                let started_before =
-                    matches!((run.started_at.get(), claimed), (Some(s), Some(c)) if s < c);
-                tx.update_run(run_id, &mut |r| {
-                    r.status = RunStatus::Pending;
-                    r.claimed_at = OptMillis::NONE;
-                    if !started_before {
-                        r.started_at = OptMillis::NONE;
-                    }
-                    r.updated_at = now;
-                    r.executing = false;
-                    r.clear_wait();
-                });
-                n += 1;
-            }
-            Ok(n)
-        })?;
+        let released = self.write(|tx| Ok(Self::release_in(tx, attempts, now)))?;
         for (run_id, epoch, _) in attempts {
             self.end_in_flight(run_id, *epoch);
         }
         Ok(released)
+    }
+
+    /// `release_claims` inside a transaction: each attempt still current
+    /// (running, same claim epoch) turns pending again, keeping its place.
+    /// Answers how many did. O(k).
+    pub(super) fn release_in(
+        tx: &mut S::Tx<'_>,
+        attempts: &[(RunId, u32, Option<Millis>)],
+        now: Millis,
+    ) -> usize {
+        if attempts.len() > 1 {
+            let ids: Vec<RunId> = attempts.iter().map(|a| a.0).collect();
+            tx.prefetch(&ids);
+        }
+        let mut n = 0;
+        for (run_id, epoch, claimed) in attempts {
+            let Some(run) = tx.run(run_id) else {
+                continue;
+            };
+            if run.status != RunStatus::Running || run.claim_epoch != *epoch {
+                continue;
+            }
+            let claimed = claimed.or(run.claimed_at.get());
+            let started_before =
+                matches!((run.started_at.get(), claimed), (Some(s), Some(c)) if s < c);
+            tx.update_run(run_id, &mut |r| {
+                r.status = RunStatus::Pending;
+                r.claimed_at = OptMillis::NONE;
+                if !started_before {
+                    r.started_at = OptMillis::NONE;
+                }
+                r.updated_at = now;
+                r.executing = false;
+                r.clear_wait();
+            });
+            n += 1;
+        }
+        n
     }
 
     /// Whether `epoch` is still the running attempt of the run. O(1).

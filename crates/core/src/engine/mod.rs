@@ -294,6 +294,21 @@ impl<S: Store> Engine<S> {
     /// where that costs nothing (see `Store::purges_in_every_call`): no
     /// call then sees, returns or changes a run that is due to be deleted.
     fn write<R>(&self, f: impl FnOnce(&mut S::Tx<'_>) -> Result<R>) -> Result<R> {
+        if self.store.has_orphans() {
+            // Claims whose transaction's outcome was unknown: the first
+            // transaction after the store answers again releases those
+            // that landed (nobody executes them), rather than leaving them
+            // to their lease.
+            let now = self.now();
+            return self.store.transaction(|tx| {
+                let orphans = tx.orphaned_claims();
+                Self::release_in(tx, &orphans, now);
+                if self.purges() && self.store.purges_in_every_call() {
+                    self.purge(tx, now);
+                }
+                f(tx)
+            });
+        }
         if self.purges() && self.store.purges_in_every_call() {
             let now = self.now();
             self.store.transaction(|tx| {

@@ -102,6 +102,14 @@ pub trait Store: Send + Sync + 'static {
     fn fires_schedules_in_claims(&self) -> bool {
         false
     }
+
+    /// Claims of this process whose transaction's outcome stayed unknown
+    /// (its COMMIT's answer was lost and could not be read back in time)
+    /// wait to be resolved: the next transaction asks
+    /// `StoreTx::orphaned_claims`. A cheap check, made before every write.
+    fn has_orphans(&self) -> bool {
+        false
+    }
 }
 
 /// How a store's runs are shared with other processes, and what that means
@@ -241,6 +249,16 @@ pub trait StoreTx {
     /// deadlocked fan-outs. A row read so is locked before it is written.
     fn peek_run(&self, id: &RunId) -> Option<&RunRow> {
         self.run(id)
+    }
+    /// The claims `(run, claim epoch, claimed at)` of earlier transactions
+    /// of this process whose outcome was unknown and has now proved
+    /// committed (see `Store::has_orphans`): nobody executes them,
+    /// and the caller releases them in this transaction. A claim whose
+    /// outcome cannot be told yet is asked again by a later transaction;
+    /// one that did not commit is forgotten. Handed out again by a later
+    /// transaction if this one does not commit.
+    fn orphaned_claims(&mut self) -> Vec<(RunId, u32, Option<Millis>)> {
+        Vec::new()
     }
     /// Inserts a new run and indexes it (pool queue, lane, dedupe, lineage).
     fn insert_run(&mut self, row: RunRow);

@@ -596,6 +596,40 @@ pub struct PgStore {
     /// Definitions are process-local (each process registers its handlers)
     /// and mirrored to the `job` table; a miss reads the table.
     defs: RwLock<HashMap<Arc<str>, Arc<JobDefinition>>>,
+    /// Transactions whose COMMIT outcome stayed unknown and that claimed
+    /// runs (see `StoreTx::orphaned_claims`); `orphaned` says whether any is.
+    orphans: Mutex<Vec<Orphan>>,
+    orphaned: std::sync::atomic::AtomicBool,
+}
+
+/// The orphans a transaction took to release, given back to the store
+/// unless it commits (`committed`).
+struct OrphanGuard<'s> {
+    store: &'s PgStore,
+    taken: Vec<Orphan>,
+}
+
+impl OrphanGuard<'_> {
+    fn committed(mut self) {
+        self.taken.clear();
+    }
+}
+
+impl Drop for OrphanGuard<'_> {
+    fn drop(&mut self) {
+        if !self.taken.is_empty() {
+            self.store.keep_orphans(std::mem::take(&mut self.taken));
+        }
+    }
+}
+
+/// A transaction that claimed runs and whose COMMIT's answer was lost, its
+/// outcome not read back in time: its id, the server's incarnation it ran
+/// in, and its claims `(run, epoch, claimed at)`.
+struct Orphan {
+    xid: i64,
+    was: Arc<str>,
+    claims: Vec<(RunId, u32, Option<Millis>)>,
 }
 
 fn quote_ident(s: &str) -> String {
@@ -833,6 +867,8 @@ impl PgStore {
             events_channel,
             origin,
             defs: RwLock::new(HashMap::new()),
+            orphans: Mutex::new(Vec::new()),
+            orphaned: std::sync::atomic::AtomicBool::new(false),
         })
     }
 
@@ -1078,6 +1114,15 @@ impl PgStore {
         Some(sql)
     }
 
+    /// Orphans to resolve in a later transaction (`orphaned_claims`).
+    fn keep_orphans(&self, orphans: Vec<Orphan>) {
+        if let Ok(mut list) = self.orphans.lock() {
+            list.extend(orphans);
+            self.orphaned
+                .store(true, std::sync::atomic::Ordering::SeqCst);
+        }
+    }
+
     /// Whether transaction `xid`, whose COMMIT was sent on a connection
     /// that then died (`cause`), committed: asked of the server
     /// (`txid_status`) on a fresh connection, for at most the connection
@@ -1218,9 +1263,16 @@ impl PgStore {
             seqs: VecDeque::new(),
             inserts_hint: 0,
             seq_after_lock: std::cell::Cell::new(false),
+            claimed: Vec::new(),
+            taken_orphans: Vec::new(),
         };
         let out = f(&mut tx);
         tx.flush();
+        let claimed = std::mem::take(&mut tx.claimed);
+        let taken = OrphanGuard {
+            store: self,
+            taken: std::mem::take(&mut tx.taken_orphans),
+        };
         let notify = tx.notify;
         let stopped = std::mem::take(&mut tx.stopped_running);
         let announced = std::mem::take(&mut tx.announced);
@@ -1278,10 +1330,26 @@ impl PgStore {
                         let Some(xid) = xid else {
                             return Err(lost(e));
                         };
-                        let (committed, mut client) = self.commit_outcome(xid, &was, &e)?;
+                        let (committed, mut client) = match self.commit_outcome(xid, &was, &e) {
+                            Ok(answer) => answer,
+                            Err(unknown) => {
+                                // Its claims, if it landed, are nobody's:
+                                // a later transaction finds out and
+                                // releases them (`orphaned_claims`).
+                                if !claimed.is_empty() {
+                                    self.keep_orphans(vec![Orphan {
+                                        xid,
+                                        was: was.clone(),
+                                        claims: claimed,
+                                    }]);
+                                }
+                                return Err(unknown);
+                            }
+                        };
                         if !committed {
                             return Err(lost(e));
                         }
+                        taken.committed();
                         // It landed: the answer is the one it would have had,
                         // and so are the notifications it owes.
                         if let Some(sql) = notices {
@@ -1293,6 +1361,7 @@ impl PgStore {
                     // serialisation failure): it rolled back.
                     Err(e) => return Err(db_err(e)),
                 }
+                taken.committed();
                 if let Some(sql) = notices {
                     let _ = conn.client.batch_execute(&sql);
                 }
@@ -1408,6 +1477,10 @@ impl Store for PgStore {
 
     fn transaction<R>(&self, f: impl FnOnce(&mut PgTx<'_>) -> Result<R>) -> Result<R> {
         self.run_tx(true, &mut false, f)
+    }
+
+    fn has_orphans(&self) -> bool {
+        self.orphaned.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// Read-only: rows are not locked, so readers never hold up claims. A
@@ -1689,6 +1762,7 @@ fn schedule_from_row(r: &Row) -> Option<ScheduleRow> {
 /// locked nothing). Not `txid_current()`, which would give one to a
 /// transaction that needs none (and so a WAL flush at its commit).
 const SQL_XID: &str = "SELECT txid_current_if_assigned()";
+const SQL_TXID_STATUS: &str = "SELECT txid_status($1)";
 
 const SQL_DEF: &str = "SELECT type, version::int4, pool, scope_entity_type, retry_policy, timeout_ms::int8, \
     concurrency_key_template, collision_mode, dedupe_key_template, dedupe_window_ms::int8, priority_default::int4, \
@@ -1820,6 +1894,12 @@ pub struct PgTx<'a> {
     /// ahead before it are dropped, so `seq`s stay ascending in the
     /// transaction.
     seq_after_lock: std::cell::Cell<bool>,
+    /// Runs this transaction claimed (pending → running): `(run, epoch,
+    /// claimed at)`, kept as orphans should its outcome stay unknown.
+    claimed: Vec<(RunId, u32, Option<Millis>)>,
+    /// Orphans this transaction resolved as committed and releases: given
+    /// back to the store unless it commits.
+    taken_orphans: Vec<Orphan>,
 }
 
 impl PgTx<'_> {
@@ -2252,6 +2332,47 @@ impl StoreTx for PgTx<'_> {
         self.load(id)
     }
 
+    fn orphaned_claims(&mut self) -> Vec<(RunId, u32, Option<Millis>)> {
+        use std::sync::atomic::Ordering;
+        if !self.lock || !self.store.orphaned.load(Ordering::SeqCst) {
+            return Vec::new();
+        }
+        let pending = match self.store.orphans.lock() {
+            Ok(mut list) => {
+                self.store.orphaned.store(false, Ordering::SeqCst);
+                std::mem::take(&mut *list)
+            }
+            Err(_) => return Vec::new(),
+        };
+        let here = self.conn.borrow().incarnation.clone();
+        let (mut out, mut keep) = (Vec::new(), Vec::new());
+        for o in pending {
+            let rows = self.query(SQL_TXID_STATUS, &[&o.xid], None);
+            let status = rows
+                .first()
+                .and_then(|r| r.try_get::<_, Option<String>>(0).ok())
+                .flatten();
+            match status.as_deref() {
+                Some("committed") if o.was == here => {
+                    out.extend(o.claims.iter().copied());
+                    self.taken_orphans.push(o);
+                }
+                // Its backend is still ending it, or the question failed
+                // (and this transaction with it): asked again later.
+                Some("in progress") if o.was == here => keep.push(o),
+                None if self.failed() => keep.push(o),
+                // Aborted: it claimed nothing. Across a restart the id may
+                // name another transaction: its claims, if any, wait for
+                // their lease.
+                _ => {}
+            }
+        }
+        if !keep.is_empty() {
+            self.store.keep_orphans(keep);
+        }
+        out
+    }
+
     fn peek_run(&self, id: &RunId) -> Option<&RunRow> {
         if let Some(r) = self.runs.get(id) {
             return Some(r);
@@ -2288,6 +2409,10 @@ impl StoreTx for PgTx<'_> {
         let tenant = row.tenant_id.clone();
         if before_status == RunStatus::Running && row.status == RunStatus::Canceled {
             self.stopped_running.push((*id, row.claim_epoch));
+        }
+        if before_status == RunStatus::Pending && row.status == RunStatus::Running {
+            self.claimed
+                .push((*id, row.claim_epoch, row.claimed_at.get()));
         }
         let wakes = (row.status == RunStatus::Pending && before_status != RunStatus::Pending)
             || (row.concurrency_key().is_some()

@@ -512,7 +512,7 @@ impl<S: Store> Engine<S> {
             return Ok(0);
         }
         let now = self.now();
-        let released = self.write(|tx| Ok(Self::release_in(tx, attempts, now)))?;
+        let released = self.write(|tx| Ok(Self::release_in(tx, attempts, false, now)))?;
         for (run_id, epoch, _) in attempts {
             self.end_in_flight(run_id, *epoch);
         }
@@ -521,10 +521,14 @@ impl<S: Store> Engine<S> {
 
     /// `release_claims` inside a transaction: each attempt still current
     /// (running, same claim epoch) turns pending again, keeping its place.
-    /// Answers how many did. O(k).
+    /// `exact`: only if its `claimed_at` is still the claim time given too
+    /// (an orphaned claim, whose lease nobody renews: another process's
+    /// claim of the same run after this one did not land has the same
+    /// epoch, not the same time). Answers how many did. O(k).
     pub(super) fn release_in(
         tx: &mut S::Tx<'_>,
         attempts: &[(RunId, u32, Option<Millis>)],
+        exact: bool,
         now: Millis,
     ) -> usize {
         if attempts.len() > 1 {
@@ -536,7 +540,10 @@ impl<S: Store> Engine<S> {
             let Some(run) = tx.run(run_id) else {
                 continue;
             };
-            if run.status != RunStatus::Running || run.claim_epoch != *epoch {
+            if run.status != RunStatus::Running
+                || run.claim_epoch != *epoch
+                || (exact && run.claimed_at.get() != *claimed)
+            {
                 continue;
             }
             let claimed = claimed.or(run.claimed_at.get());

@@ -295,18 +295,15 @@ impl<S: Store> Engine<S> {
     /// call then sees, returns or changes a run that is due to be deleted.
     fn write<R>(&self, f: impl FnOnce(&mut S::Tx<'_>) -> Result<R>) -> Result<R> {
         if self.store.has_orphans() {
-            // Claims whose transaction's outcome was unknown: the first
-            // transaction after the store answers again releases those
-            // that landed (nobody executes them), rather than leaving them
-            // to their lease.
+            // Claims whose transaction's outcome was unknown: released, if
+            // they landed, before this write, in a transaction of their own
+            // (rather than left to their lease). Its own: it locks only
+            // those rows, and this write's outcome stays its own. A
+            // failure leaves them for the next write.
             let now = self.now();
-            return self.store.transaction(|tx| {
+            let _ = self.store.transaction(|tx| {
                 let orphans = tx.orphaned_claims();
-                Self::release_in(tx, &orphans, now);
-                if self.purges() && self.store.purges_in_every_call() {
-                    self.purge(tx, now);
-                }
-                f(tx)
+                Ok(Self::release_in(tx, &orphans, true, now))
             });
         }
         if self.purges() && self.store.purges_in_every_call() {

@@ -1762,7 +1762,11 @@ fn schedule_from_row(r: &Row) -> Option<ScheduleRow> {
 /// locked nothing). Not `txid_current()`, which would give one to a
 /// transaction that needs none (and so a WAL flush at its commit).
 const SQL_XID: &str = "SELECT txid_current_if_assigned()";
-const SQL_TXID_STATUS: &str = "SELECT txid_status($1)";
+/// `txid_status` of an earlier transaction of this process, or NULL for an
+/// id the server has not reached (it lost WAL in a crash), which
+/// `txid_status` would refuse with an error.
+const SQL_TXID_STATUS: &str = "SELECT CASE WHEN $1 < txid_snapshot_xmax(txid_current_snapshot()) \
+    THEN txid_status($1) END";
 
 const SQL_DEF: &str = "SELECT type, version::int4, pool, scope_entity_type, retry_policy, timeout_ms::int8, \
     concurrency_key_template, collision_mode, dedupe_key_template, dedupe_window_ms::int8, priority_default::int4, \
@@ -2347,23 +2351,28 @@ impl StoreTx for PgTx<'_> {
         let here = self.conn.borrow().incarnation.clone();
         let (mut out, mut keep) = (Vec::new(), Vec::new());
         for o in pending {
+            if o.was != here {
+                // Across a restart the id may name another transaction:
+                // its claims, if any, wait for their lease.
+                continue;
+            }
             let rows = self.query(SQL_TXID_STATUS, &[&o.xid], None);
             let status = rows
                 .first()
                 .and_then(|r| r.try_get::<_, Option<String>>(0).ok())
                 .flatten();
             match status.as_deref() {
-                Some("committed") if o.was == here => {
+                Some("committed") => {
                     out.extend(o.claims.iter().copied());
                     self.taken_orphans.push(o);
                 }
                 // Its backend is still ending it, or the question failed
-                // (and this transaction with it): asked again later.
-                Some("in progress") if o.was == here => keep.push(o),
+                // (the connection, most likely): asked again later.
+                Some("in progress") => keep.push(o),
                 None if self.failed() => keep.push(o),
-                // Aborted: it claimed nothing. Across a restart the id may
-                // name another transaction: its claims, if any, wait for
-                // their lease.
+                // Aborted: it claimed nothing. An id too old to tell, or
+                // one the server has not reached (it lost WAL): the lease
+                // decides.
                 _ => {}
             }
         }

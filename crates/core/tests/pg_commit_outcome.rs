@@ -366,7 +366,7 @@ fn assert_unknown(err: &JobError) {
 }
 
 #[test]
-fn a_claim_whose_outcome_stayed_unknown_is_released_by_the_next_transaction_not_left_to_its_lease()
+fn a_claim_whose_outcome_stayed_unknown_is_released_after_the_next_write_not_left_to_its_lease()
 {
     let Some((e, proxy, mut direct, schema)) = setup("orphan", 1) else {
         return;
@@ -391,11 +391,14 @@ fn a_claim_whose_outcome_stayed_unknown_is_released_by_the_next_transaction_not_
     assert_unknown(&err);
     assert_eq!(stored_claim(&mut direct), ("running".to_owned(), 1));
 
-    // The server answers again: the first transaction releases the orphan
-    // (its lease of 30 s has not run out), so the claim in it takes the
-    // run again at once, under a new epoch.
+    // The server answers again: after the first write that succeeds, the
+    // orphan is released (its lease of 30 s has not run out), and the next
+    // claim takes it again, in its place, under a new epoch.
     *proxy.mode.lock().unwrap() = Mode::Pass;
-    let tickets = e.claim_attempts(&row.pool, 5).expect("claims again");
+    let other = e.start(start_req(r#"{"n":8}"#)).unwrap();
+    assert_eq!(stored_claim(&mut direct), ("pending".to_owned(), 1));
+    assert!(!e.store().has_orphans(), "resolved");
+    let tickets = e.claim_attempts(&row.pool, 1).expect("claims again");
     assert_eq!(
         tickets
             .iter()
@@ -405,12 +408,10 @@ fn a_claim_whose_outcome_stayed_unknown_is_released_by_the_next_transaction_not_
         "the orphaned claim was released and claimed again"
     );
     assert_eq!(stored_claim(&mut direct), ("running".to_owned(), 2));
-    assert!(!e.store().has_orphans(), "resolved");
 
     // A claim whose COMMIT never reached the server: the read-back is as
     // unknown, but the server rolled it back, so nothing is released
     // later (the run claimed above stays held by its epoch 2).
-    let other = e.start(start_req(r#"{"n":8}"#)).unwrap();
     proxy.arm(Mode::LoseCommit, Mode::Refuse);
     let err = e
         .claim_attempts(&row.pool, 5)

@@ -512,23 +512,51 @@ impl<S: Store> Engine<S> {
             return Ok(0);
         }
         let now = self.now();
-        let released = self.write(|tx| Ok(Self::release_in(tx, attempts, false, now)))?;
+        let released = self.write(|tx| Ok(Self::release_in(tx, attempts, now)))?;
         for (run_id, epoch, _) in attempts {
             self.end_in_flight(run_id, *epoch);
         }
         Ok(released)
     }
 
+    /// Releases orphaned claims (`StoreTx::orphaned_claims`) whose rows are
+    /// still as the claim left them: running under its epoch, its claim
+    /// time (nobody renews an orphan's lease; another process's claim of
+    /// the same run after this one did not land has the same epoch, not the
+    /// same time) and not made executing since (`beginAttempt` of a
+    /// `claimNext` claim by someone who found it). O(k).
+    pub(super) fn release_orphans_in(
+        &self,
+        tx: &mut S::Tx<'_>,
+        orphans: &[crate::store::OrphanClaim],
+        now: Millis,
+    ) -> usize {
+        let ids: Vec<RunId> = orphans.iter().map(|o| o.run).collect();
+        if ids.len() > 1 {
+            tx.prefetch(&ids);
+        }
+        let mine: Vec<(RunId, u32, Option<Millis>)> = orphans
+            .iter()
+            .filter(|o| {
+                !self.attempt_open(&o.run, o.epoch)
+                    && tx.run(&o.run).is_some_and(|r| {
+                        r.status == RunStatus::Running
+                            && r.claim_epoch == o.epoch
+                            && r.claimed_at.get() == o.claimed_at
+                            && r.executing == o.executing
+                    })
+            })
+            .map(|o| (o.run, o.epoch, o.claimed_at))
+            .collect();
+        Self::release_in(tx, &mine, now)
+    }
+
     /// `release_claims` inside a transaction: each attempt still current
     /// (running, same claim epoch) turns pending again, keeping its place.
-    /// `exact`: only if its `claimed_at` is still the claim time given too
-    /// (an orphaned claim, whose lease nobody renews: another process's
-    /// claim of the same run after this one did not land has the same
-    /// epoch, not the same time). Answers how many did. O(k).
+    /// Answers how many did. O(k).
     pub(super) fn release_in(
         tx: &mut S::Tx<'_>,
         attempts: &[(RunId, u32, Option<Millis>)],
-        exact: bool,
         now: Millis,
     ) -> usize {
         if attempts.len() > 1 {
@@ -540,10 +568,7 @@ impl<S: Store> Engine<S> {
             let Some(run) = tx.run(run_id) else {
                 continue;
             };
-            if run.status != RunStatus::Running
-                || run.claim_epoch != *epoch
-                || (exact && run.claimed_at.get() != *claimed)
-            {
+            if run.status != RunStatus::Running || run.claim_epoch != *epoch {
                 continue;
             }
             let claimed = claimed.or(run.claimed_at.get());

@@ -294,18 +294,23 @@ impl<S: Store> Engine<S> {
     /// where that costs nothing (see `Store::purges_in_every_call`): no
     /// call then sees, returns or changes a run that is due to be deleted.
     fn write<R>(&self, f: impl FnOnce(&mut S::Tx<'_>) -> Result<R>) -> Result<R> {
-        if self.store.has_orphans() {
-            // Claims whose transaction's outcome was unknown: released, if
-            // they landed, before this write, in a transaction of their own
-            // (rather than left to their lease). Its own: it locks only
-            // those rows, and this write's outcome stays its own. A
+        let out = self.write_only(f);
+        if out.is_ok() && self.store.has_orphans() {
+            // Claims whose transaction's outcome was unknown: once a write
+            // succeeds again, those that landed are released (rather than
+            // left to their lease), in a transaction of their own: it locks
+            // only those rows, and no call's outcome depends on it. A
             // failure leaves them for the next write.
             let now = self.now();
             let _ = self.store.transaction(|tx| {
                 let orphans = tx.orphaned_claims();
-                Ok(Self::release_in(tx, &orphans, true, now))
+                Ok(self.release_orphans_in(tx, &orphans, now))
             });
         }
+        out
+    }
+
+    fn write_only<R>(&self, f: impl FnOnce(&mut S::Tx<'_>) -> Result<R>) -> Result<R> {
         if self.purges() && self.store.purges_in_every_call() {
             let now = self.now();
             self.store.transaction(|tx| {

@@ -234,6 +234,16 @@ pub struct PageQuery<'a> {
     pub limit: usize,
 }
 
+/// A run an orphaned claim took (see `StoreTx::orphaned_claims`), as that
+/// claim left it: released only while the row still is so.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct OrphanClaim {
+    pub run: RunId,
+    pub epoch: u32,
+    pub claimed_at: Option<Millis>,
+    pub executing: bool,
+}
+
 pub trait StoreTx {
     // ── definitions ────────────────────────────────────────────────────
     fn definition(&self, job_type: &str) -> Option<Arc<JobDefinition>>;
@@ -257,7 +267,7 @@ pub trait StoreTx {
     /// outcome cannot be told yet is asked again by a later transaction;
     /// one that did not commit is forgotten. Handed out again by a later
     /// transaction if this one does not commit.
-    fn orphaned_claims(&mut self) -> Vec<(RunId, u32, Option<Millis>)> {
+    fn orphaned_claims(&mut self) -> Vec<OrphanClaim> {
         Vec::new()
     }
     /// Inserts a new run and indexes it (pool queue, lane, dedupe, lineage).

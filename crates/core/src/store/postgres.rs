@@ -35,7 +35,7 @@
 
 use crate::error::{JobError, Result, StoreOutcome};
 use crate::model::*;
-use crate::store::{PageQuery, Store, StoreTx, TenantRef, Transition};
+use crate::store::{OrphanClaim, PageQuery, Store, StoreTx, TenantRef, Transition};
 use crate::template::KeyTemplate;
 use bytes::{BufMut, BytesMut};
 use elsa::FrozenMap;
@@ -629,8 +629,13 @@ impl Drop for OrphanGuard<'_> {
 struct Orphan {
     xid: i64,
     was: Arc<str>,
-    claims: Vec<(RunId, u32, Option<Millis>)>,
+    claims: Vec<OrphanClaim>,
+    /// When it was kept: one still unresolved after `ORPHAN_MAX_AGE` is
+    /// left to its lease (long swept by then).
+    at: std::time::Instant,
 }
+
+const ORPHAN_MAX_AGE: Duration = Duration::from_secs(600);
 
 fn quote_ident(s: &str) -> String {
     format!("\"{}\"", s.replace('"', "\"\""))
@@ -1341,6 +1346,7 @@ impl PgStore {
                                         xid,
                                         was: was.clone(),
                                         claims: claimed,
+                                        at: std::time::Instant::now(),
                                     }]);
                                 }
                                 return Err(unknown);
@@ -1762,11 +1768,12 @@ fn schedule_from_row(r: &Row) -> Option<ScheduleRow> {
 /// locked nothing). Not `txid_current()`, which would give one to a
 /// transaction that needs none (and so a WAL flush at its commit).
 const SQL_XID: &str = "SELECT txid_current_if_assigned()";
-/// `txid_status` of an earlier transaction of this process, or NULL for an
-/// id the server has not reached (it lost WAL in a crash), which
-/// `txid_status` would refuse with an error.
+/// `txid_status` of an earlier transaction of this process. An id at or past
+/// the snapshot's xmax (latest completed + 1) is still running — or, after a
+/// crash that lost WAL the incarnation check did not see, never reached —
+/// which `txid_status` could refuse with an error: 'in progress' (asked again).
 const SQL_TXID_STATUS: &str = "SELECT CASE WHEN $1 < txid_snapshot_xmax(txid_current_snapshot()) \
-    THEN txid_status($1) END";
+    THEN txid_status($1) ELSE 'in progress' END";
 
 const SQL_DEF: &str = "SELECT type, version::int4, pool, scope_entity_type, retry_policy, timeout_ms::int8, \
     concurrency_key_template, collision_mode, dedupe_key_template, dedupe_window_ms::int8, priority_default::int4, \
@@ -1900,7 +1907,7 @@ pub struct PgTx<'a> {
     seq_after_lock: std::cell::Cell<bool>,
     /// Runs this transaction claimed (pending → running): `(run, epoch,
     /// claimed at)`, kept as orphans should its outcome stay unknown.
-    claimed: Vec<(RunId, u32, Option<Millis>)>,
+    claimed: Vec<OrphanClaim>,
     /// Orphans this transaction resolved as committed and releases: given
     /// back to the store unless it commits.
     taken_orphans: Vec<Orphan>,
@@ -2336,7 +2343,7 @@ impl StoreTx for PgTx<'_> {
         self.load(id)
     }
 
-    fn orphaned_claims(&mut self) -> Vec<(RunId, u32, Option<Millis>)> {
+    fn orphaned_claims(&mut self) -> Vec<OrphanClaim> {
         use std::sync::atomic::Ordering;
         if !self.lock || !self.store.orphaned.load(Ordering::SeqCst) {
             return Vec::new();
@@ -2351,7 +2358,7 @@ impl StoreTx for PgTx<'_> {
         let here = self.conn.borrow().incarnation.clone();
         let (mut out, mut keep) = (Vec::new(), Vec::new());
         for o in pending {
-            if o.was != here {
+            if o.was != here || o.at.elapsed() > ORPHAN_MAX_AGE {
                 // Across a restart the id may name another transaction:
                 // its claims, if any, wait for their lease.
                 continue;
@@ -2420,8 +2427,12 @@ impl StoreTx for PgTx<'_> {
             self.stopped_running.push((*id, row.claim_epoch));
         }
         if before_status == RunStatus::Pending && row.status == RunStatus::Running {
-            self.claimed
-                .push((*id, row.claim_epoch, row.claimed_at.get()));
+            self.claimed.push(OrphanClaim {
+                run: *id,
+                epoch: row.claim_epoch,
+                claimed_at: row.claimed_at.get(),
+                executing: row.executing,
+            });
         }
         let wakes = (row.status == RunStatus::Pending && before_status != RunStatus::Pending)
             || (row.concurrency_key().is_some()

@@ -366,8 +366,7 @@ fn assert_unknown(err: &JobError) {
 }
 
 #[test]
-fn a_claim_whose_outcome_stayed_unknown_is_released_after_the_next_write_not_left_to_its_lease()
-{
+fn a_claim_whose_outcome_stayed_unknown_is_released_after_the_next_write_not_left_to_its_lease() {
     let Some((e, proxy, mut direct, schema)) = setup("orphan", 1) else {
         return;
     };

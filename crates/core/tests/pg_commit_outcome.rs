@@ -357,6 +357,11 @@ fn cancel_replay_and_record_step_whose_answers_were_lost_answer_with_what_they_s
         .unwrap();
 }
 
+/// The runs and epochs a claim took.
+fn claims(tickets: &[AttemptTicket]) -> Vec<(RunId, u32)> {
+    tickets.iter().map(|t| (t.run.id, t.epoch)).collect()
+}
+
 /// The store error of an unknown outcome.
 fn assert_unknown(err: &JobError) {
     match err {
@@ -399,10 +404,7 @@ fn a_claim_whose_outcome_stayed_unknown_is_released_after_the_next_write_not_lef
     assert!(!e.store().has_orphans(), "resolved");
     let tickets = e.claim_attempts(&row.pool, 1).expect("claims again");
     assert_eq!(
-        tickets
-            .iter()
-            .map(|t| (t.run.id, t.epoch))
-            .collect::<Vec<_>>(),
+        claims(&tickets),
         vec![(row.id, 2)],
         "the orphaned claim was released and claimed again"
     );
@@ -419,10 +421,7 @@ fn a_claim_whose_outcome_stayed_unknown_is_released_after_the_next_write_not_lef
     *proxy.mode.lock().unwrap() = Mode::Pass;
     let tickets = e.claim_attempts(&row.pool, 5).expect("claims");
     assert_eq!(
-        tickets
-            .iter()
-            .map(|t| (t.run.id, t.epoch))
-            .collect::<Vec<_>>(),
+        claims(&tickets),
         vec![(other.id, 1)],
         "the rolled-back claim left the run pending; the held one is untouched"
     );

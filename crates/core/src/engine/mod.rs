@@ -290,9 +290,8 @@ impl<S: Store> Engine<S> {
         }
     }
 
-    /// A store transaction that first purges the runs past their retention
-    /// where that costs nothing (see `Store::purges_in_every_call`): no
-    /// call then sees, returns or changes a run that is due to be deleted.
+    /// A mutating store transaction (`write_only`); after one that
+    /// succeeds, orphaned claims are released (see `Store::has_orphans`).
     fn write<R>(&self, f: impl FnOnce(&mut S::Tx<'_>) -> Result<R>) -> Result<R> {
         let out = self.write_only(f);
         if out.is_ok() && self.store.has_orphans() {
@@ -310,6 +309,9 @@ impl<S: Store> Engine<S> {
         out
     }
 
+    /// A store transaction that first purges the runs past their retention
+    /// where that costs nothing (see `Store::purges_in_every_call`): no
+    /// call then sees, returns or changes a run that is due to be deleted.
     fn write_only<R>(&self, f: impl FnOnce(&mut S::Tx<'_>) -> Result<R>) -> Result<R> {
         if self.purges() && self.store.purges_in_every_call() {
             let now = self.now();

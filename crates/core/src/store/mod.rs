@@ -105,8 +105,9 @@ pub trait Store: Send + Sync + 'static {
 
     /// Claims of this process whose transaction's outcome stayed unknown
     /// (its COMMIT's answer was lost and could not be read back in time)
-    /// wait to be resolved: the next transaction asks
-    /// `StoreTx::orphaned_claims`. A cheap check, made before every write.
+    /// wait to be resolved: a transaction after the next write that
+    /// succeeds asks `StoreTx::orphaned_claims`. A cheap check, made after
+    /// every write.
     fn has_orphans(&self) -> bool {
         false
     }
@@ -260,10 +261,10 @@ pub trait StoreTx {
     fn peek_run(&self, id: &RunId) -> Option<&RunRow> {
         self.run(id)
     }
-    /// The claims `(run, claim epoch, claimed at)` of earlier transactions
-    /// of this process whose outcome was unknown and has now proved
-    /// committed (see `Store::has_orphans`): nobody executes them,
-    /// and the caller releases them in this transaction. A claim whose
+    /// The claims of earlier transactions of this process whose outcome
+    /// was unknown and has now proved committed (see `Store::has_orphans`):
+    /// nobody executes them, and the caller releases them in this
+    /// transaction (those still as the claim left them). A claim whose
     /// outcome cannot be told yet is asked again by a later transaction;
     /// one that did not commit is forgotten. Handed out again by a later
     /// transaction if this one does not commit.

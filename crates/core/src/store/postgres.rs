@@ -625,7 +625,7 @@ impl Drop for OrphanGuard<'_> {
 
 /// A transaction that claimed runs and whose COMMIT's answer was lost, its
 /// outcome not read back in time: its id, the server's incarnation it ran
-/// in, and its claims `(run, epoch, claimed at)`.
+/// in, and its claims.
 struct Orphan {
     xid: i64,
     was: Arc<str>,
@@ -1905,8 +1905,8 @@ pub struct PgTx<'a> {
     /// ahead before it are dropped, so `seq`s stay ascending in the
     /// transaction.
     seq_after_lock: std::cell::Cell<bool>,
-    /// Runs this transaction claimed (pending → running): `(run, epoch,
-    /// claimed at)`, kept as orphans should its outcome stay unknown.
+    /// Runs this transaction claimed (pending → running), kept as orphans
+    /// should its outcome stay unknown.
     claimed: Vec<OrphanClaim>,
     /// Orphans this transaction resolved as committed and releases: given
     /// back to the store unless it commits.

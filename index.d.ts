@@ -145,6 +145,11 @@ export interface NativeOptions {
    * 100 ms), from its concurrency up to `DEFAULT_PREFETCH`.
    */
   prefetch?: number
+  /**
+   * Record every transition in the run timeline (`listRunEvents`).
+   * Default true.
+   */
+  timeline?: boolean
 }
 
 /** The operation names, in the order of their codes (`callSync(code, …)`). */

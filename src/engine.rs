@@ -46,6 +46,9 @@ pub struct NativeOptions {
     /// (0: none). Default: each pool's pace (what it ended in the last
     /// 100 ms), from its concurrency up to `DEFAULT_PREFETCH`.
     pub prefetch: Option<f64>,
+    /// Record every transition in the run timeline (`listRunEvents`).
+    /// Default true.
+    pub timeline: Option<bool>,
 }
 
 /// Native bytes V8 is told each held run costs (RSS per pending run
@@ -212,7 +215,10 @@ impl NativeEngine {
                 )))
             }
         };
-        Ok(NativeEngine { inner, notices })
+        let timeline = options.timeline.unwrap_or(true);
+        let engine = NativeEngine { inner, notices };
+        hosted!(engine, h => h.engine.set_timeline(timeline));
+        Ok(engine)
     }
 
     // ── operations ─────────────────────────────────────────────────────

@@ -80,6 +80,7 @@ operations!(
     list_recent_failed,
     list_job_runs,
     get_run_tree,
+    list_run_events,
     put_schedule,
     remove_schedule,
     list_schedules,
@@ -712,6 +713,29 @@ fn get_run_tree<S: AnyStore>(e: &Engine<S>, req: &str) -> Result<String> {
     let r: RunReq = request(req, "getRunTree")?;
     let rows = e.run_tree(&r.tenant, &r.run_id).map_err(to_napi)?;
     Ok(rows.map_or_else(|| NULL.to_owned(), |rows| wire::tree_text(&rows)))
+}
+
+fn list_run_events<S: AnyStore>(e: &Engine<S>, req: &str) -> Result<String> {
+    #[derive(Deserialize)]
+    #[serde(rename_all = "camelCase", deny_unknown_fields)]
+    struct Req {
+        run_id: String,
+        cursor: Option<String>,
+        limit: Option<f64>,
+        #[serde(default, deserialize_with = "wire::tenant")]
+        tenant: TenantArg,
+    }
+    let r: Req = request(req, "listRunEvents")?;
+    let after = r
+        .cursor
+        .as_deref()
+        .map(wire::decode_event_cursor)
+        .transpose()?;
+    let limit = wire::page_limit(r.limit)?;
+    let (events, next) = e
+        .list_run_events(&r.run_id, &r.tenant, after, limit)
+        .map_err(to_napi)?;
+    Ok(wire::events_page_text(&events, next))
 }
 
 // ── schedules ──────────────────────────────────────────────────────────

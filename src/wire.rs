@@ -284,6 +284,56 @@ pub fn decode_cursor(c: &str) -> Result<PageCursor> {
     })
 }
 
+/// The cursor of a timeline page: the last event's number.
+pub fn encode_event_cursor(after: u64) -> String {
+    format!("e1{after:016x}")
+}
+
+pub fn decode_event_cursor(c: &str) -> Result<u64> {
+    c.strip_prefix("e1")
+        .filter(|h| h.len() == 16 && h.bytes().all(|b| b.is_ascii_hexdigit()))
+        .and_then(|h| u64::from_str_radix(h, 16).ok())
+        .ok_or_else(|| {
+            invalid("cursor is malformed (pass nextCursor from a previous page unchanged)")
+        })
+}
+
+/// `{items, nextCursor}`: a page of a run's timeline. `at` in epoch ms
+/// (JS makes it a `Date`); `data` as the engine wrote it.
+pub fn events_page_text(events: &[jobforge_core::RunEvent], next: Option<u64>) -> String {
+    #[derive(serde::Serialize)]
+    #[serde(rename_all = "camelCase")]
+    struct EventOut<'a> {
+        seq: u64,
+        run_id: String,
+        #[serde(rename = "type")]
+        kind: &'static str,
+        at: i64,
+        attempt: u32,
+        data: Option<&'a RawValue>,
+    }
+    #[derive(serde::Serialize)]
+    #[serde(rename_all = "camelCase")]
+    struct Out<'a> {
+        items: Vec<EventOut<'a>>,
+        next_cursor: Option<String>,
+    }
+    reply(&Out {
+        items: events
+            .iter()
+            .map(|e| EventOut {
+                seq: e.id,
+                run_id: e.run.to_string(),
+                kind: e.kind.as_str(),
+                at: e.at,
+                attempt: e.attempt,
+                data: e.data.as_deref(),
+            })
+            .collect(),
+        next_cursor: next.map(encode_event_cursor),
+    })
+}
+
 fn cursor_parts(c: &str) -> Option<PageCursor> {
     let hex = c
         .strip_prefix("c1")
@@ -992,6 +1042,16 @@ mod tests {
         }
         for bad in ["", "c1", "c2000", "c1zz", &format!("c1{}", "0".repeat(47))] {
             assert!(cursor_parts(bad).is_none(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn event_cursor_round_trips_and_refuses_anything_else() {
+        for n in [0u64, 1, 42, u64::MAX] {
+            assert_eq!(decode_event_cursor(&encode_event_cursor(n)).ok(), Some(n));
+        }
+        for bad in ["", "e1", "e2000000000000000", "e1zzzzzzzzzzzzzzzz", "c1", "e10000"] {
+            assert!(decode_event_cursor(bad).is_err(), "{bad}");
         }
     }
 

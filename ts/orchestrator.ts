@@ -20,6 +20,7 @@ import type {
   JobRun,
   JobRunError,
   JobRunFailure,
+  JobRunEventPage,
   JobRunPage,
   JobRunStatus,
   JobSchedule,
@@ -72,6 +73,12 @@ export interface JobOrchestratorOptions {
    */
   retention?: { completedMs?: number | undefined; failedMs?: number | undefined } | undefined;
   /**
+   * Record every transition of a run in its timeline (`listRunEvents`).
+   * Default: true. Off, only each run's `created` event is shown (it is
+   * the row itself) and the settle path writes nothing more.
+   */
+  timeline?: boolean | undefined;
+  /**
    * Where runs live: `'memory'` (default; this process only) or
    * `'postgres'` (any number of processes on one database; needs
    * `postgres.url` and `await migrate()` once).
@@ -92,6 +99,13 @@ export type StartEntry<Jobs = AnyJobs> = {
     ? { type: K; input?: Jobs[K] | null; opts?: StartOptions | undefined }
     : { type: K; input: Jobs[K]; opts?: StartOptions | undefined };
 }[JobTypeName<Jobs>];
+
+export interface ListRunEventsOptions {
+  /** `nextCursor` of the previous page. */
+  cursor?: string | undefined;
+  limit?: number | undefined;
+  tenantId?: string | null | undefined;
+}
 
 export interface CancelOptions {
   cascade?: boolean | undefined;
@@ -293,7 +307,10 @@ export class JobOrchestrator<Jobs extends JobMap = AnyJobs> {
         for (const message of n.troubles) this.logger.error(message);
       },
     };
-    const core = { multiTenant: this.multiTenant, clock, retention: options.retention };
+    if (options.timeline !== undefined && typeof options.timeline !== 'boolean') {
+      throw new JobInputInvalidError(`timeline must be a boolean, got ${String(options.timeline)}`);
+    }
+    const core = { multiTenant: this.multiTenant, clock, retention: options.retention, timeline: options.timeline };
     if (backend === 'postgres') {
       checkPostgresOptions(options.postgres);
       this.store = new PostgresBackend(core, options.postgres, sink);
@@ -656,6 +673,26 @@ export class JobOrchestrator<Jobs extends JobMap = AnyJobs> {
       const since = o.since === undefined ? undefined : requireDate(o.since, 'since');
       const q = { poolId: o.poolId, rootRunId: o.rootRunId, status: o.status, since, cursor: o.cursor, limit: o.limit };
       return this.store.listJobRuns(q, tenantOf(o));
+    });
+  }
+
+  /**
+   * One page of a run's timeline, oldest first: its `created` event, then
+   * every transition recorded since (claims, steps, retries, waits,
+   * cancels with their cause, the outcome, replays; see `JobRunEvent`).
+   * Pass `nextCursor` back as `cursor` for the next page; it is null on
+   * the last. `limit` default 50, max 500. An unknown run, or another
+   * tenant's, is `JobRunNotFoundError`.
+   */
+  listRunEvents(runId: string, opts: ListRunEventsOptions = {}): Promise<JobRunEventPage> {
+    return settled(() => {
+      const o = opts ?? {};
+      checkOptions(o, CALL_OPTION_KEYS.listRunEvents, 'listRunEvents');
+      checkCount('limit', o.limit);
+      if (o.cursor !== undefined && typeof o.cursor !== 'string') {
+        throw new JobInputInvalidError(`cursor must be a string (a nextCursor), got ${typeof o.cursor}`);
+      }
+      return this.store.listRunEvents(String(runId), { cursor: o.cursor, limit: o.limit }, tenantOf(o));
     });
   }
 

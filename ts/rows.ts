@@ -179,6 +179,54 @@ export interface JobRunPage {
   nextCursor: string | null;
 }
 
+/** What happened to a run: the kinds of its timeline's events. */
+export type JobRunEventType =
+  | 'created'
+  | 'started'
+  | 'step_started'
+  | 'step_completed'
+  | 'step_failed'
+  | 'retry_scheduled'
+  | 'waiting'
+  | 'resumed'
+  | 'released'
+  | 'rescheduled'
+  | 'canceled'
+  | 'timed_out'
+  | 'completed'
+  | 'failed'
+  | 'replayed';
+
+/**
+ * One transition of a run (`listRunEvents`), recorded in the transaction of
+ * the change. `data` by type: `created` — `trigger`, `triggerRef?`,
+ * `parentRunId?`; `step_*` — `stepId`, `stepAttempt` (a failure: `error`,
+ * `retryInMs?`); `retry_scheduled` — `delayMs`, `error`; `waiting` —
+ * `wait` (sleep, signal, token, child), `deadline?` (a Date); `resumed` —
+ * `by` (signal, token, child, deadline, resolved), `stepId?`; `canceled` —
+ * `reason` (requested, scope, replaced, parent failed, wait timed out),
+ * `byRunId?` (the run whose cancel, failure or replacing start did it);
+ * `failed` / `timed_out` — `error`; `rescheduled` — `runAt` (a Date);
+ * `replayed` — `from`, `was` (the status before).
+ */
+export interface JobRunEvent {
+  /** Order within the run (0: `created`); increasing, not contiguous. */
+  seq: number;
+  runId: string;
+  type: JobRunEventType;
+  at: Date;
+  /** The attempt it belongs to (1 = the first; 0 for `created`). */
+  attempt: number;
+  data: Record<string, unknown> | null;
+}
+
+/** A page of a run's timeline, oldest first. */
+export interface JobRunEventPage {
+  items: JobRunEvent[];
+  /** Pass back as `cursor` for the next page; null on the last. */
+  nextCursor: string | null;
+}
+
 /** A failed run as `listRecentFailed` lists it (the seed family's `JobRunFailure`). */
 export interface JobRunFailure {
   runId: string;

@@ -91,6 +91,7 @@ export const CALL_OPTION_KEYS = {
   waitForRun: new Set(['timeoutMs', 'tenantId']),
   listForScope: new Set(['status', 'jobType', 'limit', 'offset', 'orderBy', 'tenantId']),
   listJobRuns: new Set(['poolId', 'rootRunId', 'status', 'since', 'cursor', 'limit', 'tenantId']),
+  listRunEvents: new Set(['cursor', 'limit', 'tenantId']),
   schedule: new Set(['jobType', 'input', 'cron', 'timezone', 'everyMs', 'tenantId']),
 } as const satisfies Record<string, ReadonlySet<string>>;
 

@@ -34,6 +34,7 @@ import type {
   JobRunError,
   JobRunFailure,
   JobRunPage,
+  JobRunEventPage,
   JobRunRow,
   JobRunStatus,
   JobRunSummary,
@@ -274,6 +275,20 @@ export function parseTree(json: string): RunTreeNode | null {
 }
 
 /** `page_text` in Rust: `{items: [summary], nextCursor}`, a summary's times in epoch ms. */
+/** `events_page_text`: a page of a run's timeline; times become Dates. */
+export function parseEventPage(json: string): JobRunEventPage {
+  const page = JSON.parse(json) as { items: Raw[]; nextCursor: string | null };
+  for (const e of page.items) {
+    e.at = new Date(e.at as number);
+    const data = e.data as Raw | null;
+    if (data !== null) {
+      if (typeof data.deadline === 'number') data.deadline = new Date(data.deadline);
+      if (typeof data.runAt === 'number') data.runAt = new Date(data.runAt);
+    }
+  }
+  return page as unknown as JobRunEventPage;
+}
+
 export function parsePage(json: string): JobRunPage {
   const page = JSON.parse(json) as { items: Raw[]; nextCursor: string | null };
   return { items: page.items.map(decodeSummary), nextCursor: page.nextCursor };

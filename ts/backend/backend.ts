@@ -7,12 +7,13 @@
  */
 import type { EngineClock } from '../clock';
 import type { StepStore } from '../execution/context';
-import type { JobDefinitionRow, JobRun, JobRunFailure, JobRunPage, JobSchedule, JobStep, RunTreeNode } from '../rows';
+import type { JobDefinitionRow, JobRun, JobRunEventPage, JobRunFailure, JobRunPage, JobSchedule, JobStep, RunTreeNode } from '../rows';
 import { OP, type NativeEngine, type OpName } from '../native';
 import {
   decodeNativeError,
   decodeSchedule,
   parseDefinitions,
+  parseEventPage,
   parseFailures,
   parseNotices,
   parseOptRun,
@@ -122,6 +123,7 @@ export interface Backend extends StepStore {
   listRecentFailed(limit: number | undefined, tenant: Tenant): Promise<JobRunFailure[]>;
   listJobRuns(query: Record<string, unknown>, tenant: Tenant): Promise<JobRunPage>;
   getRunTree(rootRunId: string, tenant: Tenant): Promise<RunTreeNode | null>;
+  listRunEvents(runId: string, page: { cursor?: string | undefined; limit?: number | undefined }, tenant: Tenant): Promise<JobRunEventPage>;
 
   // ── schedules ──
   putSchedule(request: Record<string, unknown>): Promise<JobSchedule>;
@@ -418,6 +420,10 @@ export abstract class NativeBackend implements Partial<Backend> {
 
   getRunTree(rootRunId: string, tenant: Tenant): Promise<RunTreeNode | null> {
     return this.request('getRunTree', requestJson({ runId: rootRunId, tenant }), parseTree);
+  }
+
+  listRunEvents(runId: string, page: { cursor?: string | undefined; limit?: number | undefined }, tenant: Tenant): Promise<JobRunEventPage> {
+    return this.request('listRunEvents', requestJson({ runId, cursor: page.cursor, limit: page.limit, tenant }), parseEventPage);
   }
 
   putSchedule(request: Record<string, unknown>): Promise<JobSchedule> {

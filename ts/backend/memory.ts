@@ -26,6 +26,7 @@ export interface MemoryOptions {
   multiTenant: boolean;
   clock: 'system' | 'manual';
   retention?: { completedMs?: number | undefined; failedMs?: number | undefined } | undefined;
+  timeline?: boolean | undefined;
   logger: { error(message: unknown, ...rest: unknown[]): void };
 }
 
@@ -76,6 +77,7 @@ export class MemoryBackend extends NativeBackend implements Backend {
         clock: o.clock,
         retainCompletedMs: o.retention?.completedMs,
         retainFailedMs: o.retention?.failedMs,
+        timeline: o.timeline,
       },
       noticeCallback(ref),
     );

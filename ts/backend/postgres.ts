@@ -105,7 +105,12 @@ export class PostgresBackend extends NativeBackend implements Backend {
   private groupInFlight: Promise<void> | null = null;
 
   constructor(
-    o: { multiTenant: boolean; clock: 'system' | 'manual'; retention?: { completedMs?: number | undefined; failedMs?: number | undefined } | undefined },
+    o: {
+      multiTenant: boolean;
+      clock: 'system' | 'manual';
+      retention?: { completedMs?: number | undefined; failedMs?: number | undefined } | undefined;
+      timeline?: boolean | undefined;
+    },
     pg: PostgresOptions,
     sink: NoticeSink,
   ) {
@@ -122,6 +127,7 @@ export class PostgresBackend extends NativeBackend implements Backend {
           clock: o.clock,
           retainCompletedMs: o.retention?.completedMs,
           retainFailedMs: o.retention?.failedMs,
+          timeline: o.timeline,
           leaseMs: pg.leaseMs,
           pollMs: pg.pollMs,
           prefetch: pg.prefetch,

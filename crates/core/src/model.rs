@@ -674,6 +674,47 @@ pub struct StepRow {
     pub epoch: u32,
 }
 
+string_enum!(
+    /// What happened to a run: one entry of its timeline (`RunEvent`).
+    EventKind {
+        Created = "created",
+        Started = "started",
+        StepStarted = "step_started",
+        StepCompleted = "step_completed",
+        StepFailed = "step_failed",
+        RetryScheduled = "retry_scheduled",
+        Waiting = "waiting",
+        Resumed = "resumed",
+        Released = "released",
+        Rescheduled = "rescheduled",
+        Canceled = "canceled",
+        TimedOut = "timed_out",
+        Completed = "completed",
+        Failed = "failed",
+        Replayed = "replayed",
+    }
+);
+
+/// One transition of a run, as its timeline keeps it. Written by the
+/// engine in the transaction of the change (`engine/timeline.rs`); the
+/// store numbers it (`id`, increasing in the order a run's events
+/// happened) and deletes it with its run.
+#[derive(Debug, Clone)]
+pub struct RunEvent {
+    /// The store's number; 0 for `created`, which is the run row itself
+    /// (its `createdAt` and trigger), not a stored entry.
+    pub id: u64,
+    pub run: RunId,
+    pub at: Millis,
+    pub kind: EventKind,
+    /// The attempt it belongs to (1 for the first; the run's attempts so
+    /// far for events between attempts).
+    pub attempt: u32,
+    /// What is particular to the kind (a step id, a delay, a reason), as a
+    /// JSON object; `None` when there is nothing.
+    pub data: Option<Box<RawValue>>,
+}
+
 /// What a wait step waits for: stored as the step row's `input`, so a
 /// replay of the handler (or another process) finds it again.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -3,11 +3,13 @@
 //! through `finish_in`, the one place that decides what an outcome does)
 //! and releasing an attempt.
 
+use super::timeline::CancelCause;
 use super::{parse_run_id, Effects, Engine};
 use crate::clock::clamp_time;
 use crate::error::{JobError, Result};
 use crate::model::*;
 use crate::store::{Store, StoreTx, Transition};
+use serde_json::json;
 use std::sync::Arc;
 
 /// An attempt as it is handed to whoever runs its handler.
@@ -80,6 +82,11 @@ fn mark_claimed(r: &mut RunRow, now: Millis, executing: bool) {
     r.executing = executing;
 }
 
+/// The attempt a run is in (or would open next): its attempts so far + 1.
+pub(super) fn run_attempt<T: StoreTx>(tx: &T, id: &RunId) -> u32 {
+    tx.run(id).map_or(0, |r| r.attempts + 1)
+}
+
 impl<S: Store> Engine<S> {
     /// Claims the next due, claimable run of `pool`. O(log n).
     pub fn claim_next(&self, pool: &str) -> Result<Option<RunRow>> {
@@ -100,6 +107,9 @@ impl<S: Store> Engine<S> {
                 mark_claimed(r, now, false);
                 out = Some(r.clone());
             });
+            if let Some(r) = &out {
+                self.note(tx, &id, EventKind::Started, now, r.attempts + 1, || None);
+            }
             Ok(out)
         })
     }
@@ -113,7 +123,7 @@ impl<S: Store> Engine<S> {
         let now = self.now();
         let tickets = self.write(|tx| {
             let mut out = Vec::new();
-            Self::claim_into(tx, pool, max, now, &mut out);
+            self.claim_into(tx, pool, max, now, &mut out);
             Ok(out)
         })?;
         self.open_attempts(&tickets, false);
@@ -123,6 +133,7 @@ impl<S: Store> Engine<S> {
     /// Claims up to `max` due runs of `pool` with their attempts opened,
     /// appending the tickets to `out`. O(k log n).
     fn claim_into(
+        &self,
         tx: &mut S::Tx<'_>,
         pool: &str,
         max: usize,
@@ -145,6 +156,9 @@ impl<S: Store> Engine<S> {
             });
             if let Some(mut t) = ticket {
                 t.timeout_ms = tx.definition(&t.run.job_type).and_then(|d| d.timeout_ms);
+                self.note(tx, &id, EventKind::Started, now, t.run.attempts + 1, || {
+                    None
+                });
                 out.push(t);
             }
         }
@@ -273,7 +287,7 @@ impl<S: Store> Engine<S> {
             let mut tickets = Vec::new();
             for (pool, want) in claims {
                 if *want > 0 {
-                    Self::claim_into(tx, pool, *want, now, &mut tickets);
+                    self.claim_into(tx, pool, *want, now, &mut tickets);
                 }
             }
             self.purge(tx, now);
@@ -354,6 +368,7 @@ impl<S: Store> Engine<S> {
                             awaited = Some(r.clone());
                         }
                     });
+                    self.note(tx, run_id, EventKind::Completed, now, attempts, || None);
                     // Invoke waits on this run resolve with its output.
                     if let Some(r) = out.as_ref().or(awaited.as_ref()) {
                         if !r.awaited_by().is_empty() {
@@ -414,6 +429,7 @@ impl<S: Store> Engine<S> {
                 retryable: retry,
                 attempt: attempts,
             });
+            let message = error.message.clone();
             let mut error = Some(error);
             let mut out = None;
             if timed_out {
@@ -421,7 +437,8 @@ impl<S: Store> Engine<S> {
                     .push((*run_id, Some(epoch), AbortReason::TimedOut));
             }
             if retry {
-                let run_at = clamp_time(now.saturating_add(self.retry_delay(&policy, attempts)));
+                let delay = self.retry_delay(&policy, attempts);
+                let run_at = clamp_time(now.saturating_add(delay));
                 tx.update_run(run_id, &mut |r| {
                     r.status = RunStatus::Pending;
                     r.attempts = attempts;
@@ -434,6 +451,9 @@ impl<S: Store> Engine<S> {
                     r.clear_wait();
                     out = Some(r.clone());
                 });
+                self.note(tx, run_id, EventKind::RetryScheduled, now, attempts, || {
+                    Some(json!({ "delayMs": delay, "error": message }))
+                });
             } else {
                 tx.update_run(run_id, &mut |r| {
                     r.status = final_status;
@@ -444,6 +464,14 @@ impl<S: Store> Engine<S> {
                     r.executing = false;
                     r.clear_wait();
                     out = Some(r.clone());
+                });
+                let kind = if final_status == RunStatus::TimedOut {
+                    EventKind::TimedOut
+                } else {
+                    EventKind::Failed
+                };
+                self.note(tx, run_id, kind, now, attempts, || {
+                    Some(json!({ "error": message }))
                 });
                 tx.announce(Transition {
                     run: *run_id,
@@ -458,7 +486,14 @@ impl<S: Store> Engine<S> {
                     self.resolve_waiters(tx, r, now, fx);
                 }
                 // A failed run takes its descendants down (not itself again).
-                self.cancel_tree(tx, *run_id, true, false, now, fx);
+                self.cancel_tree(
+                    tx,
+                    *run_id,
+                    (true, false),
+                    CancelCause::ParentFailed,
+                    now,
+                    fx,
+                );
                 return Ok(out.map(Finished::of));
             }
             // Put back for a retry (`run:retrying`).
@@ -512,7 +547,7 @@ impl<S: Store> Engine<S> {
             return Ok(0);
         }
         let now = self.now();
-        let released = self.write(|tx| Ok(Self::release_in(tx, attempts, now)))?;
+        let released = self.write(|tx| Ok(self.release_in(tx, attempts, now)))?;
         for (run_id, epoch, _) in attempts {
             self.end_in_flight(run_id, *epoch);
         }
@@ -548,13 +583,14 @@ impl<S: Store> Engine<S> {
             })
             .map(|o| (o.run, o.epoch, o.claimed_at))
             .collect();
-        Self::release_in(tx, &mine, now)
+        self.release_in(tx, &mine, now)
     }
 
     /// `release_claims` inside a transaction: each attempt still current
     /// (running, same claim epoch) turns pending again, keeping its place.
     /// Answers how many did. O(k).
     pub(super) fn release_in(
+        &self,
         tx: &mut S::Tx<'_>,
         attempts: &[(RunId, u32, Option<Millis>)],
         now: Millis,
@@ -584,6 +620,8 @@ impl<S: Store> Engine<S> {
                 r.executing = false;
                 r.clear_wait();
             });
+            let attempt = run_attempt(tx, run_id);
+            self.note(tx, run_id, EventKind::Released, now, attempt, || None);
             n += 1;
         }
         n

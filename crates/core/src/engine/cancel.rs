@@ -1,6 +1,7 @@
 //! Canceling runs and the parent-close cascade; a scope's cancel and
 //! reschedule.
 
+use super::timeline::CancelCause;
 use super::{parse_run_id, Effects, Engine};
 use crate::clock::clamp_time;
 use crate::error::Result;
@@ -24,7 +25,14 @@ impl<S: Store> Engine<S> {
             if !Self::visible(&filter, run) || run.status.is_terminal() {
                 return Ok(());
             }
-            self.cancel_tree(tx, id, cascade, true, now, &mut fx);
+            self.cancel_tree(
+                tx,
+                id,
+                (cascade, true),
+                CancelCause::Requested,
+                now,
+                &mut fx,
+            );
             self.purge(tx, now);
             Ok(())
         })?;
@@ -40,8 +48,8 @@ impl<S: Store> Engine<S> {
         &self,
         tx: &mut S::Tx<'_>,
         root: RunId,
-        cascade: bool,
-        include_root: bool,
+        (cascade, include_root): (bool, bool),
+        cause: CancelCause,
         now: Millis,
         fx: &mut Effects,
     ) {
@@ -98,6 +106,8 @@ impl<S: Store> Engine<S> {
                 }
             });
             tx.announce(announced);
+            let attempt = announced.attempts + 1;
+            self.note_cancel(tx, &id, root, cause, now, attempt);
             // Invoke waits on it fail (their runs resume), unless the
             // waiting run is being canceled in this same cascade.
             if let Some(r) = awaited {
@@ -129,7 +139,7 @@ impl<S: Store> Engine<S> {
                 .collect();
             for id in &live {
                 if tx.run(id).is_some_and(|r| !r.status.is_terminal()) {
-                    self.cancel_tree(tx, *id, cascade, true, now, &mut fx);
+                    self.cancel_tree(tx, *id, (cascade, true), CancelCause::Scope, now, &mut fx);
                 }
             }
             Ok(live
@@ -162,6 +172,10 @@ impl<S: Store> Engine<S> {
                     tx.update_run(&id, &mut |r| {
                         r.run_at = run_at;
                         r.updated_at = now;
+                    });
+                    let attempt = super::attempts::run_attempt(tx, &id);
+                    self.note(tx, &id, EventKind::Rescheduled, now, attempt, || {
+                        Some(serde_json::json!({ "runAt": run_at }))
                     });
                     n += 1;
                 }

@@ -20,6 +20,7 @@
 //! | `schedules.rs` | recurring starts |
 //! | `wakeups.rs` | waking a worker, events, watchers, the observer, time |
 //! | `waits.rs` | durable waits: parking, signals, resume tokens, child results, deadlines |
+//! | `timeline.rs` | the run timeline: recording a transition's event (`note`), reading a run's events |
 
 mod attempts;
 mod cancel;
@@ -29,6 +30,7 @@ mod replay;
 mod schedules;
 mod start;
 mod steps;
+mod timeline;
 mod timeouts;
 mod waits;
 mod wakeups;
@@ -120,6 +122,9 @@ pub struct Engine<S: Store> {
     /// a start into a full pool does not wake it.
     hungry_pools: RwLock<Option<Vec<Arc<str>>>>,
     events_enabled: AtomicBool,
+    /// Whether transitions are recorded in the run timeline (on unless
+    /// turned off: `set_timeline`).
+    timeline: AtomicBool,
     /// Runs someone waits for (`waitForRun`): their transitions are sent
     /// even when events are off. Reference-counted per run.
     watched: Mutex<HashMap<RunId, usize>>,
@@ -187,6 +192,7 @@ impl<S: Store> Engine<S> {
             worker_hungry: AtomicBool::new(false),
             hungry_pools: RwLock::new(None),
             events_enabled: AtomicBool::new(false),
+            timeline: AtomicBool::new(true),
             watched: Mutex::new(HashMap::new()),
             watched_any: AtomicBool::new(false),
             schedules_changed: Arc::new(Notify::new()),

@@ -37,6 +37,7 @@ impl<S: Store> Engine<S> {
                 .ok_or_else(|| JobError::JobTypeNotFound {
                     job_type: run.job_type.to_string(),
                 })?;
+            let was = run.status;
             tx.delete_steps(&id, def.replay_from != ReplayFrom::Scratch);
             // From scratch, signals sent for the old run's waits go too.
             if def.replay_from == ReplayFrom::Scratch {
@@ -58,6 +59,9 @@ impl<S: Store> Engine<S> {
                 r.clear_wait();
                 r.executing = false;
                 out = Some(r.clone());
+            });
+            self.note(tx, &id, EventKind::Replayed, now, 1, || {
+                Some(serde_json::json!({ "from": def.replay_from.as_str(), "was": was.as_str() }))
             });
             out.ok_or_else(not_found)
         })?;

@@ -3,6 +3,7 @@
 //! arrived together, each on its own, one transaction) and `start_batch`
 //! (starts JS answered itself, the hot path).
 
+use super::timeline::CancelCause;
 use super::{parse_run_id, Effects, Engine};
 use crate::clock::clamp_time;
 use crate::error::{JobError, Result};
@@ -538,14 +539,7 @@ impl<S: Store> Engine<S> {
             }
         }
 
-        // Everything is checked: from here on, change the store.
-        if def.collision_mode == CollisionMode::Replace {
-            for incumbent in &lane {
-                self.cancel_tree(tx, *incumbent, true, true, now, fx);
-            }
-        }
-
-        // 6. Create.
+        // 6. The new run's id (a preset one must be free).
         let id = match req.preset {
             Some((id, _)) if tx.run(&id).is_some() => {
                 return Err(JobError::JobInputInvalid {
@@ -555,6 +549,16 @@ impl<S: Store> Engine<S> {
             Some((id, _)) => id,
             None => Uuid::new_v4(),
         };
+
+        // Everything is checked: from here on, change the store.
+        if def.collision_mode == CollisionMode::Replace {
+            for incumbent in &lane {
+                let cause = CancelCause::Replaced(id);
+                self.cancel_tree(tx, *incumbent, (true, true), cause, now, fx);
+            }
+        }
+
+        // 7. Create.
         let root_run_id = parent.as_ref().map_or(id, |(_, root, _)| *root);
         let (scope_entity_type, scope_entity_id) = match (&req.scope, &def.scope_entity_type) {
             (Some((t, e)), _) => (Some(t.as_str().into()), Some(e.as_str().into())),

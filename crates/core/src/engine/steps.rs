@@ -5,6 +5,7 @@ use super::{parse_run_id, Engine};
 use crate::error::{JobError, Result};
 use crate::model::*;
 use crate::store::{Store, StoreTx};
+use serde_json::json;
 use serde_json::value::RawValue;
 use uuid::Uuid;
 
@@ -111,6 +112,10 @@ impl<S: Store> Engine<S> {
                 finished_at: existing.as_ref().and_then(|s| s.finished_at),
                 epoch,
             });
+            let run_attempt = super::attempts::run_attempt(tx, &id);
+            self.note(tx, &id, EventKind::StepStarted, now, run_attempt, || {
+                Some(json!({ "stepId": step_id, "stepAttempt": attempt }))
+            });
             Ok(StepBegin::Started { attempt })
         })
     }
@@ -154,7 +159,12 @@ impl<S: Store> Engine<S> {
             s.output = output;
             s.error = None;
             s.finished_at = Some(now);
+            let step_attempt = s.attempts;
             tx.put_step(s);
+            let run_attempt = super::attempts::run_attempt(tx, &id);
+            self.note(tx, &id, EventKind::StepCompleted, now, run_attempt, || {
+                Some(json!({ "stepId": step_id, "stepAttempt": step_attempt }))
+            });
             Ok(())
         })
     }
@@ -209,7 +219,19 @@ impl<S: Store> Engine<S> {
                 attempt: s.attempts,
             }));
             s.finished_at = Some(now);
+            let mut data = json!({
+                "stepId": &*s.step_id,
+                "stepAttempt": s.attempts,
+                "error": s.error.as_ref().map(|e| e.message.as_str()),
+            });
+            if let Some(ms) = retry_in {
+                data["retryInMs"] = ms.into();
+            }
             tx.put_step(s);
+            let run_attempt = super::attempts::run_attempt(tx, &id);
+            self.note(tx, &id, EventKind::StepFailed, now, run_attempt, || {
+                Some(data)
+            });
             Ok(retry_in)
         })
     }

@@ -22,6 +22,7 @@
 //! child is canceled first). A signal, a token or a child's end that comes
 //! after the deadline finds the wait expired and does not resolve it.
 
+use super::timeline::CancelCause;
 use super::{parse_run_id, Effects, Engine};
 use crate::clock::clamp_time;
 use crate::error::{JobError, Result};
@@ -511,7 +512,8 @@ impl<S: Store> Engine<S> {
                 .run(child_run_id)
                 .is_some_and(|c| !c.status.is_terminal() && c.parent_run_id() == Some(caller));
             if own {
-                self.cancel_tree(tx, *child_run_id, true, true, now, fx);
+                let cause = CancelCause::WaitTimedOut(caller);
+                self.cancel_tree(tx, *child_run_id, (true, true), cause, now, fx);
             }
         }
         WaitBegin::Failed(detail)
@@ -555,6 +557,28 @@ impl<S: Store> Engine<S> {
             r.executing = false;
             out = Some(r.clone());
         });
+        let attempt = super::attempts::run_attempt(tx, run_id);
+        if resume {
+            let by = if woken || open.is_empty() {
+                "resolved"
+            } else {
+                "deadline"
+            };
+            self.note(tx, run_id, EventKind::Resumed, now, attempt, || {
+                Some(json!({ "by": by }))
+            });
+        } else {
+            self.note(tx, run_id, EventKind::Waiting, now, attempt, || {
+                let mut d = serde_json::Map::new();
+                if let Some(k) = kind {
+                    d.insert("wait".into(), k.as_str().into());
+                }
+                if let Some(at) = deadline {
+                    d.insert("deadline".into(), at.into());
+                }
+                Some(serde_json::Value::Object(d))
+            });
+        }
         if let (false, Some(d)) = (resume, deadline) {
             // The timer that resumes deadlines looks again, if it would
             // otherwise wake after this one.
@@ -571,11 +595,23 @@ impl<S: Store> Engine<S> {
     /// is set to now, which `park_in` reads as "a wait resolved while the
     /// attempt ran: resume at once" (a running run has no deadline
     /// otherwise; the deadline index holds waiting runs only).
-    fn wake_run(tx: &mut S::Tx<'_>, id: &RunId, now: Millis, fx: &mut Effects) {
+    /// `by` names what resolved it (`signal`, `token`, `child`), and
+    /// `step` which wait, for the timeline.
+    fn wake_run(
+        &self,
+        tx: &mut S::Tx<'_>,
+        (id, by, step): (&RunId, &str, &str),
+        now: Millis,
+        fx: &mut Effects,
+    ) {
         match tx.run(id).map(|r| r.status) {
             Some(RunStatus::Waiting) => {
                 tx.update_run(id, &mut |r| r.resume_now(now));
                 fx.wake = true;
+                let attempt = super::attempts::run_attempt(tx, id);
+                self.note(tx, id, EventKind::Resumed, now, attempt, || {
+                    Some(json!({ "by": by, "stepId": step }))
+                });
             }
             Some(RunStatus::Running) => tx.update_run(id, &mut |r| r.wait_deadline = now.into()),
             _ => {}
@@ -621,8 +657,9 @@ impl<S: Store> Engine<S> {
             });
             match waiting {
                 Some(s) => {
+                    let step = s.step_id.clone();
                     complete(tx, s, payload.clone(), now);
-                    Self::wake_run(tx, &id, now, &mut fx);
+                    self.wake_run(tx, (&id, "signal", &step), now, &mut fx);
                     Ok(true)
                 }
                 None => {
@@ -691,8 +728,9 @@ impl<S: Store> Engine<S> {
             {
                 return Err(bad_token("the token expired"));
             }
+            let step_id = step.step_id.clone();
             complete(tx, step, payload.clone(), now);
-            Self::wake_run(tx, &id, now, &mut fx);
+            self.wake_run(tx, (&id, "token", &step_id), now, &mut fx);
             Ok(())
         })?;
         let wake = fx.wake;
@@ -728,7 +766,7 @@ impl<S: Store> Engine<S> {
             }
             let (status, output) = child_result(child, step_id, parent);
             finish_wait(tx, s, status, output, now);
-            Self::wake_run(tx, parent, now, fx);
+            self.wake_run(tx, (parent, "child", step_id), now, fx);
         }
     }
 
@@ -740,7 +778,13 @@ impl<S: Store> Engine<S> {
         let mut resumed = 0;
         let next = loop {
             let (n, more, next) = self.write(|tx| {
-                let n = tx.resume_due(now, RESUME_BATCH);
+                let due = tx.resume_due(now, RESUME_BATCH);
+                for (id, attempts) in &due {
+                    self.note(tx, id, EventKind::Resumed, now, attempts + 1, || {
+                        Some(json!({ "by": "deadline" }))
+                    });
+                }
+                let n = due.len();
                 let more = n == RESUME_BATCH;
                 let next = if more { None } else { tx.next_wait_deadline() };
                 Ok((n, more, next))

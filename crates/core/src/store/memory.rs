@@ -20,7 +20,8 @@
 use super::{PageQuery, Store, StoreTx, TenantRef};
 use crate::error::Result;
 use crate::model::{
-    JobDefinition, Millis, RunId, RunRow, RunStatus, ScheduleRow, StepRow, StepStatus,
+    EventKind, JobDefinition, Millis, RunEvent, RunId, RunRow, RunStatus, ScheduleRow, StepRow,
+    StepStatus,
 };
 use serde_json::value::RawValue;
 use std::cmp::Reverse;
@@ -108,6 +109,12 @@ pub struct MemoryState {
     dedupe: HashMap<DedupeKey, Vec<Handle>>,
     children: HashMap<Handle, Vec<Handle>>,
     steps: HashMap<Handle, RunSteps>,
+    /// Each run's timeline, oldest first, for the runs that have events
+    /// (a run that was only created has none: its `created` event is the
+    /// row), so a pending run costs nothing here.
+    events: HashMap<Handle, Vec<StoredEvent>>,
+    /// The last event number handed out.
+    event_seq: u64,
     /// Waiting runs with a deadline, earliest first.
     waits: BTreeSet<(Millis, u64, Handle)>,
     /// Signals sent to a run that no wait took yet, oldest first.
@@ -139,6 +146,17 @@ enum Undo {
     Row(Box<RunRow>),
     /// A step row before it was replaced (`None`: there was none).
     Step(RunId, Box<str>, Option<Box<StepRow>>),
+    /// An event appended to a run's timeline (a `replace` start's cancels).
+    Event(RunId),
+}
+
+/// An event as a run's timeline keeps it (its run is the key): 40 bytes.
+struct StoredEvent {
+    id: u64,
+    at: Millis,
+    kind: EventKind,
+    attempt: u32,
+    data: Option<Box<RawValue>>,
 }
 
 /// `(createdAt, id)`: the keyset order of `listJobRuns` (newest first).
@@ -362,6 +380,7 @@ impl MemoryState {
             drop_from(&mut self.q.tree, &rh, h);
         }
         self.steps.remove(&h);
+        self.events.remove(&h);
         self.inbox.remove(&h);
         self.free.push(h);
     }
@@ -945,6 +964,15 @@ impl StoreTx for MemoryTx<'_> {
                         (None, _) => {}
                     }
                 }
+                Undo::Event(run) => {
+                    let Some(h) = s.handle(&run) else { continue };
+                    if let Some(list) = s.events.get_mut(&h) {
+                        list.pop();
+                        if list.is_empty() {
+                            s.events.remove(&h);
+                        }
+                    }
+                }
                 Undo::Inserted(id) => {
                     let Some(h) = s.handle(&id) else { continue };
                     let g = s.group_of_run(h);
@@ -1165,6 +1193,48 @@ impl StoreTx for MemoryTx<'_> {
         if let Some(h) = s.handle(run) {
             s.inbox.remove(&h);
         }
+    }
+
+    fn record_event(&mut self, event: RunEvent) {
+        let s = &mut *self.0;
+        let Some(h) = s.handle(&event.run) else {
+            return;
+        };
+        s.event_seq += 1;
+        if let Some(u) = s.undo.as_mut() {
+            u.push(Undo::Event(event.run));
+        }
+        s.events
+            .entry(h)
+            .or_insert_with(|| Vec::with_capacity(4))
+            .push(StoredEvent {
+                id: s.event_seq,
+                at: event.at,
+                kind: event.kind,
+                attempt: event.attempt,
+                data: event.data,
+            });
+    }
+
+    fn run_events(&self, run: &RunId, after: u64, limit: usize) -> Vec<RunEvent> {
+        let s = &*self.0;
+        let Some(list) = s.handle(run).and_then(|h| s.events.get(&h)) else {
+            return Vec::new();
+        };
+        // Numbers ascend along the list: the page starts after `after`.
+        let from = list.partition_point(|e| e.id <= after);
+        list[from..]
+            .iter()
+            .take(limit)
+            .map(|e| RunEvent {
+                id: e.id,
+                run: *run,
+                at: e.at,
+                kind: e.kind,
+                attempt: e.attempt,
+                data: e.data.clone(),
+            })
+            .collect()
     }
 
     fn set_retention_tracking(&mut self, on: bool) {

@@ -16,7 +16,9 @@ pub mod memory;
 pub mod postgres;
 
 use crate::error::Result;
-use crate::model::{JobDefinition, Millis, RunId, RunRow, RunStatus, ScheduleRow, StepRow};
+use crate::model::{
+    JobDefinition, Millis, RunEvent, RunId, RunRow, RunStatus, ScheduleRow, StepRow,
+};
 use serde_json::value::RawValue;
 use std::sync::Arc;
 
@@ -365,13 +367,20 @@ pub trait StoreTx {
     fn due_waits(&mut self, now: Millis, limit: usize) -> Vec<RunId>;
     /// Resumes up to `limit` waiting runs whose deadline is at or before
     /// `now`, earliest first (`RunRow::resume_now`: pending, due `now`);
-    /// returns how many. A networked store does it in one statement.
-    fn resume_due(&mut self, now: Millis, limit: usize) -> usize {
+    /// returns them with their attempts so far. A networked store does it
+    /// in one statement.
+    fn resume_due(&mut self, now: Millis, limit: usize) -> Vec<(RunId, u32)> {
         let due = self.due_waits(now, limit);
-        for id in &due {
-            self.update_run(id, &mut |r| r.resume_now(now));
+        let mut out = Vec::with_capacity(due.len());
+        for id in due {
+            let mut attempts = 0;
+            self.update_run(&id, &mut |r| {
+                r.resume_now(now);
+                attempts = r.attempts;
+            });
+            out.push((id, attempts));
         }
-        due.len()
+        out
     }
     /// The earliest `wait_deadline` of any waiting run.
     fn next_wait_deadline(&mut self) -> Option<Millis>;
@@ -383,6 +392,17 @@ pub trait StoreTx {
     fn inbox_len(&self, run: &RunId) -> usize;
     /// Empties a run's inbox (a replay from scratch; a purge does it too).
     fn clear_signals(&mut self, run: &RunId);
+
+    // ── timeline ───────────────────────────────────────────────────────
+    /// Appends `event` to its run's timeline, numbered by the store (its
+    /// `id`: greater than every earlier event of the run). Kept with this
+    /// transaction (undone with it), deleted with the run (`purge_finished`).
+    /// O(1) amortised; a networked store writes a transaction's events in
+    /// one statement at commit.
+    fn record_event(&mut self, event: RunEvent);
+    /// A run's stored events with an `id` above `after`, oldest first, at
+    /// most `limit`. O(log e + limit) over the run's own events.
+    fn run_events(&self, run: &RunId, after: u64, limit: usize) -> Vec<RunEvent>;
 
     // ── retention ──────────────────────────────────────────────────────
     /// Starts (or stops) remembering terminal runs in finishing order.

@@ -178,3 +178,18 @@ CREATE TABLE IF NOT EXISTS {S}.job_signal (
   PRIMARY KEY (run_id, name, id)
 );
 INSERT INTO {S}.jobforge_migration (version) VALUES (3) ON CONFLICT DO NOTHING;
+
+-- jobforge, version 4: the run timeline. One row per transition of a run
+-- (its `created` event is the run row itself), written in the transaction
+-- of the change and deleted with the run. The key is the timeline order,
+-- so one index serves a run's pages and the purge's delete.
+CREATE TABLE IF NOT EXISTS {S}.job_event (
+  id      bigint GENERATED ALWAYS AS IDENTITY,
+  run_id  uuid NOT NULL,
+  at      timestamptz NOT NULL,
+  kind    text NOT NULL,
+  attempt integer NOT NULL DEFAULT 0,
+  data    jsonb,
+  PRIMARY KEY (run_id, id)
+);
+INSERT INTO {S}.jobforge_migration (version) VALUES (4) ON CONFLICT DO NOTHING;

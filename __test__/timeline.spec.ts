@@ -1,0 +1,189 @@
+/**
+ * The run timeline (issue 25): `listRunEvents` on both stores — every
+ * transition of a run in order with its attempt and data (claims, steps,
+ * retries, waits, cancels with their cause, outcomes, replays), keyset
+ * pages, the tenant gate, typed errors of bad input, the worker's path,
+ * and `timeline: false`.
+ */
+import test from 'ava';
+import { JobInputInvalidError, JobOrchestrator, JobRunNotFoundError, MissingTenantIdError } from '../dist';
+import type { JobContext, JobRunEvent } from '../dist';
+import { forBackends } from './backends';
+import { rejects, waitFor } from './helpers';
+
+async function all(o: JobOrchestrator, runId: string, tenantId?: string | null): Promise<JobRunEvent[]> {
+  const out: JobRunEvent[] = [];
+  let cursor: string | undefined;
+  for (;;) {
+    const page = await o.listRunEvents(runId, { cursor, limit: 500, ...(tenantId === undefined ? {} : { tenantId }) });
+    out.push(...page.items);
+    if (page.nextCursor === null) return out;
+    cursor = page.nextCursor;
+  }
+}
+
+const kinds = (events: JobRunEvent[]): string[] => events.map((e) => `${e.type}@${e.attempt}`);
+
+async function tick(o: JobOrchestrator, id: string): Promise<void> {
+  const c = await o.claimNext('batch');
+  if (c?.id !== id) throw new Error(`expected to claim ${id}, got ${c?.id ?? 'nothing'}`);
+  await o.tick(id);
+}
+
+forBackends('timeline: a retried run with a step tells its life in order, with attempts and data', async (t, make) => {
+  const o = await make.manual();
+  let calls = 0;
+  o.registerHandler('tl.retry', { retry: { attempts: 2, backoff: 'fixed', baseMs: 1000 } }, async (ctx: JobContext<unknown>) => {
+    await ctx.step('fetch', () => 42);
+    if (++calls === 1) throw new Error('first <b>try</b> broke');
+    return { ok: true };
+  });
+  const run = await o.start('tl.retry', {});
+  await tick(o, run.id);
+  o.advanceTime(1000);
+  await tick(o, run.id);
+  const events = await all(o, run.id);
+  t.deepEqual(kinds(events), [
+    'created@0',
+    'started@1',
+    'step_started@1',
+    'step_completed@1',
+    'retry_scheduled@1',
+    'started@2',
+    'completed@2',
+  ]);
+  t.true(events.every((e) => e.runId === run.id && e.at instanceof Date));
+  t.is(events[0]!.at.getTime(), run.createdAt.getTime());
+  t.deepEqual(events[0]!.data, { trigger: 'manual' });
+  t.deepEqual(events[2]!.data, { stepId: 'fetch', stepAttempt: 1 });
+  t.deepEqual(events[4]!.data, { delayMs: 1000, error: 'first <b>try</b> broke' });
+  t.true(events.every((e, i) => i === 0 || e.seq > events[i - 1]!.seq), 'seq increases');
+  t.true(events.every((e, i) => i === 0 || e.at >= events[i - 1]!.at), 'times are ordered');
+
+  // Pages of 2 hold the same events; the last page has no cursor.
+  const paged: JobRunEvent[] = [];
+  let cursor: string | undefined;
+  let pages = 0;
+  do {
+    const page = await o.listRunEvents(run.id, { cursor, limit: 2 });
+    t.true(page.items.length <= 2);
+    paged.push(...page.items);
+    cursor = page.nextCursor ?? undefined;
+    pages++;
+  } while (cursor !== undefined);
+  t.is(pages, 4);
+  t.deepEqual(kinds(paged), kinds(events));
+
+  // A replay adds to the timeline; what happened before stays.
+  await o.replay(run.id);
+  const after = await all(o, run.id);
+  t.deepEqual(kinds(after).slice(0, 7), kinds(events));
+  t.deepEqual(after[7]!.type, 'replayed');
+  t.deepEqual(after[7]!.data, { from: 'last_checkpoint', was: 'completed' });
+});
+
+forBackends('timeline: a sleep and a signal show as waiting and resumed, with what resumed the run', async (t, make) => {
+  const o = await make.manual();
+  o.registerHandler('tl.wait', {}, async (ctx: JobContext<unknown>) => {
+    await ctx.sleep('nap', 5000);
+    const go = await ctx.waitForSignal<string>('go');
+    return { go };
+  });
+  const run = await o.start('tl.wait', {});
+  const t0 = o.now().getTime();
+  await tick(o, run.id);
+  o.advanceTime(5000);
+  await tick(o, run.id);
+  t.deepEqual(await o.signal(run.id, 'go', 'now'), { delivered: true });
+  await tick(o, run.id);
+  t.is((await o.getRun(run.id))?.status, 'completed');
+  const events = await all(o, run.id);
+  t.deepEqual(kinds(events), [
+    'created@0',
+    'started@1',
+    'waiting@1',
+    'resumed@1',
+    'started@1',
+    'waiting@1',
+    'resumed@1',
+    'started@1',
+    'completed@1',
+  ]);
+  t.is((events[2]!.data as { wait: string }).wait, 'sleep');
+  t.is(((events[2]!.data as { deadline: Date }).deadline).getTime(), t0 + 5000);
+  t.deepEqual(events[3]!.data, { by: 'deadline' });
+  t.deepEqual(events[5]!.data, { wait: 'signal' });
+  t.deepEqual(events[6]!.data, { by: 'signal', stepId: 'go' });
+});
+
+forBackends('timeline: a cancel names its cause, and a cascade the run that did it', async (t, make) => {
+  const o = await make.manual();
+  o.registerHandler('tl.p', {}, async () => ({}));
+  const parent = await o.start('tl.p', {});
+  const child = await o.start('tl.p', {}, { parentRunId: parent.id });
+  await o.cancel(parent.id);
+  const p = await all(o, parent.id);
+  const c = await all(o, child.id);
+  t.deepEqual(kinds(p), ['created@0', 'canceled@1']);
+  t.deepEqual(p[1]!.data, { reason: 'requested' });
+  t.deepEqual(c[0]!.data, { trigger: 'manual', parentRunId: parent.id });
+  t.deepEqual(c[1]!.data, { reason: 'requested', byRunId: parent.id });
+
+  // A `replace` start cancels the lane's run and names itself.
+  o.registerHandler<{ k: string }>('tl.lane', { concurrency: { key: 'k:{{k}}', collisionMode: 'replace' } }, async () => ({}));
+  const first = await o.start('tl.lane', { k: 'a' });
+  const second = await o.start('tl.lane', { k: 'a' });
+  t.deepEqual((await all(o, first.id))[1]!.data, { reason: 'replaced', byRunId: second.id });
+});
+
+forBackends('timeline: the worker path records claims and outcomes', async (t, make) => {
+  const o = await make.system();
+  o.registerHandler('tl.work', {}, async (ctx: JobContext<unknown>) => {
+    if ((ctx.input as { fail?: boolean }).fail) throw new Error('nope');
+    return {};
+  });
+  const ok = await o.start('tl.work', {});
+  const bad = await o.start('tl.work', { fail: true });
+  const w = o.startWorker({ shutdownTimeoutMs: 100 });
+  t.teardown(() => w.stop());
+  await waitFor(async () => (await o.getRun(bad.id))?.status === 'failed' && (await o.getRun(ok.id))?.status === 'completed', 'both ended', 5000);
+  t.deepEqual(kinds(await all(o, ok.id)), ['created@0', 'started@1', 'completed@1']);
+  const b = await all(o, bad.id);
+  t.deepEqual(kinds(b), ['created@0', 'started@1', 'failed@1']);
+  t.deepEqual(b[2]!.data, { error: 'nope' });
+});
+
+forBackends('timeline: off, a run shows only its created event', async (t, make) => {
+  const o = await make.manual({ timeline: false });
+  o.registerHandler('tl.off', {}, async () => ({}));
+  const run = await o.start('tl.off', {});
+  await tick(o, run.id);
+  t.is((await o.getRun(run.id))?.status, 'completed');
+  t.deepEqual(kinds(await all(o, run.id)), ['created@0']);
+});
+
+forBackends('timeline: tenant-gated; bad input is a typed error', async (t, make) => {
+  const o = await make.manual({ multiTenant: true });
+  o.registerHandler('tl.gate', {}, async () => ({}));
+  const run = await o.start('tl.gate', {}, { tenantId: 'a' });
+  t.is((await all(o, run.id, 'a')).length, 1);
+  await rejects(t, () => o.listRunEvents(run.id), MissingTenantIdError, 'MISSING_TENANT_ID', 'no tenant');
+  await rejects(t, () => o.listRunEvents(run.id, { tenantId: 'b' }), JobRunNotFoundError, 'JOB_RUN_NOT_FOUND', 'other tenant');
+  await rejects(t, () => o.listRunEvents(run.id, { tenantId: null }), JobRunNotFoundError, 'JOB_RUN_NOT_FOUND', 'null tenant');
+  await rejects(t, () => o.listRunEvents('not-a-uuid', { tenantId: 'a' }), JobRunNotFoundError, 'JOB_RUN_NOT_FOUND', 'not an id');
+  const bad: [string, () => Promise<unknown>][] = [
+    ['malformed cursor', () => o.listRunEvents(run.id, { tenantId: 'a', cursor: 'c1zz' })],
+    ['cursor not a string', () => o.listRunEvents(run.id, { tenantId: 'a', cursor: 5 as unknown as string })],
+    ['limit 0', () => o.listRunEvents(run.id, { tenantId: 'a', limit: 0 })],
+    ['limit NaN', () => o.listRunEvents(run.id, { tenantId: 'a', limit: Number.NaN })],
+    ['limit 1.5', () => o.listRunEvents(run.id, { tenantId: 'a', limit: 1.5 })],
+    ['unknown option', () => o.listRunEvents(run.id, { tenantId: 'a', after: 1 } as never)],
+  ];
+  for (const [what, call] of bad) await rejects(t, call, JobInputInvalidError, 'JOB_INPUT_INVALID', what);
+});
+
+test('timeline: the option must be a boolean', (t) => {
+  // A typed error at construction, before any store is opened.
+  const err = t.throws(() => new JobOrchestrator({ timeline: 'yes' as unknown as boolean }));
+  t.true(err instanceof JobInputInvalidError);
+});

@@ -1050,7 +1050,14 @@ mod tests {
         for n in [0u64, 1, 42, u64::MAX] {
             assert_eq!(decode_event_cursor(&encode_event_cursor(n)).ok(), Some(n));
         }
-        for bad in ["", "e1", "e2000000000000000", "e1zzzzzzzzzzzzzzzz", "c1", "e10000"] {
+        for bad in [
+            "",
+            "e1",
+            "e2000000000000000",
+            "e1zzzzzzzzzzzzzzzz",
+            "c1",
+            "e10000",
+        ] {
             assert!(decode_event_cursor(bad).is_err(), "{bad}");
         }
     }

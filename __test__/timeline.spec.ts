@@ -187,3 +187,51 @@ test('timeline: the option must be a boolean', (t) => {
   const err = t.throws(() => new JobOrchestrator({ timeline: 'yes' as unknown as boolean }));
   t.true(err instanceof JobInputInvalidError);
 });
+
+/** The value of one sample line of a Prometheus text, or undefined. */
+function sample(text: string, series: string): number | undefined {
+  const line = text.split('\n').find((l) => l.startsWith(`${series} `));
+  return line === undefined ? undefined : Number(line.slice(series.length + 1));
+}
+
+forBackends('metrics: counters, histograms and live gauges in the Prometheus text format, label values escaped', async (t, make) => {
+  const o = await make.manual();
+  const type = 'mx "odd"\\type';
+  let calls = 0;
+  o.registerHandler(type, { retry: { attempts: 2, backoff: 'fixed', baseMs: 1000 } }, async () => {
+    if (++calls === 1) throw new Error('once');
+    return {};
+  });
+  o.registerHandler('mx.fail', {}, async () => {
+    throw new Error('always');
+  });
+  const a = await o.start(type, {});
+  const f = await o.start('mx.fail', {});
+  await o.start('mx.fail', {}, { runAt: new Date(o.now().getTime() + 60_000) });
+  o.advanceTime(2000); // both due runs wait 2 s in the queue
+  await tick(o, a.id);
+  await tick(o, f.id);
+  o.advanceTime(1000);
+  await tick(o, a.id);
+  const text = await o.metrics();
+  const l = 'job_type="mx \\"odd\\"\\\\type",pool="batch"';
+  t.is(sample(text, `jobforge_runs_created_total{${l}}`), 1);
+  t.is(sample(text, `jobforge_runs_completed_total{${l}}`), 1);
+  t.is(sample(text, `jobforge_run_retries_total{${l}}`), 1);
+  t.is(sample(text, 'jobforge_runs_created_total{job_type="mx.fail",pool="batch"}'), 2);
+  t.is(sample(text, 'jobforge_runs_failed_total{job_type="mx.fail",pool="batch"}'), 1);
+  t.is(sample(text, `jobforge_queue_wait_seconds_count{${l}}`), 2, 'two claims');
+  t.is(sample(text, `jobforge_queue_wait_seconds_sum{${l}}`), 2, '2 s the first time, 0 s the retry');
+  t.is(sample(text, `jobforge_queue_wait_seconds_bucket{${l},le="1"}`), 1);
+  t.is(sample(text, `jobforge_queue_wait_seconds_bucket{${l},le="2.5"}`), 2);
+  t.is(sample(text, `jobforge_queue_wait_seconds_bucket{${l},le="+Inf"}`), 2);
+  t.is(sample(text, `jobforge_run_duration_seconds_count{${l}}`), 1);
+  t.is(sample(text, 'jobforge_runs{pool="batch",status="pending"}'), 1, 'the run due in a minute');
+  t.is(sample(text, 'jobforge_runs{pool="batch",status="running"}'), undefined);
+  t.true(text.includes('# TYPE jobforge_queue_wait_seconds histogram'));
+  t.true(text.includes('# TYPE jobforge_runs gauge'));
+  // Every line is a comment or `name{labels} number`.
+  for (const line of text.trimEnd().split('\n')) {
+    t.regex(line, /^(# (HELP|TYPE) .+|[a-z_]+\{.*\} -?[0-9.]+(e[+-]?[0-9]+)?)$/, line);
+  }
+});

@@ -12,9 +12,12 @@
  *    JOBFORGE_PG_URL): the worker's drain of PG_N runs started by
  *    `startMany` (not timed), concurrency 24, 10 connections, one process.
  *
- *   node bench/timeline.js [--n 20000] [--pg-n 10000] [--rounds 3]
+ *   node --expose-gc bench/timeline.js [--n 20000] [--pg-n 10000] [--rounds 3] [--docs]
+ *
+ * `--docs` rewrites the "Run timeline" section of BENCHMARKS.md.
  */
 'use strict';
+const fs = require('node:fs');
 const path = require('node:path');
 const os = require('node:os');
 const ROOT = path.resolve(__dirname, '..');
@@ -131,6 +134,13 @@ async function pgDrain(timeline) {
   return ms;
 }
 
+/** The lines printed, for `--docs`. */
+const out = [];
+function say(line) {
+  console.log(line);
+  out.push(line);
+}
+
 async function compare(title, n, f) {
   await f(true); // warm-up, not reported
   const on = [];
@@ -142,22 +152,23 @@ async function compare(title, n, f) {
   const a = median(on);
   const b = median(off);
   const cost = 1 - b / a; // throughput lost: 1 - (on rate / off rate)
-  console.log(
+  say(
     `| ${title} | ${fmt((n / a) * 1000)} | ${fmt((n / b) * 1000)} | ${(cost * 100).toFixed(1)} % | ≤ 15 % | ${cost <= 0.15 ? '**PASS**' : 'MISS'} |`,
   );
 }
 
 async function main() {
-  console.log(`# reproduce: cd ${ROOT} && node --expose-gc bench/timeline.js --n ${N} --pg-n ${PG_N} --rounds ${ROUNDS}`);
-  console.log(`# node ${process.version}, ${os.cpus().length} CPU(s) (${os.cpus()[0]?.model ?? '?'}); medians of ${ROUNDS} rounds each, alternating`);
-  console.log('| work | runs/s, timeline on | runs/s, off | throughput cost | target | |');
-  console.log('|---|---|---|---|---|---|');
+  say(`# reproduce: cd ${ROOT} && node --expose-gc bench/timeline.js --n ${N} --pg-n ${PG_N} --rounds ${ROUNDS}`);
+  say(`# node ${process.version}, ${os.cpus().length} CPU(s) (${os.cpus()[0]?.model ?? '?'}); medians of ${ROUNDS} rounds each, alternating`);
+  say('');
+  say('| work | runs/s, timeline on | runs/s, off | throughput cost | target | |');
+  say('|---|---|---|---|---|---|');
   await compare(`memory, \`claimNext\` + \`tick\`, ${fmt(N)} runs`, N, claimTick);
   await compare(`memory, worker drain of ${fmt(N)} runs (concurrency 64)`, N, memoryDrain);
   const { c, why } = await pgClient();
   if (!c) {
-    console.log(`# PostgreSQL skipped: ${why}`);
-    return;
+    say(`| PostgreSQL | skipped: ${why} | | | | |`);
+    return writeDocs();
   }
   pgc = c;
   try {
@@ -165,6 +176,33 @@ async function main() {
   } finally {
     await c.end();
   }
+  writeDocs();
+}
+
+function writeDocs() {
+  if (!process.argv.includes('--docs')) return;
+  const file = path.join(ROOT, 'BENCHMARKS.md');
+  const begin = '<!-- timeline:begin -->';
+  const end = '<!-- timeline:end -->';
+  const lines = [
+    begin,
+    '## Run timeline',
+    '',
+    'What recording every transition costs (issue 25: ≤ 15 % of the throughput), by `node --expose-gc bench/timeline.js --docs`:',
+    'the same work with `timeline: true` (the default) and `false` in one process, rounds alternating which goes first.',
+    'Two events are stored per run here (`started`, `completed`; `created` is the row). See below the table for how much runs of it',
+    'vary, and for the bound (the engine alone).',
+    '',
+    ...out.map((l) => (l.startsWith('#') ? `\`${l.slice(2)}\`` : l)),
+    '',
+    end,
+  ];
+  let doc = fs.existsSync(file) ? fs.readFileSync(file, 'utf8') : '';
+  const i = doc.indexOf(begin);
+  const j = doc.indexOf(end);
+  doc = i >= 0 && j > i ? doc.slice(0, i) + lines.join('\n') + doc.slice(j + end.length) : `${doc.trimEnd()}\n\n${lines.join('\n')}\n`;
+  fs.writeFileSync(file, doc);
+  console.log('wrote the Run timeline section of BENCHMARKS.md');
 }
 
 main().catch((e) => {

@@ -81,6 +81,7 @@ operations!(
     list_job_runs,
     get_run_tree,
     list_run_events,
+    metrics,
     put_schedule,
     remove_schedule,
     list_schedules,
@@ -736,6 +737,11 @@ fn list_run_events<S: AnyStore>(e: &Engine<S>, req: &str) -> Result<String> {
         .list_run_events(&r.run_id, &r.tenant, after, limit)
         .map_err(to_napi)?;
     Ok(wire::events_page_text(&events, next))
+}
+
+/// The Prometheus text itself (not JSON).
+fn metrics<S: AnyStore>(e: &Engine<S>, _req: &str) -> Result<String> {
+    e.metrics_text().map_err(to_napi)
 }
 
 // ── schedules ──────────────────────────────────────────────────────────

@@ -696,6 +696,19 @@ export class JobOrchestrator<Jobs extends JobMap = AnyJobs> {
     });
   }
 
+  /**
+   * Metrics in the Prometheus text exposition format (serve it as
+   * `text/plain; version=0.0.4` at `/metrics`): counters of runs created,
+   * completed, failed, timed out and canceled and of retries, histograms of
+   * queue wait (`runAt` → claim) and run duration (start → end), by job
+   * type and pool, as this process did them; gauges of the store's live
+   * runs (pending, running, waiting) per pool. Not tenant-gated: it names
+   * job types and pools only.
+   */
+  metrics(): Promise<string> {
+    return settled(() => this.store.metrics());
+  }
+
   /** The tree of runs under a root (parent → children, each with its status), or null. */
   getRunTree(rootRunId: string, opts?: TenantOptions): Promise<RunTreeNode | null> {
     return settled(() => this.store.getRunTree(String(rootRunId), callTenant(opts, 'getRunTree')));

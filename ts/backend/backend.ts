@@ -124,6 +124,8 @@ export interface Backend extends StepStore {
   listJobRuns(query: Record<string, unknown>, tenant: Tenant): Promise<JobRunPage>;
   getRunTree(rootRunId: string, tenant: Tenant): Promise<RunTreeNode | null>;
   listRunEvents(runId: string, page: { cursor?: string | undefined; limit?: number | undefined }, tenant: Tenant): Promise<JobRunEventPage>;
+  /** The Prometheus text exposition (see `JobOrchestrator.metrics`). */
+  metrics(): Promise<string>;
 
   // ── schedules ──
   putSchedule(request: Record<string, unknown>): Promise<JobSchedule>;
@@ -424,6 +426,10 @@ export abstract class NativeBackend implements Partial<Backend> {
 
   listRunEvents(runId: string, page: { cursor?: string | undefined; limit?: number | undefined }, tenant: Tenant): Promise<JobRunEventPage> {
     return this.request('listRunEvents', requestJson({ runId, cursor: page.cursor, limit: page.limit, tenant }), parseEventPage);
+  }
+
+  metrics(): Promise<string> {
+    return this.request('metrics', '{}', (t) => t);
   }
 
   putSchedule(request: Record<string, unknown>): Promise<JobSchedule> {

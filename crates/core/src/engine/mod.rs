@@ -20,11 +20,13 @@
 //! | `schedules.rs` | recurring starts |
 //! | `wakeups.rs` | waking a worker, events, watchers, the observer, time |
 //! | `waits.rs` | durable waits: parking, signals, resume tokens, child results, deadlines |
+//! | `metrics.rs` | counters and histograms of what this process did to runs, gauges of the store's live runs: the Prometheus text |
 //! | `timeline.rs` | the run timeline: recording a transition's event (`note`), reading a run's events |
 
 mod attempts;
 mod cancel;
 mod definitions;
+mod metrics;
 mod queries;
 mod replay;
 mod schedules;
@@ -125,6 +127,8 @@ pub struct Engine<S: Store> {
     /// Whether transitions are recorded in the run timeline (on unless
     /// turned off: `set_timeline`).
     timeline: AtomicBool,
+    /// Counts of transitions, for `metrics_text`.
+    metrics: metrics::Metrics,
     /// Runs someone waits for (`waitForRun`): their transitions are sent
     /// even when events are off. Reference-counted per run.
     watched: Mutex<HashMap<RunId, usize>>,
@@ -193,6 +197,7 @@ impl<S: Store> Engine<S> {
             hungry_pools: RwLock::new(None),
             events_enabled: AtomicBool::new(false),
             timeline: AtomicBool::new(true),
+            metrics: metrics::Metrics::default(),
             watched: Mutex::new(HashMap::new()),
             watched_any: AtomicBool::new(false),
             schedules_changed: Arc::new(Notify::new()),

@@ -372,14 +372,9 @@ impl<S: Store> Engine<S> {
                     pools.push(def.pool.clone());
                 }
                 let seq = tx.next_seq();
-                tx.insert_run(new_run(
-                    def,
-                    run.id,
-                    seq,
-                    at,
-                    run.input,
-                    RunOptions::default(),
-                ));
+                let row = new_run(def, run.id, seq, at, run.input, RunOptions::default());
+                self.metrics.created(&row);
+                tx.insert_run(row);
                 last = Some(def.clone());
             }
             if latest != Millis::MIN {
@@ -614,6 +609,7 @@ impl<S: Store> Engine<S> {
                 tenant_id: row.tenant_id.clone(),
             }
         };
+        self.metrics.created(&row);
         tx.insert_run(row);
         Ok(out)
     }

@@ -89,6 +89,21 @@ impl<S: Store> Engine<S> {
         attempt: u32,
         data: impl FnOnce() -> Option<Value>,
     ) {
+        // The counters and histograms of `metrics.rs` (the row is in the
+        // transaction's hands already: no read of the store).
+        if matches!(
+            kind,
+            EventKind::Started
+                | EventKind::RetryScheduled
+                | EventKind::Completed
+                | EventKind::Failed
+                | EventKind::TimedOut
+                | EventKind::Canceled
+        ) {
+            if let Some(r) = tx.run(run) {
+                self.metrics.transition(kind, r, at);
+            }
+        }
         if !self.timeline() {
             return;
         }

@@ -1309,6 +1309,23 @@ impl StoreTx for MemoryTx<'_> {
         out
     }
 
+    fn live_counts(&self) -> Vec<(Arc<str>, RunStatus, u64)> {
+        let mut sum: BTreeMap<(Arc<str>, &'static str), (RunStatus, u64)> = BTreeMap::new();
+        for g in &self.0.q.groups {
+            for st in [RunStatus::Pending, RunStatus::Running, RunStatus::Waiting] {
+                let n = g.counts[si(st)];
+                if n > 0 {
+                    sum.entry((g.pool.clone(), st.as_str()))
+                        .or_insert((st, 0))
+                        .1 += n;
+                }
+            }
+        }
+        sum.into_iter()
+            .map(|((p, _), (st, n))| (p, st, n))
+            .collect()
+    }
+
     fn recent_failed(&self, tenant: TenantRef<'_>, limit: usize) -> Vec<RunId> {
         let s = &*self.0;
         s.q.failed

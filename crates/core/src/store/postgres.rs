@@ -1810,6 +1810,12 @@ const SQL_SCOPE: &str = "SELECT {R} FROM {S}.job_run WHERE {T} AND scope_entity_
     AND scope_entity_id = $3 ORDER BY seq";
 const SQL_COUNTS: &str =
     "SELECT pool, status, count(*) FROM {S}.job_run WHERE {T} GROUP BY pool, status";
+/// Each status through its own partial index (claim, lease, waits), so
+/// finished runs are never read.
+const SQL_LIVE_COUNTS: &str = "SELECT pool, 'pending', count(*) FROM {S}.job_run WHERE status = 'pending' \
+    GROUP BY pool UNION ALL SELECT pool, 'running', count(*) FROM {S}.job_run WHERE status = 'running' \
+    GROUP BY pool UNION ALL SELECT pool, 'waiting', count(*) FROM {S}.job_run WHERE status = 'waiting' \
+    GROUP BY pool ORDER BY 1, 2";
 const SQL_FAILED: &str = "SELECT {R} FROM {S}.job_run WHERE {T} AND status = 'failed' \
     ORDER BY finished_at DESC, id DESC LIMIT $2";
 const SQL_PAGE: &str = "SELECT {R} FROM {S}.job_run WHERE {T} AND ($2::text IS NULL OR pool = $2) \
@@ -2853,6 +2859,18 @@ impl StoreTx for PgTx<'_> {
             .collect();
         out.sort_by(|a, b| a.0.cmp(&b.0).then(a.1.as_str().cmp(b.1.as_str())));
         out
+    }
+
+    fn live_counts(&self) -> Vec<(Arc<str>, RunStatus, u64)> {
+        let rows = self.query(SQL_LIVE_COUNTS, &[], None);
+        rows.iter()
+            .filter_map(|r| {
+                let pool: &str = r.try_get(0).ok()?;
+                let status = RunStatus::parse(r.try_get(1).ok()?)?;
+                let n: i64 = r.try_get(2).ok()?;
+                Some((Arc::from(pool), status, n.max(0) as u64))
+            })
+            .collect()
     }
 
     fn recent_failed(&self, tenant: TenantRef<'_>, limit: usize) -> Vec<RunId> {

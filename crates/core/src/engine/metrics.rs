@@ -1,0 +1,268 @@
+//! Metrics in the Prometheus text exposition format (`metrics_text`):
+//! counters of what this process did to runs (created, completed, failed,
+//! timed out, canceled, retries) and histograms of queue wait (due →
+//! claimed) and run duration (started → ended), by job type and pool; and
+//! gauges of the store's live runs (pending, running, waiting) per pool.
+//!
+//! The counters are fed from the same transition points as the timeline
+//! (`Engine::note` and the two places a run row is inserted), after the
+//! change is applied in its transaction; a transaction that then fails
+//! leaves its counts (a count is what this process did, not a row count).
+//! With PostgreSQL each process counts its own work (Prometheus scrapes
+//! every process and sums); the gauges are the database's.
+
+use super::Engine;
+use crate::error::Result;
+use crate::model::{EventKind, Millis, RunRow, RunStatus};
+use crate::store::{Store, StoreTx};
+use std::collections::HashMap;
+use std::fmt::Write;
+use std::sync::{Arc, Mutex};
+
+/// Histogram bucket bounds, ms (the text shows seconds).
+const BUCKETS_MS: [i64; 14] = [
+    5, 10, 25, 50, 100, 250, 500, 1_000, 2_500, 5_000, 10_000, 30_000, 60_000, 300_000,
+];
+
+#[derive(Default, Clone)]
+struct Histogram {
+    /// Observations at or under each bound (not cumulative; summed when shown).
+    buckets: [u64; BUCKETS_MS.len()],
+    count: u64,
+    sum_ms: i64,
+}
+
+impl Histogram {
+    fn observe(&mut self, ms: i64) {
+        let ms = ms.max(0);
+        if let Some(i) = BUCKETS_MS.iter().position(|b| ms <= *b) {
+            self.buckets[i] += 1;
+        }
+        self.count += 1;
+        self.sum_ms = self.sum_ms.saturating_add(ms);
+    }
+}
+
+#[derive(Default, Clone)]
+struct Series {
+    created: u64,
+    completed: u64,
+    failed: u64,
+    timed_out: u64,
+    canceled: u64,
+    retries: u64,
+    queue_wait: Histogram,
+    duration: Histogram,
+}
+
+type Map<K, V> = HashMap<K, V, ahash::RandomState>;
+/// Series by pool.
+type ByPool = Map<Arc<str>, Series>;
+/// A series' labels: job type, pool.
+type Labels = (Arc<str>, Arc<str>);
+/// A counter's name, help and value.
+type Counter = (&'static str, &'static str, fn(&Series) -> u64);
+/// A histogram's name, help and data.
+type HistogramOf = (&'static str, &'static str, fn(&Series) -> &Histogram);
+
+/// This process's counts, by job type, then pool (two lookups by borrowed
+/// text: no allocation once a series exists).
+#[derive(Default)]
+pub(super) struct Metrics {
+    series: Mutex<Map<Arc<str>, ByPool>>,
+}
+
+impl Metrics {
+    fn with(&self, r: &RunRow, f: impl FnOnce(&mut Series)) {
+        let mut m = self.series.lock().unwrap_or_else(|p| p.into_inner());
+        if !m.contains_key(&*r.job_type) {
+            m.insert(r.job_type.clone(), Map::default());
+        }
+        let Some(pools) = m.get_mut(&*r.job_type) else {
+            return;
+        };
+        if !pools.contains_key(&*r.pool) {
+            pools.insert(r.pool.clone(), Series::default());
+        }
+        if let Some(s) = pools.get_mut(&*r.pool) {
+            f(s);
+        }
+    }
+
+    /// A run row was inserted (started).
+    pub(super) fn created(&self, r: &RunRow) {
+        self.with(r, |s| s.created += 1);
+    }
+
+    /// `kind` happened to `r` (its row after the change) at `at`.
+    pub(super) fn transition(&self, kind: EventKind, r: &RunRow, at: Millis) {
+        let ended = |r: &RunRow| r.started_at.get().map(|s| at - s);
+        self.with(r, |s| match kind {
+            EventKind::Started => s.queue_wait.observe(at - r.run_at),
+            EventKind::RetryScheduled => s.retries += 1,
+            EventKind::Completed
+            | EventKind::Failed
+            | EventKind::TimedOut
+            | EventKind::Canceled => {
+                match r.status {
+                    RunStatus::Completed => s.completed += 1,
+                    RunStatus::Failed => s.failed += 1,
+                    RunStatus::TimedOut => s.timed_out += 1,
+                    RunStatus::Canceled => s.canceled += 1,
+                    _ => {}
+                }
+                if let Some(ms) = ended(r) {
+                    s.duration.observe(ms);
+                }
+            }
+            _ => {}
+        });
+    }
+
+    /// The text exposition of the counters and of `live` (pool, status,
+    /// count: the store's live runs).
+    pub(super) fn text(&self, live: &[(Arc<str>, RunStatus, u64)]) -> String {
+        let mut series: Vec<(Labels, Series)> = {
+            let m = self.series.lock().unwrap_or_else(|p| p.into_inner());
+            m.iter()
+                .flat_map(|(t, pools)| {
+                    pools
+                        .iter()
+                        .map(|(p, s)| ((t.clone(), p.clone()), s.clone()))
+                })
+                .collect()
+        };
+        series.sort_by(|a, b| a.0.cmp(&b.0));
+        let mut out = String::with_capacity(1024 + series.len() * 2048);
+        let labels = |(t, p): &Labels| format!("job_type=\"{}\",pool=\"{}\"", escape(t), escape(p));
+        let counters: [Counter; 6] = [
+            (
+                "jobforge_runs_created_total",
+                "Runs started (created), by job type and pool.",
+                |s| s.created,
+            ),
+            (
+                "jobforge_runs_completed_total",
+                "Runs that completed.",
+                |s| s.completed,
+            ),
+            (
+                "jobforge_runs_failed_total",
+                "Runs that failed (no retry left).",
+                |s| s.failed,
+            ),
+            (
+                "jobforge_runs_timed_out_total",
+                "Runs that timed out.",
+                |s| s.timed_out,
+            ),
+            (
+                "jobforge_runs_canceled_total",
+                "Runs canceled (directly or by a cascade).",
+                |s| s.canceled,
+            ),
+            (
+                "jobforge_run_retries_total",
+                "Retries scheduled after a failed attempt.",
+                |s| s.retries,
+            ),
+        ];
+        for (name, help, get) in counters {
+            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter");
+            for (k, s) in &series {
+                let _ = writeln!(out, "{name}{{{}}} {}", labels(k), get(s));
+            }
+        }
+        let histograms: [HistogramOf; 2] = [
+            (
+                "jobforge_queue_wait_seconds",
+                "From when a run was due (runAt) to its claim.",
+                |s| &s.queue_wait,
+            ),
+            (
+                "jobforge_run_duration_seconds",
+                "From a run's first start to its end.",
+                |s| &s.duration,
+            ),
+        ];
+        for (name, help, get) in histograms {
+            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} histogram");
+            for (k, s) in &series {
+                let h = get(s);
+                let l = labels(k);
+                let mut cumulative = 0;
+                for (i, b) in BUCKETS_MS.iter().enumerate() {
+                    cumulative += h.buckets[i];
+                    let _ = writeln!(
+                        out,
+                        "{name}_bucket{{{l},le=\"{}\"}} {cumulative}",
+                        seconds(*b)
+                    );
+                }
+                let _ = writeln!(out, "{name}_bucket{{{l},le=\"+Inf\"}} {}", h.count);
+                let _ = writeln!(out, "{name}_sum{{{l}}} {}", seconds(h.sum_ms));
+                let _ = writeln!(out, "{name}_count{{{l}}} {}", h.count);
+            }
+        }
+        let name = "jobforge_runs";
+        let _ = writeln!(
+            out,
+            "# HELP {name} Live runs in the store, by pool and status.\n# TYPE {name} gauge"
+        );
+        for (pool, status, n) in live {
+            let _ = writeln!(
+                out,
+                "{name}{{pool=\"{}\",status=\"{}\"}} {n}",
+                escape(pool),
+                status.as_str()
+            );
+        }
+        out
+    }
+}
+
+impl<S: Store> Engine<S> {
+    /// The Prometheus text exposition: this process's counters and
+    /// histograms, and the store's live runs per pool and status. Not
+    /// tenant-gated: an operator's view of the whole orchestrator (like a
+    /// worker), with no run's data in it beyond job type and pool names.
+    pub fn metrics_text(&self) -> Result<String> {
+        let live = self.read(|tx| Ok(tx.live_counts()))?;
+        Ok(self.metrics.text(&live))
+    }
+}
+
+/// Milliseconds as a decimal number of seconds.
+fn seconds(ms: i64) -> String {
+    let s = format!("{}.{:03}", ms / 1000, (ms % 1000).abs());
+    s.trim_end_matches('0').trim_end_matches('.').to_owned()
+}
+
+/// A label value as the text format needs it: backslash, double quote and
+/// line feed escaped.
+fn escape(v: &str) -> String {
+    let mut out = String::with_capacity(v.len());
+    for c in v.chars() {
+        match c {
+            '\\' => out.push_str("\\\\"),
+            '"' => out.push_str("\\\""),
+            '\n' => out.push_str("\\n"),
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn label_values_are_escaped_and_seconds_are_plain_decimals() {
+        assert_eq!(escape("a\"b\\c\nd"), "a\\\"b\\\\c\\nd");
+        assert_eq!(seconds(5), "0.005");
+        assert_eq!(seconds(1000), "1");
+        assert_eq!(seconds(2500), "2.5");
+        assert_eq!(seconds(0), "0");
+    }
+}

@@ -1,0 +1,179 @@
+/**
+ * The dashboard (issue 25) over HTTP, as a browser would call it: pages,
+ * filters, a run's detail with its error and timeline, actions with their
+ * CSRF token, the authorize gate and tenant pinning, loopback read-only
+ * without authorize, mounting under a base path, and hostile values from
+ * every field of a run coming out escaped.
+ */
+import test from 'ava';
+import type { ExecutionContext } from 'ava';
+import { createServer } from 'node:http';
+import type { AddressInfo } from 'node:net';
+import { createDashboard } from '../dist';
+import type { DashboardOptions, JobContext, JobOrchestrator } from '../dist';
+import { forBackends } from './backends';
+import { hanging, manual } from './helpers';
+
+async function serve(t: ExecutionContext, o: JobOrchestrator, opts: DashboardOptions = {}): Promise<string> {
+  const handler = createDashboard(o, opts);
+  const server = createServer((req, res) => handler(req, res));
+  await new Promise<void>((r) => server.listen(0, '127.0.0.1', r));
+  t.teardown(() => new Promise<void>((r) => server.close(() => r())));
+  return `http://127.0.0.1:${(server.address() as AddressInfo).port}`;
+}
+
+async function get(url: string): Promise<{ status: number; body: string; headers: Headers }> {
+  const r = await fetch(url, { redirect: 'manual' });
+  return { status: r.status, body: await r.text(), headers: r.headers };
+}
+
+async function post(url: string, form: Record<string, string>, headers: Record<string, string> = {}): Promise<Response> {
+  return fetch(url, {
+    method: 'POST',
+    redirect: 'manual',
+    headers: { 'content-type': 'application/x-www-form-urlencoded', ...headers },
+    body: new URLSearchParams(form).toString(),
+  });
+}
+
+const csrfOf = (page: string): string => /name="csrf" value="([^"]+)"/.exec(page)?.[1] ?? '';
+
+forBackends('dashboard: overview, runs filtered by status, and a failed run with its error and timeline', async (t, make) => {
+  const o = await make.manual();
+  o.registerHandler('dash.fail', {}, async (ctx: JobContext<unknown>) => {
+    await ctx.step('prepare', () => 1);
+    throw new Error('card declined');
+  });
+  o.registerHandler('dash.ok', {}, async () => ({ fine: true }));
+  const bad = await o.start('dash.fail', { order: 7 });
+  const good = await o.start('dash.ok', {});
+  for (let i = 0; i < 2; i++) {
+    const c = await o.claimNext('batch');
+    await o.tick(c!.id);
+  }
+  const base = await serve(t, o);
+  const home = await get(`${base}/`);
+  t.is(home.status, 200);
+  t.regex(home.headers.get('content-security-policy') ?? '', /default-src 'none'/);
+  t.true(home.body.includes('dash.fail'), 'the failing job type is listed');
+  t.true(home.body.includes('card declined'));
+  t.true(home.body.includes('Read-only'), 'says it is read-only without authorize');
+
+  const failed = await get(`${base}/runs?status=failed`);
+  t.true(failed.body.includes(bad.id.slice(0, 8)));
+  t.false(failed.body.includes(good.id.slice(0, 8)), 'the filter leaves the completed run out');
+  t.is((await get(`${base}/runs?status=bogus`)).status, 400);
+
+  const detail = await get(`${base}/runs/${bad.id}`);
+  t.is(detail.status, 200);
+  for (const s of ['card declined', 'prepare', 'started', 'step_completed', 'failed', '&quot;order&quot;: 7']) {
+    t.true(detail.body.includes(s), s);
+  }
+  t.false(detail.body.includes('name="csrf"'), 'no action forms when read-only');
+  t.is((await get(`${base}/runs/00000000-0000-4000-8000-000000000000`)).status, 404);
+  t.is((await get(`${base}/nowhere`)).status, 404);
+  const refused = await post(`${base}/runs/${bad.id}/replay`, { csrf: 'x' });
+  t.is(refused.status, 403, 'no actions without authorize');
+});
+
+test('dashboard: with authorize, cancel from the page needs its token and the same origin', async (t) => {
+  const o = manual();
+  const h = hanging();
+  o.registerHandler('dash.hang', {}, h.handler);
+  const run = await o.start('dash.hang', {});
+  const claimed = await o.claimNext('batch');
+  const ticking = o.tick(claimed!.id);
+  await h.entered();
+  const asked: string[] = [];
+  const base = await serve(t, o, {
+    authorize: (req, action) => {
+      asked.push(action);
+      return req.headers['x-user'] !== 'mallory';
+    },
+  });
+  const page = await get(`${base}/runs/${run.id}`);
+  t.true(page.body.includes('Cancel run'));
+  t.false(page.body.includes('Read-only'));
+  const csrf = csrfOf(page.body);
+  t.true(csrf.length > 20);
+  t.is((await post(`${base}/runs/${run.id}/cancel`, { csrf: 'forged' })).status, 403, 'a wrong token');
+  t.is((await post(`${base}/runs/${run.id}/cancel`, {})).status, 403, 'no token');
+  t.is((await post(`${base}/runs/${run.id}/cancel`, { csrf }, { origin: 'https://evil.example' })).status, 403, 'another origin');
+  t.is((await post(`${base}/runs/${run.id}/cancel`, { csrf }, { 'x-user': 'mallory' })).status, 403, 'authorize said no');
+  t.is((await fetch(`${base}/runs/${run.id}`, { headers: { 'x-user': 'mallory' } })).status, 403);
+  t.is((await o.getRun(run.id))?.status, 'running', 'nothing refused changed the run');
+  const ok = await post(`${base}/runs/${run.id}/cancel`, { csrf }, { origin: base });
+  t.is(ok.status, 303);
+  t.is(ok.headers.get('location'), `/runs/${run.id}`);
+  t.is((await o.getRun(run.id))?.status, 'canceled');
+  await ticking;
+  const after = await get(`${base}/runs/${run.id}`);
+  t.true(after.body.includes('Replay'), 'a terminal run offers replay');
+  t.true(after.body.includes('&quot;reason&quot;: &quot;requested&quot;'), 'the timeline shows the cancel');
+  t.true(asked.includes('read') && asked.includes('cancel'));
+  t.is((await post(`${base}/runs/${run.id}/replay`, { csrf: csrfOf(after.body) })).status, 303);
+  t.is((await o.getRun(run.id))?.status, 'pending');
+});
+
+test('dashboard: authorize pins the tenant; another tenant\'s run is not found', async (t) => {
+  const o = manual({ multiTenant: true });
+  o.registerHandler('dash.t', {}, async () => ({}));
+  const mine = await o.start('dash.t', {}, { tenantId: 'a' });
+  const theirs = await o.start('dash.t', {}, { tenantId: 'b' });
+  const base = await serve(t, o, { authorize: () => ({ tenantId: 'a' }) });
+  t.is((await get(`${base}/runs/${mine.id}`)).status, 200);
+  t.is((await get(`${base}/runs/${theirs.id}?tenant=b`)).status, 404, '?tenant= cannot widen a pinned tenant');
+  const list = await get(`${base}/runs?tenant=b`);
+  t.true(list.body.includes(mine.id.slice(0, 8)));
+  t.false(list.body.includes(theirs.id.slice(0, 8)));
+  const page = await get(`${base}/runs/${mine.id}`);
+  t.is((await post(`${base}/runs/${theirs.id}/cancel`, { csrf: csrfOf(page.body) })).status, 404);
+  t.is((await o.getRun(theirs.id, 'b'))?.status, 'pending');
+});
+
+test('dashboard: mounted under a base path, its links stay under it', async (t) => {
+  const o = manual();
+  o.registerHandler('dash.b', {}, async () => ({}));
+  const run = await o.start('dash.b', {});
+  const base = await serve(t, o, { basePath: '/ops/jobs/' });
+  const home = await get(`${base}/ops/jobs`);
+  t.is(home.status, 200);
+  t.true(home.body.includes('href="/ops/jobs/runs"'));
+  const runs = await get(`${base}/ops/jobs/runs`);
+  t.true(runs.body.includes(`href="/ops/jobs/runs/${run.id}"`));
+  t.throws(() => createDashboard(o, { basePath: 'jobs' }), { instanceOf: TypeError });
+});
+
+test('dashboard: hostile values from every field of a run come out escaped', async (t) => {
+  const o = manual();
+  const evil = ['<script>alert(1)</script>', '"><img src=x onerror=alert(1)>', 'javascript:alert(1)', "'><svg onload=alert(1)>"];
+  const type = `${evil[0]}${evil[1]}`;
+  o.registerHandler(type, { pool: 'p"><script>x</script>' }, async (ctx: JobContext<unknown>) => {
+    await ctx.step(evil[1]!, () => 1);
+    throw new Error(evil.join(' '));
+  });
+  const run = await o.start(type, { a: evil[0], [evil[1]!]: evil[2], b: evil[3] }, {
+    tags: { t: evil[2]!, u: evil[0]! },
+    scope: { entityType: evil[1]!, entityId: evil[0]! },
+    triggerRef: evil[3],
+  });
+  await o.schedule(evil[1]!, { jobType: type, everyMs: 60_000 });
+  const c = await o.claimNext('p"><script>x</script>');
+  await o.tick(c!.id);
+  const base = await serve(t, o);
+  const pages = ['/', '/runs', '/runs?status=failed', `/runs/${run.id}`, '/schedules', `/runs?pool=${encodeURIComponent(evil[1]!)}`];
+  for (const p of pages) {
+    const { status, body } = await get(`${base}${p}`);
+    t.is(status, 200, p);
+    t.false(/<script/i.test(body), `${p}: no script element`);
+    t.false(/<img|<svg/i.test(body), `${p}: no injected element`);
+    // Attribute values are quoted and cannot hold a quote (it is escaped):
+    // with them blanked, any `on…=` left inside a tag would be a real attribute.
+    const tags = body.replace(/"[^"]*"/g, '""');
+    t.false(/<[a-z][^>]*\son[a-z]+=/i.test(tags), `${p}: no element with an injected handler attribute`);
+    t.false(/href="javascript:/i.test(body), `${p}: no javascript: link`);
+  }
+  const detail = (await get(`${base}/runs/${run.id}`)).body;
+  t.true(detail.includes('&lt;script&gt;alert(1)&lt;/script&gt;'), 'shown as text');
+  t.true(detail.includes('&quot;&gt;&lt;img src=x onerror=alert(1)&gt;'));
+});

@@ -1,0 +1,332 @@
+/**
+ * The web dashboard: `createDashboard(orchestrator, { basePath, authorize })`
+ * → a Node `(req, res, next?)` handler (plain `http`, Express, Nest
+ * middleware). Server-rendered pages, no script and no asset from anywhere
+ * else (it works offline); every page reads through the orchestrator's
+ * indexed queries only (counts, keyset pages, one run's rows).
+ *
+ * Security: `authorize(req, action)` decides every read and action and may
+ * pin the tenant the request sees; without it the dashboard answers only
+ * loopback requests and is read-only (and says so). Actions are POST forms
+ * carrying this dashboard's CSRF token, and a cross-origin `Origin` is
+ * refused. Every value from a run is escaped (`html.ts`); the Content
+ * Security Policy allows no script at all.
+ */
+import { randomBytes, timingSafeEqual } from 'node:crypto';
+import type { IncomingMessage, ServerResponse } from 'node:http';
+import type { JobOrchestrator } from '../orchestrator';
+import type { JobRun, JobRunStatus, RunTreeNode } from '../rows';
+import { esc, Html, html, json, when } from './html';
+
+export type DashboardAction = 'read' | 'cancel' | 'replay';
+
+/**
+ * Whether `req` may do `action`: `false` refuses (403); `true` allows (in
+ * multi-tenant mode the viewer picks the tenant with `?tenant=`); `{
+ * tenantId }` allows and pins the tenant every query and action uses.
+ */
+export type DashboardAuthorize = (
+  req: IncomingMessage,
+  action: DashboardAction,
+) => boolean | { tenantId: string | null } | Promise<boolean | { tenantId: string | null }>;
+
+export interface DashboardOptions {
+  /** Where the dashboard is mounted (e.g. `'/jobs'`); links are built under it. Default `''`. */
+  basePath?: string | undefined;
+  authorize?: DashboardAuthorize | undefined;
+  /** The page title. Default `'jobforge'`. */
+  title?: string | undefined;
+}
+
+export type DashboardHandler = (req: IncomingMessage, res: ServerResponse, next?: (err?: unknown) => void) => void;
+
+const STATUSES: JobRunStatus[] = ['pending', 'running', 'waiting', 'completed', 'failed', 'timed_out', 'canceled'];
+const TERMINAL = new Set<JobRunStatus>(['completed', 'failed', 'timed_out', 'canceled']);
+const UUID = /^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$/i;
+const MAX_FORM = 4096;
+
+/** Thrown inside a request: answered with its status and message. */
+class HttpError extends Error {
+  constructor(
+    readonly status: number,
+    message: string,
+  ) {
+    super(message);
+  }
+}
+
+interface Access {
+  /** Pinned by `authorize`, or chosen with `?tenant=` (undefined: single-tenant). */
+  tenantId: string | null | undefined;
+  /** Actions are possible at all (an `authorize` was given). */
+  canAct: boolean;
+}
+
+function isLoopback(req: IncomingMessage): boolean {
+  const a = req.socket?.remoteAddress ?? '';
+  return a === '127.0.0.1' || a === '::1' || a === '::ffff:127.0.0.1';
+}
+
+export function createDashboard(orchestrator: JobOrchestrator, opts: DashboardOptions = {}): DashboardHandler {
+  const base = (opts.basePath ?? '').replace(/\/+$/, '');
+  if (base !== '' && !base.startsWith('/')) throw new TypeError(`basePath must start with '/', got '${base}'`);
+  const title = opts.title ?? 'jobforge';
+  const authorize = opts.authorize;
+  // The CSRF token of this dashboard: forms carry it; another site cannot
+  // read it (same-origin policy), so it cannot forge a POST that has it.
+  const csrf = randomBytes(24).toString('base64url');
+  const o = orchestrator;
+
+  async function access(req: IncomingMessage, action: DashboardAction, url: URL): Promise<Access> {
+    let pinned: { tenantId: string | null } | null = null;
+    if (authorize) {
+      const verdict = await authorize(req, action);
+      if (verdict === false || verdict === null || verdict === undefined) throw new HttpError(403, 'not authorized');
+      if (typeof verdict === 'object') pinned = { tenantId: verdict.tenantId ?? null };
+    } else {
+      if (!isLoopback(req)) throw new HttpError(403, 'this dashboard has no authorize option: it answers loopback requests only');
+      if (action !== 'read') throw new HttpError(403, 'this dashboard is read-only: pass an authorize option to enable actions');
+    }
+    let tenantId: string | null | undefined;
+    if (o.multiTenant) tenantId = pinned ? pinned.tenantId : url.searchParams.get('tenant');
+    return { tenantId, canAct: authorize !== undefined };
+  }
+
+  const link = (path: string, q: Record<string, string | null | undefined> = {}, a?: Access): string => {
+    const p = new URLSearchParams();
+    for (const [k, v] of Object.entries(q)) if (v !== undefined && v !== null && v !== '') p.set(k, v);
+    if (a?.tenantId !== undefined && a.tenantId !== null) p.set('tenant', a.tenantId);
+    const s = p.toString();
+    return `${base}${path}${s ? `?${s}` : ''}`;
+  };
+
+  function page(heading: string, a: Access, body: Html): string {
+    const tenant = a.tenantId === undefined ? '' : html` · tenant <b>${a.tenantId ?? '(none)'}</b>`;
+    const readOnly = a.canAct ? '' : html`<p class="note">Read-only: this dashboard was created without <code>authorize</code> and answers loopback requests only.</p>`;
+    return html`<!doctype html><html lang="en"><head><meta charset="utf-8"><meta name="viewport" content="width=device-width, initial-scale=1">
+<title>${heading} · ${title}</title><style>${new Html(CSS)}</style></head><body>
+<header><a class="brand" href="${link('/', {}, a)}">${title}</a>
+<nav><a href="${link('/', {}, a)}">Overview</a><a href="${link('/runs', {}, a)}">Runs</a><a href="${link('/schedules', {}, a)}">Schedules</a></nav>${tenant}</header>
+<main><h1>${heading}</h1>${readOnly}${body}</main></body></html>`.text;
+  }
+
+  const status = (s: string): Html => html`<span class="st st-${s}">${s}</span>`;
+  const runLink = (id: string, a: Access, text?: string): Html => html`<a class="id" href="${link(`/runs/${encodeURIComponent(id)}`, {}, a)}">${text ?? id}</a>`;
+
+  async function overview(a: Access): Promise<string> {
+    const counts = await o.countByPoolAndStatus(a.tenantId === undefined ? undefined : a.tenantId);
+    const failed = await o.listRecentFailed(20, a.tenantId === undefined ? undefined : a.tenantId);
+    const pools = [...new Set(counts.map((c) => c.pool))].sort();
+    const count = (p: string, s: string): number => counts.find((c) => c.pool === p && c.status === s)?.count ?? 0;
+    const byType = new Map<string, number>();
+    for (const f of failed) byType.set(f.jobType, (byType.get(f.jobType) ?? 0) + 1);
+    const body = html`<section><h2>Runs by pool and status</h2>
+<table><thead><tr><th>pool</th>${STATUSES.map((s) => html`<th>${s}</th>`)}</tr></thead><tbody>
+${pools.map((p) => html`<tr><td>${p}</td>${STATUSES.map((s) => html`<td class="num"><a href="${link('/runs', { pool: p, status: s }, a)}">${count(p, s)}</a></td>`)}</tr>`)}
+</tbody></table>${pools.length === 0 ? html`<p class="note">No runs yet.</p>` : ''}</section>
+<section><h2>Failing job types (last ${failed.length} failures)</h2><table><thead><tr><th>job type</th><th>failures</th></tr></thead><tbody>
+${[...byType.entries()].sort((x, y) => y[1] - x[1]).map(([type, n]) => html`<tr><td>${type}</td><td class="num">${n}</td></tr>`)}
+</tbody></table></section>
+<section><h2>Recent failures</h2><table><thead><tr><th>run</th><th>job type</th><th>pool</th><th>attempts</th><th>error</th><th>failed at</th></tr></thead><tbody>
+${failed.map((f) => html`<tr><td>${runLink(f.runId, a, f.runId.slice(0, 8))}</td><td>${f.jobType}</td><td>${f.pool}</td><td class="num">${f.attempts}</td><td class="err">${f.errorMessage ?? ''}</td><td>${when(f.failedAt)}</td></tr>`)}
+</tbody></table></section>`;
+    return page('Overview', a, body);
+  }
+
+  async function runs(a: Access, url: URL): Promise<string> {
+    const st = url.searchParams.get('status') ?? '';
+    const pool = url.searchParams.get('pool') ?? '';
+    const cursor = url.searchParams.get('cursor') ?? undefined;
+    if (st !== '' && !STATUSES.includes(st as JobRunStatus)) throw new HttpError(400, `unknown status '${st}'`);
+    const q = {
+      status: st === '' ? undefined : (st as JobRunStatus),
+      poolId: pool === '' ? undefined : pool,
+      cursor,
+      limit: 50,
+      ...(a.tenantId === undefined ? {} : { tenantId: a.tenantId }),
+    };
+    const pageOf = await o.listJobRuns(q);
+    const body = html`<form class="filters" method="get" action="${link('/runs')}">
+${a.tenantId !== undefined && a.tenantId !== null ? html`<input type="hidden" name="tenant" value="${a.tenantId}">` : ''}
+<label>status <select name="status"><option value="">any</option>${STATUSES.map((s) => html`<option${s === st ? new Html(' selected') : ''}>${s}</option>`)}</select></label>
+<label>pool <input name="pool" value="${pool}"></label><button type="submit">Filter</button></form>
+<table><thead><tr><th>run</th><th>job type</th><th>pool</th><th>status</th><th>attempts</th><th>created</th><th>error</th></tr></thead><tbody>
+${pageOf.items.map((r) => html`<tr><td>${runLink(r.runId, a, r.runId.slice(0, 8))}</td><td>${r.jobType}</td><td>${r.pool}</td><td>${status(r.status)}</td><td class="num">${r.attempts}</td><td>${when(r.createdAt)}</td><td class="err">${r.errorMessage ?? ''}</td></tr>`)}
+</tbody></table>${pageOf.items.length === 0 ? html`<p class="note">No runs match.</p>` : ''}
+${pageOf.nextCursor ? html`<p><a class="next" href="${link('/runs', { status: st, pool, cursor: pageOf.nextCursor }, a)}">Older runs →</a></p>` : ''}`;
+    return page('Runs', a, body);
+  }
+
+  function tree(node: RunTreeNode, current: string, a: Access): Html {
+    const r = node.run;
+    const me = r.id === current ? html` <b>(this run)</b>` : '';
+    return html`<li>${runLink(r.id, a, `${r.jobType} ${r.id.slice(0, 8)}`)} ${status(r.status)}${me}${node.children.length ? html`<ul>${node.children.map((c) => tree(c, current, a))}</ul>` : ''}</li>`;
+  }
+
+  async function run(a: Access, id: string, url: URL): Promise<string> {
+    const tenant = a.tenantId === undefined ? {} : { tenantId: a.tenantId };
+    const r: JobRun | null = UUID.test(id) ? await o.getRun(id, a.tenantId === undefined ? undefined : a.tenantId) : null;
+    if (!r) throw new HttpError(404, `run ${id} not found`);
+    const steps = await o.listSteps(id, tenant);
+    const events = await o.listRunEvents(id, { ...tenant, limit: 500, cursor: url.searchParams.get('events') ?? undefined });
+    const root = await o.getRunTree(r.rootRunId, tenant);
+    const form = (action: 'cancel' | 'replay', label: string): Html =>
+      a.canAct
+        ? html`<form method="post" action="${link(`/runs/${encodeURIComponent(id)}/${action}`, {}, a)}"><input type="hidden" name="csrf" value="${csrf}"><button type="submit" class="act act-${action}">${label}</button></form>`
+        : html``;
+    const actions = TERMINAL.has(r.status) ? form('replay', 'Replay') : form('cancel', 'Cancel run');
+    const field = (k: string, v: unknown): Html => html`<dt>${k}</dt><dd>${v}</dd>`;
+    const body = html`<div class="actions">${actions}</div>
+<dl class="row">${[
+      field('id', r.id),
+      field('status', status(r.status)),
+      field('job type', `${r.jobType} (v${r.jobVersion})`),
+      field('pool', r.pool),
+      field('tenant', r.tenantId ?? '—'),
+      field('priority', r.priority),
+      field('attempts', r.attempts),
+      field('trigger', `${r.triggerSource}${r.triggerRef ? `: ${r.triggerRef}` : ''}`),
+      field('parent', r.parentRunId ? runLink(r.parentRunId, a) : '—'),
+      field('scope', r.scopeEntityType ? `${r.scopeEntityType}:${r.scopeEntityId ?? ''}` : '—'),
+      field('concurrency key', r.concurrencyKey ?? '—'),
+      field('dedupe key', r.dedupeKey ?? '—'),
+      field('waits on', r.waitKind ? `${r.waitKind}${r.waitDeadline ? ` until ${when(r.waitDeadline)}` : ''}` : '—'),
+      field('run at', when(r.runAt)),
+      field('created', when(r.createdAt)),
+      field('started', when(r.startedAt)),
+      field('finished', when(r.finishedAt)),
+    ]}</dl>
+${r.error ? html`<section><h2>Error</h2><pre class="err">${r.error.message}${r.error.stack ? `\n\n${r.error.stack}` : ''}</pre></section>` : ''}
+<section><h2>Input</h2><pre>${json(r.input)}</pre></section>
+${r.output !== null && r.output !== undefined ? html`<section><h2>Output</h2><pre>${json(r.output)}</pre></section>` : ''}
+<section><h2>Tags</h2><pre>${json(r.tags)}</pre></section>
+<section><h2>Timeline</h2><table><thead><tr><th>at</th><th>event</th><th>attempt</th><th>details</th></tr></thead><tbody>
+${events.items.map((e) => html`<tr><td>${when(e.at)}</td><td class="ev ev-${e.type}">${e.type}</td><td class="num">${e.attempt}</td><td><code>${e.data ? json(e.data).replace(/\s*\n\s*/g, ' ') : ''}</code></td></tr>`)}
+</tbody></table>${events.nextCursor ? html`<p><a href="${link(`/runs/${encodeURIComponent(id)}`, { events: events.nextCursor }, a)}">Later events →</a></p>` : ''}</section>
+<section><h2>Steps</h2><table><thead><tr><th>#</th><th>step</th><th>kind</th><th>status</th><th>attempts</th><th>started</th><th>finished</th><th>error</th></tr></thead><tbody>
+${steps.map((s) => html`<tr><td class="num">${s.seq}</td><td>${s.stepId}</td><td>${s.kind}</td><td>${status(s.status)}</td><td class="num">${s.attempts}</td><td>${when(s.startedAt)}</td><td>${when(s.finishedAt)}</td><td class="err">${s.error?.message ?? ''}</td></tr>`)}
+</tbody></table></section>
+${root ? html`<section><h2>Run tree</h2><ul class="tree">${tree(root, r.id, a)}</ul></section>` : ''}`;
+    return page(`Run ${r.id.slice(0, 8)}`, a, body);
+  }
+
+  async function schedules(a: Access): Promise<string> {
+    const list = await o.listSchedules(a.tenantId === undefined ? {} : { tenantId: a.tenantId });
+    const body = html`<table><thead><tr><th>name</th><th>job type</th><th>timing</th><th>next fire</th><th>last fire</th><th>last run</th><th>last error</th></tr></thead><tbody>
+${list.map((s) => html`<tr><td>${s.name}</td><td>${s.jobType}</td><td>${s.cron ? `cron ${s.cron} (${s.timezone ?? 'UTC'})` : `every ${s.everyMs} ms`}</td><td>${when(s.nextRunAt)}</td><td>${when(s.lastRunAt)}</td><td>${s.lastRunId ? runLink(s.lastRunId, a, s.lastRunId.slice(0, 8)) : '—'}</td><td class="err">${(s as { lastError?: string | null }).lastError ?? ''}</td></tr>`)}
+</tbody></table>${list.length === 0 ? html`<p class="note">No schedules.</p>` : ''}`;
+    return page('Schedules', a, body);
+  }
+
+  async function readForm(req: IncomingMessage): Promise<URLSearchParams> {
+    const chunks: Buffer[] = [];
+    let size = 0;
+    for await (const c of req as AsyncIterable<Buffer>) {
+      size += c.length;
+      if (size > MAX_FORM) throw new HttpError(413, 'form too large');
+      chunks.push(c);
+    }
+    return new URLSearchParams(Buffer.concat(chunks).toString('utf8'));
+  }
+
+  function sameOrigin(req: IncomingMessage): boolean {
+    const origin = req.headers.origin;
+    if (origin === undefined || origin === 'null') return origin === undefined;
+    try {
+      return new URL(origin).host === req.headers.host;
+    } catch {
+      return false;
+    }
+  }
+
+  async function act(req: IncomingMessage, res: ServerResponse, url: URL, id: string, action: 'cancel' | 'replay'): Promise<void> {
+    const a = await access(req, action, url);
+    if (!sameOrigin(req)) throw new HttpError(403, 'cross-origin request refused');
+    const form = await readForm(req);
+    const token = Buffer.from(form.get('csrf') ?? '');
+    const want = Buffer.from(csrf);
+    if (token.length !== want.length || !timingSafeEqual(token, want)) throw new HttpError(403, 'missing or stale form token (reload the page)');
+    if (!UUID.test(id)) throw new HttpError(404, `run ${id} not found`);
+    const tenant = a.tenantId === undefined ? {} : { tenantId: a.tenantId };
+    if (action === 'cancel') {
+      // Only a run this request may see (cancel of another tenant's run is a no-op anyway).
+      if (!(await o.getRun(id, a.tenantId === undefined ? undefined : a.tenantId))) throw new HttpError(404, `run ${id} not found`);
+      await o.cancel(id, { cascade: true, reason: 'dashboard', ...tenant });
+    } else {
+      await o.replay(id, tenant);
+    }
+    res.statusCode = 303;
+    res.setHeader('Location', link(`/runs/${encodeURIComponent(id)}`, {}, a));
+    res.end();
+  }
+
+  async function serve(req: IncomingMessage, res: ServerResponse): Promise<boolean> {
+    const url = new URL(req.url ?? '/', 'http://dashboard.invalid');
+    let path = url.pathname;
+    // Plain `http`: the whole path; Express/Nest mounted: the path under the mount.
+    if (base !== '' && (path === base || path.startsWith(`${base}/`))) path = path.slice(base.length);
+    if (path === '') path = '/';
+    const runAction = /^\/runs\/([^/]+)\/(cancel|replay)$/.exec(path);
+    if (runAction) {
+      if (req.method !== 'POST') throw new HttpError(405, 'use POST');
+      await act(req, res, url, decodeURIComponent(runAction[1]!), runAction[2] as 'cancel' | 'replay');
+      return true;
+    }
+    if (req.method !== 'GET' && req.method !== 'HEAD') throw new HttpError(405, 'use GET');
+    const runPage = /^\/runs\/([^/]+)$/.exec(path);
+    let body: string | null = null;
+    if (path === '/' || path === '/runs' || path === '/schedules' || runPage) {
+      const a = await access(req, 'read', url);
+      if (path === '/') body = await overview(a);
+      else if (path === '/runs') body = await runs(a, url);
+      else if (path === '/schedules') body = await schedules(a);
+      else body = await run(a, decodeURIComponent(runPage![1]!), url);
+    }
+    if (body === null) return false;
+    send(res, 200, body);
+    return true;
+  }
+
+  function send(res: ServerResponse, code: number, body: string): void {
+    res.statusCode = code;
+    res.setHeader('Content-Type', 'text/html; charset=utf-8');
+    res.setHeader('Content-Security-Policy', "default-src 'none'; style-src 'unsafe-inline'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'");
+    res.setHeader('X-Content-Type-Options', 'nosniff');
+    res.setHeader('Referrer-Policy', 'same-origin');
+    res.setHeader('Cache-Control', 'no-store');
+    res.end(body);
+  }
+
+  return (req, res, next) => {
+    serve(req, res).then(
+      (handled) => {
+        if (handled) return;
+        if (next) return next();
+        send(res, 404, `<!doctype html><title>not found</title><p>Not found.</p>`);
+      },
+      (e: unknown) => {
+        if (res.headersSent) return res.end();
+        const codeOf = (e as { code?: unknown }).code;
+        const code = e instanceof HttpError ? e.status : codeOf === 'JOB_RUN_NOT_FOUND' ? 404 : codeOf === 'JOB_INPUT_INVALID' || codeOf === 'MISSING_TENANT_ID' ? 400 : 500;
+        const message = e instanceof Error ? e.message : String(e);
+        send(res, code, `<!doctype html><title>${code}</title><h1>${code}</h1><p>${esc(message)}</p>`);
+      },
+    );
+  };
+}
+
+const CSS = `
+body{font:14px/1.45 system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:0;color:#1d2330;background:#f6f7f9}
+header{display:flex;gap:1.5rem;align-items:center;padding:.6rem 1.2rem;background:#1d2330;color:#dfe4ee}
+header a{color:#dfe4ee;text-decoration:none}.brand{font-weight:700}nav{display:flex;gap:1rem}
+main{padding:1rem 1.4rem;max-width:1200px}h1{font-size:1.4rem;margin:.2rem 0 1rem}h2{font-size:1.05rem;margin:1.4rem 0 .5rem}
+table{border-collapse:collapse;background:#fff;width:100%}th,td{padding:.3rem .55rem;border-bottom:1px solid #e3e6eb;text-align:left;vertical-align:top}
+th{background:#eef0f4;font-weight:600}td.num{text-align:right;font-variant-numeric:tabular-nums}
+pre{background:#fff;border:1px solid #e3e6eb;padding:.6rem;overflow:auto;max-height:24rem}pre.err,td.err{color:#a0181f}
+.st{padding:.05rem .45rem;border-radius:.6rem;font-size:.85em;background:#e3e6eb}.st-completed{background:#d6f2dc}.st-failed,.st-timed_out{background:#fbd9db}
+.st-running{background:#d7e7fb}.st-waiting{background:#f7ecc8}.st-canceled{background:#e6e0f0}
+dl.row{display:grid;grid-template-columns:max-content 1fr;gap:.2rem 1rem;background:#fff;padding:.7rem;border:1px solid #e3e6eb}dt{color:#5b6475}dd{margin:0}
+.note{color:#5b6475;font-style:italic}.filters{display:flex;gap:1rem;margin-bottom:.7rem;align-items:center}.actions{float:right}
+button.act{padding:.35rem .8rem;border:1px solid #8a93a6;border-radius:.3rem;background:#fff;cursor:pointer}button.act-cancel{border-color:#a0181f;color:#a0181f}
+a.id{font-family:ui-monospace,monospace}ul.tree{background:#fff;padding:.6rem 1.6rem;border:1px solid #e3e6eb}code{font-size:.9em}
+`;

@@ -9,9 +9,11 @@ import test from 'ava';
 import type { ExecutionContext } from 'ava';
 import { createServer } from 'node:http';
 import type { AddressInfo } from 'node:net';
-import { createDashboard } from '../dist';
-import type { DashboardOptions, JobContext, JobOrchestrator } from '../dist';
-import { forBackends } from './backends';
+import { createDashboard, JobOrchestrator } from '../dist';
+import type { DashboardOptions, JobContext } from '../dist';
+import { spawn } from 'node:child_process';
+import path from 'node:path';
+import { forBackends, PG_URL, postgresOnly } from './backends';
 import { hanging, manual } from './helpers';
 
 async function serve(t: ExecutionContext, o: JobOrchestrator, opts: DashboardOptions = {}): Promise<string> {
@@ -165,7 +167,9 @@ test('dashboard: hostile values from every field of a run come out escaped', asy
   for (const p of pages) {
     const { status, body } = await get(`${base}${p}`);
     t.is(status, 200, p);
-    t.false(/<script/i.test(body), `${p}: no script element`);
+    // The one script element is the dashboard's own.
+    const own = body.replace(/<script src="\/assets\/live\.js" data-events="[^"<>]*" defer><\/script>/, '');
+    t.false(/<script/i.test(own), `${p}: no other script element`);
     t.false(/<img|<svg/i.test(body), `${p}: no injected element`);
     // Attribute values are quoted and cannot hold a quote (it is escaped):
     // with them blanked, any `on…=` left inside a tag would be a real attribute.
@@ -176,4 +180,101 @@ test('dashboard: hostile values from every field of a run come out escaped', asy
   const detail = (await get(`${base}/runs/${run.id}`)).body;
   t.true(detail.includes('&lt;script&gt;alert(1)&lt;/script&gt;'), 'shown as text');
   t.true(detail.includes('&quot;&gt;&lt;img src=x onerror=alert(1)&gt;'));
+});
+
+test('dashboard: /events announces a change of what the page shows, and the page loads its own script only', async (t) => {
+  const o = manual();
+  o.registerHandler('dash.live', {}, async () => ({}));
+  const run = await o.start('dash.live', {});
+  const base = await serve(t, o);
+  const page = await get(`${base}/runs/${run.id}`);
+  t.true(page.body.includes(`<script src="/assets/live.js" data-events="/events?run=${run.id}" defer></script>`));
+  t.regex(page.headers.get('content-security-policy') ?? '', /script-src 'self'/);
+  const js = await get(`${base}/assets/live.js`);
+  t.is(js.status, 200);
+  t.regex(js.headers.get('content-type') ?? '', /javascript/);
+  t.true(js.body.includes('EventSource'));
+
+  const ac = new AbortController();
+  t.teardown(() => ac.abort());
+  const r = await fetch(`${base}/events?run=${run.id}`, { signal: ac.signal });
+  t.regex(r.headers.get('content-type') ?? '', /text\/event-stream/);
+  const reader = r.body!.getReader();
+  let seen = '';
+  // A read left pending when a wait times out is kept for the next wait
+  // (a second read would lose what the first one receives).
+  let pending: ReturnType<typeof reader.read> | null = null;
+  const read = async (until: string, ms: number): Promise<boolean> => {
+    const end = Date.now() + ms;
+    while (Date.now() < end && !seen.includes(until)) {
+      pending ??= reader.read();
+      const chunk = await Promise.race([pending, new Promise<null>((res) => setTimeout(() => res(null), end - Date.now()))]);
+      if (chunk === null) break;
+      pending = null;
+      if (chunk.done) break;
+      seen += Buffer.from(chunk.value).toString('utf8');
+    }
+    return seen.includes(until);
+  };
+  t.true(await read(': live', 2000));
+  t.false(await read('event: change', 1500), 'nothing changed, nothing announced');
+  await o.cancel(run.id);
+  t.true(await read('event: change', 3000), 'the cancel is announced');
+  t.is((await get(`${base}/events?run=not-a-run`)).status, 404);
+});
+
+postgresOnly('npx jobforge dashboard serves a Postgres database read-only, and stops on SIGINT', async (t, make) => {
+  const opts = make.options();
+  const schema = opts.postgres!.schema!;
+  const o = new JobOrchestrator(opts);
+  t.teardown(() => o.close());
+  await o.migrate();
+  o.registerHandler('cli.dash', {}, async () => ({}));
+  const run = await o.start('cli.dash', {});
+  const cli = path.join(__dirname, '..', 'bin', 'jobforge.js');
+  const child = spawn(process.execPath, [cli, 'dashboard', '--url', PG_URL, '--schema', schema, '--port', '0'], { stdio: ['ignore', 'pipe', 'pipe'] });
+  t.teardown(() => child.kill('SIGKILL'));
+  let out = '';
+  let err = '';
+  child.stderr.on('data', (d: Buffer) => (err += d.toString()));
+  const url = await new Promise<string>((resolve, reject) => {
+    child.stdout.on('data', (d: Buffer) => {
+      out += d.toString();
+      const m = /at (http:\/\/\S+\/) /.exec(out);
+      if (m) resolve(m[1]!);
+    });
+    child.on('exit', (code) => reject(new Error(`exited ${code}: ${err}`)));
+  });
+  t.regex(out, /read-only/);
+  const list = await get(`${url}runs`);
+  t.is(list.status, 200);
+  t.true(list.body.includes(run.id.slice(0, 8)));
+  t.is((await post(`${url}runs/${run.id}/cancel`, { csrf: 'x' })).status, 403);
+  const code = await new Promise<number | null>((resolve) => {
+    child.on('exit', (c) => resolve(c));
+    child.kill('SIGINT');
+  });
+  t.is(code, 0, err);
+});
+
+test('dashboard: mounted in Express with app.use(path, handler), as in a Nest main.ts', async (t) => {
+  // eslint-disable-next-line @typescript-eslint/no-require-imports
+  const express = require('express') as () => { use: (...a: unknown[]) => void; listen: (p: number, h: string, cb: () => void) => import('node:http').Server };
+  const o = manual();
+  o.registerHandler('dash.x', {}, async () => ({}));
+  const run = await o.start('dash.x', {});
+  const app = express();
+  app.use('/jobs', createDashboard(o, { basePath: '/jobs' }));
+  app.use((_req: unknown, res: { status: (n: number) => { end: (s: string) => void } }) => res.status(418).end('app'));
+  const server = await new Promise<import('node:http').Server>((r) => {
+    const s = app.listen(0, '127.0.0.1', () => r(s));
+  });
+  t.teardown(() => new Promise<void>((r) => server.close(() => r())));
+  const base = `http://127.0.0.1:${(server.address() as AddressInfo).port}`;
+  const runs = await get(`${base}/jobs/runs`);
+  t.is(runs.status, 200);
+  t.true(runs.body.includes(`href="/jobs/runs/${run.id}"`));
+  t.is((await get(`${base}/jobs/runs/${run.id}`)).status, 200);
+  t.is((await get(`${base}/jobs/unknown-page`)).status, 418, 'what the dashboard does not serve goes on to the app (next)');
+  t.is((await get(`${base}/elsewhere`)).status, 418);
 });

@@ -5,12 +5,18 @@
  * else (it works offline); every page reads through the orchestrator's
  * indexed queries only (counts, keyset pages, one run's rows).
  *
+ * Live: each page loads the dashboard's own script (`/assets/live.js`),
+ * which listens to `/events` (server-sent events: the store is looked at
+ * once a second per open page, with the page's own query — the pool counts,
+ * or the run's row — and a change is announced) and swaps in the page's
+ * fresh content, without a reload.
+ *
  * Security: `authorize(req, action)` decides every read and action and may
  * pin the tenant the request sees; without it the dashboard answers only
  * loopback requests and is read-only (and says so). Actions are POST forms
  * carrying this dashboard's CSRF token, and a cross-origin `Origin` is
  * refused. Every value from a run is escaped (`html.ts`); the Content
- * Security Policy allows no script at all.
+ * Security Policy allows only the dashboard's own script.
  */
 import { randomBytes, timingSafeEqual } from 'node:crypto';
 import type { IncomingMessage, ServerResponse } from 'node:http';
@@ -100,11 +106,13 @@ export function createDashboard(orchestrator: JobOrchestrator, opts: DashboardOp
     return `${base}${path}${s ? `?${s}` : ''}`;
   };
 
-  function page(heading: string, a: Access, body: Html): string {
+  function page(heading: string, a: Access, body: Html, run?: string): string {
+    const events = link('/events', { run }, a);
     const tenant = a.tenantId === undefined ? '' : html` · tenant <b>${a.tenantId ?? '(none)'}</b>`;
     const readOnly = a.canAct ? '' : html`<p class="note">Read-only: this dashboard was created without <code>authorize</code> and answers loopback requests only.</p>`;
     return html`<!doctype html><html lang="en"><head><meta charset="utf-8"><meta name="viewport" content="width=device-width, initial-scale=1">
-<title>${heading} · ${title}</title><style>${new Html(CSS)}</style></head><body>
+<title>${heading} · ${title}</title><style>${new Html(CSS)}</style>
+<script src="${link('/assets/live.js')}" data-events="${events}" defer></script></head><body>
 <header><a class="brand" href="${link('/', {}, a)}">${title}</a>
 <nav><a href="${link('/', {}, a)}">Overview</a><a href="${link('/runs', {}, a)}">Runs</a><a href="${link('/schedules', {}, a)}">Schedules</a></nav>${tenant}</header>
 <main><h1>${heading}</h1>${readOnly}${body}</main></body></html>`.text;
@@ -207,7 +215,7 @@ ${events.items.map((e) => html`<tr><td>${when(e.at)}</td><td class="ev ev-${e.ty
 ${steps.map((s) => html`<tr><td class="num">${s.seq}</td><td>${s.stepId}</td><td>${s.kind}</td><td>${status(s.status)}</td><td class="num">${s.attempts}</td><td>${when(s.startedAt)}</td><td>${when(s.finishedAt)}</td><td class="err">${s.error?.message ?? ''}</td></tr>`)}
 </tbody></table></section>
 ${root ? html`<section><h2>Run tree</h2><ul class="tree">${tree(root, r.id, a)}</ul></section>` : ''}`;
-    return page(`Run ${r.id.slice(0, 8)}`, a, body);
+    return page(`Run ${r.id.slice(0, 8)}`, a, body, r.id);
   }
 
   async function schedules(a: Access): Promise<string> {
@@ -216,6 +224,54 @@ ${root ? html`<section><h2>Run tree</h2><ul class="tree">${tree(root, r.id, a)}<
 ${list.map((s) => html`<tr><td>${s.name}</td><td>${s.jobType}</td><td>${s.cron ? `cron ${s.cron} (${s.timezone ?? 'UTC'})` : `every ${s.everyMs} ms`}</td><td>${when(s.nextRunAt)}</td><td>${when(s.lastRunAt)}</td><td>${s.lastRunId ? runLink(s.lastRunId, a, s.lastRunId.slice(0, 8)) : '—'}</td><td class="err">${(s as { lastError?: string | null }).lastError ?? ''}</td></tr>`)}
 </tbody></table>${list.length === 0 ? html`<p class="note">No schedules.</p>` : ''}`;
     return page('Schedules', a, body);
+  }
+
+  /**
+   * `/events`: a `change` event whenever what the page shows may have
+   * changed (its run's row, or the counts per pool and status), looked at
+   * once a second; a comment every 15 s keeps proxies from closing it.
+   */
+  async function events(req: IncomingMessage, res: ServerResponse, url: URL): Promise<void> {
+    const a = await access(req, 'read', url);
+    const run = url.searchParams.get('run');
+    if (run !== null && !UUID.test(run)) throw new HttpError(404, `run ${run} not found`);
+    const tenant = a.tenantId === undefined ? undefined : a.tenantId;
+    const look = async (): Promise<string> => {
+      if (run !== null) {
+        const r = await o.getRun(run, tenant);
+        return r ? `${r.status} ${r.updatedAt.getTime()}` : 'gone';
+      }
+      return JSON.stringify(await o.countByPoolAndStatus(tenant));
+    };
+    let last = await look();
+    res.writeHead(200, {
+      'Content-Type': 'text/event-stream; charset=utf-8',
+      'Cache-Control': 'no-store',
+      'X-Content-Type-Options': 'nosniff',
+      Connection: 'keep-alive',
+    });
+    res.write(': live\n\n');
+    let beats = 0;
+    let looking = false;
+    const timer = setInterval(() => {
+      if (looking) return;
+      looking = true;
+      look().then(
+        (now) => {
+          looking = false;
+          if (now !== last) {
+            last = now;
+            res.write('event: change\ndata: 1\n\n');
+          } else if (++beats % 15 === 0) {
+            res.write(': beat\n\n');
+          }
+        },
+        () => {
+          looking = false;
+        },
+      );
+    }, LIVE_MS);
+    req.on('close', () => clearInterval(timer));
   }
 
   async function readForm(req: IncomingMessage): Promise<URLSearchParams> {
@@ -273,6 +329,18 @@ ${list.map((s) => html`<tr><td>${s.name}</td><td>${s.jobType}</td><td>${s.cron ?
       return true;
     }
     if (req.method !== 'GET' && req.method !== 'HEAD') throw new HttpError(405, 'use GET');
+    if (path === '/assets/live.js') {
+      res.statusCode = 200;
+      res.setHeader('Content-Type', 'text/javascript; charset=utf-8');
+      res.setHeader('Cache-Control', 'max-age=3600');
+      res.setHeader('X-Content-Type-Options', 'nosniff');
+      res.end(LIVE_JS);
+      return true;
+    }
+    if (path === '/events') {
+      await events(req, res, url);
+      return true;
+    }
     const runPage = /^\/runs\/([^/]+)$/.exec(path);
     let body: string | null = null;
     if (path === '/' || path === '/runs' || path === '/schedules' || runPage) {
@@ -290,7 +358,7 @@ ${list.map((s) => html`<tr><td>${s.name}</td><td>${s.jobType}</td><td>${s.cron ?
   function send(res: ServerResponse, code: number, body: string): void {
     res.statusCode = code;
     res.setHeader('Content-Type', 'text/html; charset=utf-8');
-    res.setHeader('Content-Security-Policy', "default-src 'none'; style-src 'unsafe-inline'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'");
+    res.setHeader('Content-Security-Policy', "default-src 'none'; script-src 'self'; connect-src 'self'; style-src 'unsafe-inline'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'");
     res.setHeader('X-Content-Type-Options', 'nosniff');
     res.setHeader('Referrer-Policy', 'same-origin');
     res.setHeader('Cache-Control', 'no-store');
@@ -314,6 +382,36 @@ ${list.map((s) => html`<tr><td>${s.name}</td><td>${s.jobType}</td><td>${s.cron ?
     );
   };
 }
+
+/** How often an open page's `/events` looks at the store. */
+const LIVE_MS = 1000;
+
+/**
+ * The page's script: on a `change` event, fetch the page again and put its
+ * fresh `<main>` in place of the old one (the server escaped it).
+ */
+const LIVE_JS = `(function () {
+  var me = document.currentScript;
+  var src = me && me.getAttribute('data-events');
+  if (!src || !window.EventSource || !window.fetch || !window.DOMParser) return;
+  var busy = false, again = false;
+  function refresh() {
+    if (busy) { again = true; return; }
+    busy = true;
+    fetch(location.href, { credentials: 'same-origin' })
+      .then(function (r) { return r.ok ? r.text() : null; })
+      .then(function (text) {
+        if (text === null) return;
+        var fresh = new DOMParser().parseFromString(text, 'text/html').querySelector('main');
+        var old = document.querySelector('main');
+        if (fresh && old) { old.replaceWith(fresh); document.documentElement.setAttribute('data-live', String(Date.now())); }
+      })
+      .catch(function () {})
+      .then(function () { busy = false; if (again) { again = false; refresh(); } });
+  }
+  new EventSource(src).addEventListener('change', refresh);
+})();
+`;
 
 const CSS = `
 body{font:14px/1.45 system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:0;color:#1d2330;background:#f6f7f9}

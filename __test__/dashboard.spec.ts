@@ -113,7 +113,8 @@ test('dashboard: with authorize, cancel from the page needs its token and the sa
   t.true(after.body.includes('Replay'), 'a terminal run offers replay');
   t.true(after.body.includes('&quot;reason&quot;: &quot;requested&quot;'), 'the timeline shows the cancel');
   t.true(asked.includes('read') && asked.includes('cancel'));
-  t.is((await post(`${base}/runs/${run.id}/replay`, { csrf: csrfOf(after.body) })).status, 303);
+  t.is((await post(`${base}/runs/${run.id}/replay`, { csrf: csrfOf(after.body) })).status, 403, 'no Origin nor Referer');
+  t.is((await post(`${base}/runs/${run.id}/replay`, { csrf: csrfOf(after.body) }, { referer: `${base}/runs/${run.id}` })).status, 303);
   t.is((await o.getRun(run.id))?.status, 'pending');
 });
 
@@ -129,7 +130,7 @@ test('dashboard: authorize pins the tenant; another tenant\'s run is not found',
   t.true(list.body.includes(mine.id.slice(0, 8)));
   t.false(list.body.includes(theirs.id.slice(0, 8)));
   const page = await get(`${base}/runs/${mine.id}`);
-  t.is((await post(`${base}/runs/${theirs.id}/cancel`, { csrf: csrfOf(page.body) })).status, 404);
+  t.is((await post(`${base}/runs/${theirs.id}/cancel`, { csrf: csrfOf(page.body) }, { origin: base })).status, 404);
   t.is((await o.getRun(theirs.id, 'b'))?.status, 'pending');
 });
 
@@ -277,4 +278,60 @@ test('dashboard: mounted in Express with app.use(path, handler), as in a Nest ma
   t.is((await get(`${base}/jobs/runs/${run.id}`)).status, 200);
   t.is((await get(`${base}/jobs/unknown-page`)).status, 418, 'what the dashboard does not serve goes on to the app (next)');
   t.is((await get(`${base}/elsewhere`)).status, 418);
+});
+
+test('dashboard: without authorize, a loopback request by another name is refused (DNS rebinding)', async (t) => {
+  const o = manual();
+  const base = await serve(t, o);
+  const { request } = await import('node:http');
+  const status = (host: string): Promise<number> =>
+    new Promise((resolve, reject) => {
+      const u = new URL(base);
+      const r = request({ host: u.hostname, port: u.port, path: '/', headers: { host } }, (res) => {
+        res.resume();
+        resolve(res.statusCode ?? 0);
+      });
+      r.on('error', reject);
+      r.end();
+    });
+  t.is(await status(`localhost:${new URL(base).port}`), 200);
+  t.is(await status('127.0.0.1'), 200);
+  t.is(await status('[::1]:80'), 200);
+  t.is(await status(`evil.example:${new URL(base).port}`), 403, 'a rebound name');
+  t.is(await status('127.0.0.1.evil.example'), 403);
+});
+
+test('dashboard: a shared secret gives every replica the same form token; other methods and paths go to next', async (t) => {
+  const o = manual();
+  const a = createDashboard(o, { authorize: () => true, secret: 's3cret' });
+  const b = createDashboard(o, { authorize: () => true, secret: 's3cret' });
+  const c = createDashboard(o, { authorize: () => true });
+  const tokenOf = async (h: ReturnType<typeof createDashboard>): Promise<string> => {
+    o.registerHandler('dash.s', {}, async () => ({}));
+    const run = await o.start('dash.s', {});
+    const server = createServer((req, res) => h(req, res));
+    await new Promise<void>((r) => server.listen(0, '127.0.0.1', r));
+    try {
+      return csrfOf((await get(`http://127.0.0.1:${(server.address() as AddressInfo).port}/runs/${run.id}`)).body);
+    } finally {
+      server.close();
+    }
+  };
+  t.is(await tokenOf(a), await tokenOf(b));
+  t.not(await tokenOf(a), await tokenOf(c));
+  let passed = 0;
+  const next = createServer((req, res) =>
+    a(req, res, () => {
+      passed++;
+      res.statusCode = 418;
+      res.end();
+    }),
+  );
+  await new Promise<void>((r) => next.listen(0, '127.0.0.1', r));
+  t.teardown(() => new Promise<void>((r) => next.close(() => r())));
+  const at = `http://127.0.0.1:${(next.address() as AddressInfo).port}`;
+  t.is((await fetch(`${at}/api/orders`, { method: 'POST', body: '{}' })).status, 418);
+  t.is((await fetch(`${at}/runs`, { method: 'DELETE' })).status, 405);
+  t.is((await fetch(`${at}/events`, { method: 'HEAD' })).status, 405);
+  t.is(passed, 1);
 });

@@ -725,8 +725,12 @@ postgresOnly('multiprocess: a burst started at once is shared by the idle worker
     if (m.t === 'fx') for (const r of m.rows as Fx[]) ends.push(r);
   });
   // No `prefetch`: the default. Slow handlers, so a process that took the
-  // whole burst would leave the other idle for its whole length.
-  const base = { mode: 'worker', postgres: { ...postgres, maxConnections: 4 }, flushMs: 20, waitForWork: true, concurrency: CONCURRENCY, workMs: 200 };
+  // whole burst would leave the other idle for its whole length; slow
+  // enough that the other process, woken by the same notification, claims
+  // its share before the first one's handlers end even on a loaded CI
+  // machine (at 200 ms one CI run saw [8, 0]: the second process had not
+  // claimed within 400 ms).
+  const base = { mode: 'worker', postgres: { ...postgres, maxConnections: 4 }, flushMs: 20, waitForWork: true, concurrency: CONCURRENCY, workMs: 600 };
   const children = [fleet.spawn('w0', base), fleet.spawn('w1', base)];
   await fleet.race(Promise.all(children.map((c) => c.next('ready'))), 'the workers to be ready', 30_000);
   const working = children.map((c) => c.next('working'));

@@ -40,6 +40,8 @@ test("the package's runtime exports: the orchestrator, the handler helpers and e
     'ParentClosePolicy',
     'ParentRunNotFoundError',
     'consoleLogger',
+    'createDashboard',
+    'isLocalRequest',
   ]);
   for (const [name, value] of Object.entries(pkg)) {
     if (name.endsWith('Error')) t.true((value as { prototype: unknown }).prototype instanceof Error, name);

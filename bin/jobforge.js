@@ -59,9 +59,9 @@ async function main() {
     console.error(`jobforge: no database: pass --url or set JOBFORGE_PG_URL\n${USAGE}`);
     return 2;
   }
-  const { JobOrchestrator, createDashboard } = require('../dist');
+  const { JobOrchestrator, createDashboard, isLocalRequest } = require('../dist');
   const schema = args.schema || 'public';
-  if (command === 'dashboard') return dashboard(args, url, schema, JobOrchestrator, createDashboard);
+  if (command === 'dashboard') return dashboard(args, url, schema, JobOrchestrator, createDashboard, isLocalRequest);
   const orch = new JobOrchestrator({ backend: 'postgres', postgres: { url, schema, maxConnections: 1 } });
   try {
     await orch.migrate();
@@ -72,10 +72,8 @@ async function main() {
   return 0;
 }
 
-const LOOPBACK = new Set(['127.0.0.1', '::1', '::ffff:127.0.0.1']);
-
 /** Serves the dashboard until SIGINT/SIGTERM; answers the exit code then. */
-async function dashboard(args, url, schema, JobOrchestrator, createDashboard) {
+async function dashboard(args, url, schema, JobOrchestrator, createDashboard, isLocalRequest) {
   const port = args.port === undefined ? 4000 : Number(args.port);
   if (!Number.isInteger(port) || port < 0 || port > 65535) {
     console.error(`jobforge: --port must be a port number, got ${args.port}\n${USAGE}`);
@@ -85,7 +83,8 @@ async function dashboard(args, url, schema, JobOrchestrator, createDashboard) {
   const orch = new JobOrchestrator({ backend: 'postgres', postgres: { url, schema, maxConnections: 4 } });
   // A read answers whether the database and schema are there.
   await orch.countByPoolAndStatus();
-  const authorize = args.actions ? (req) => LOOPBACK.has(req.socket.remoteAddress || '') : undefined;
+  // Loopback requests by a loopback name only (no DNS rebinding).
+  const authorize = args.actions ? (req) => isLocalRequest(req) : undefined;
   const handler = createDashboard(orch, { authorize, title: `jobforge · ${schema}` });
   const server = require('node:http').createServer((req, res) => handler(req, res));
   await new Promise((resolve, reject) => {

@@ -12,7 +12,7 @@
 'use strict';
 const path = require('node:path');
 const http = require('node:http');
-const { JobOrchestrator, createDashboard } = require(path.join(__dirname, '..', 'dist'));
+const { JobOrchestrator, createDashboard, isLocalRequest } = require(path.join(__dirname, '..', 'dist'));
 
 const quiet = { log() {}, info() {}, warn() {}, error() {}, debug() {} };
 const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
@@ -53,8 +53,7 @@ async function seed() {
 
 async function main() {
   const { o, w } = await seed();
-  const loopback = new Set(['127.0.0.1', '::1', '::ffff:127.0.0.1']);
-  const handler = createDashboard(o, { authorize: (req) => loopback.has(req.socket.remoteAddress || ''), title: 'jobforge demo' });
+  const handler = createDashboard(o, { authorize: isLocalRequest, title: 'jobforge demo' });
   const server = http.createServer((req, res) => handler(req, res));
   const shots = process.argv.includes('--screenshots');
   await new Promise((r) => server.listen(shots ? 0 : 4000, '127.0.0.1', r));

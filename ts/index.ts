@@ -70,5 +70,5 @@ export type {
   JobWaitKind,
 } from './rows';
 export * from './errors';
-export { createDashboard } from './dashboard';
+export { createDashboard, isLocalRequest } from './dashboard';
 export type { DashboardAction, DashboardAuthorize, DashboardHandler, DashboardOptions } from './dashboard';

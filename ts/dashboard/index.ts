@@ -18,7 +18,7 @@
  * refused. Every value from a run is escaped (`html.ts`); the Content
  * Security Policy allows only the dashboard's own script.
  */
-import { randomBytes, timingSafeEqual } from 'node:crypto';
+import { createHmac, randomBytes, timingSafeEqual } from 'node:crypto';
 import type { IncomingMessage, ServerResponse } from 'node:http';
 import type { JobOrchestrator } from '../orchestrator';
 import type { JobRun, JobRunStatus, RunTreeNode } from '../rows';
@@ -42,6 +42,12 @@ export interface DashboardOptions {
   authorize?: DashboardAuthorize | undefined;
   /** The page title. Default `'jobforge'`. */
   title?: string | undefined;
+  /**
+   * A secret the form token is derived from, the same in every replica
+   * behind one address (a form one process rendered is then accepted by
+   * another). Default: a random one per dashboard.
+   */
+  secret?: string | undefined;
 }
 
 export type DashboardHandler = (req: IncomingMessage, res: ServerResponse, next?: (err?: unknown) => void) => void;
@@ -68,9 +74,20 @@ interface Access {
   canAct: boolean;
 }
 
-function isLoopback(req: IncomingMessage): boolean {
+const LOOPBACK_HOSTS = new Set(['localhost', '127.0.0.1', '[::1]']);
+
+/**
+ * A request from this machine to this machine by a loopback name. The
+ * `Host` check stops DNS rebinding (a page of another site whose name now
+ * points at 127.0.0.1 is same-origin with itself, not with `localhost`).
+ * Behind a proxy on the same host every client looks local: give
+ * `authorize` there.
+ */
+export function isLocalRequest(req: IncomingMessage): boolean {
   const a = req.socket?.remoteAddress ?? '';
-  return a === '127.0.0.1' || a === '::1' || a === '::ffff:127.0.0.1';
+  if (a !== '127.0.0.1' && a !== '::1' && a !== '::ffff:127.0.0.1') return false;
+  const host = (req.headers.host ?? '').toLowerCase().replace(/:\d+$/, '');
+  return LOOPBACK_HOSTS.has(host);
 }
 
 export function createDashboard(orchestrator: JobOrchestrator, opts: DashboardOptions = {}): DashboardHandler {
@@ -80,7 +97,10 @@ export function createDashboard(orchestrator: JobOrchestrator, opts: DashboardOp
   const authorize = opts.authorize;
   // The CSRF token of this dashboard: forms carry it; another site cannot
   // read it (same-origin policy), so it cannot forge a POST that has it.
-  const csrf = randomBytes(24).toString('base64url');
+  const csrf =
+    opts.secret === undefined
+      ? randomBytes(24).toString('base64url')
+      : createHmac('sha256', opts.secret).update('jobforge dashboard form token').digest('base64url');
   const o = orchestrator;
 
   async function access(req: IncomingMessage, action: DashboardAction, url: URL): Promise<Access> {
@@ -90,7 +110,9 @@ export function createDashboard(orchestrator: JobOrchestrator, opts: DashboardOp
       if (verdict === false || verdict === null || verdict === undefined) throw new HttpError(403, 'not authorized');
       if (typeof verdict === 'object') pinned = { tenantId: verdict.tenantId ?? null };
     } else {
-      if (!isLoopback(req)) throw new HttpError(403, 'this dashboard has no authorize option: it answers loopback requests only');
+      if (!isLocalRequest(req)) {
+        throw new HttpError(403, 'this dashboard has no authorize option: it answers loopback requests to localhost, 127.0.0.1 or [::1] only');
+      }
       if (action !== 'read') throw new HttpError(403, 'this dashboard is read-only: pass an authorize option to enable actions');
     }
     let tenantId: string | null | undefined;
@@ -232,18 +254,27 @@ ${list.map((s) => html`<tr><td>${s.name}</td><td>${s.jobType}</td><td>${s.cron ?
    * once a second; a comment every 15 s keeps proxies from closing it.
    */
   async function events(req: IncomingMessage, res: ServerResponse, url: URL): Promise<void> {
+    // Listened to first: a client gone during the awaits below leaves no timer.
+    let gone = false;
+    res.on('close', () => (gone = true));
     const a = await access(req, 'read', url);
     const run = url.searchParams.get('run');
     if (run !== null && !UUID.test(run)) throw new HttpError(404, `run ${run} not found`);
     const tenant = a.tenantId === undefined ? undefined : a.tenantId;
+    // What the page shows may have changed when this does: the run's row;
+    // else the live gauges and this process's counters (the metrics text:
+    // O(live runs), not a count of every run each second) and the newest
+    // failure (an index's first entry).
     const look = async (): Promise<string> => {
       if (run !== null) {
         const r = await o.getRun(run, tenant);
         return r ? `${r.status} ${r.updatedAt.getTime()}` : 'gone';
       }
-      return JSON.stringify(await o.countByPoolAndStatus(tenant));
+      const failed = await o.listRecentFailed(1, tenant);
+      return `${await o.metrics()}${failed[0]?.runId ?? ''}`;
     };
     let last = await look();
+    if (gone || res.destroyed) return;
     res.writeHead(200, {
       'Content-Type': 'text/event-stream; charset=utf-8',
       'Cache-Control': 'no-store',
@@ -271,7 +302,7 @@ ${list.map((s) => html`<tr><td>${s.name}</td><td>${s.jobType}</td><td>${s.cron ?
         },
       );
     }, LIVE_MS);
-    req.on('close', () => clearInterval(timer));
+    res.on('close', () => clearInterval(timer));
   }
 
   async function readForm(req: IncomingMessage): Promise<URLSearchParams> {
@@ -285,11 +316,12 @@ ${list.map((s) => html`<tr><td>${s.name}</td><td>${s.jobType}</td><td>${s.cron ?
     return new URLSearchParams(Buffer.concat(chunks).toString('utf8'));
   }
 
+  /** A POST from a page of this dashboard: its `Origin` (or, without one, its `Referer`) is this host. */
   function sameOrigin(req: IncomingMessage): boolean {
-    const origin = req.headers.origin;
-    if (origin === undefined || origin === 'null') return origin === undefined;
+    const from = req.headers.origin ?? req.headers.referer;
+    if (from === undefined || from === 'null') return false;
     try {
-      return new URL(origin).host === req.headers.host;
+      return new URL(from).host === req.headers.host;
     } catch {
       return false;
     }
@@ -328,7 +360,9 @@ ${list.map((s) => html`<tr><td>${s.name}</td><td>${s.jobType}</td><td>${s.cron ?
       await act(req, res, url, decodeURIComponent(runAction[1]!), runAction[2] as 'cancel' | 'replay');
       return true;
     }
-    if (req.method !== 'GET' && req.method !== 'HEAD') throw new HttpError(405, 'use GET');
+    const known = path === '/' || path === '/runs' || path === '/schedules' || path === '/events' || path === '/assets/live.js' || /^\/runs\/[^/]+$/.test(path);
+    if (!known) return false;
+    if (req.method !== 'GET' && !(req.method === 'HEAD' && path !== '/events')) throw new HttpError(405, 'use GET');
     if (path === '/assets/live.js') {
       res.statusCode = 200;
       res.setHeader('Content-Type', 'text/javascript; charset=utf-8');

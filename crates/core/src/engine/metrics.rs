@@ -181,7 +181,7 @@ impl Metrics {
             ),
             (
                 "jobforge_run_duration_seconds",
-                "From a run's first start to its end.",
+                "From the start of a run's last attempt to its end.",
                 |s| &s.duration,
             ),
         ];

@@ -425,8 +425,9 @@ pub trait StoreTx {
         -> Vec<(Arc<str>, crate::model::RunStatus, u64)>;
     /// Live runs (pending, running, waiting) per `(pool, status)`, every
     /// tenant's together, by pool (the metrics' gauges). O(groups) in
-    /// memory; O(live runs) on PostgreSQL (the partial indexes of live
-    /// statuses), never a scan of finished runs.
+    /// memory; O(live runs) on PostgreSQL (the partial indexes of the
+    /// live statuses: claims, leases, `job_run_waiting_idx`), never a scan
+    /// of finished runs.
     fn live_counts(&self) -> Vec<(Arc<str>, crate::model::RunStatus, u64)>;
     /// Failed runs of a tenant, most recently finished first.
     fn recent_failed(&self, tenant: TenantRef<'_>, limit: usize) -> Vec<RunId>;

@@ -1810,12 +1810,13 @@ const SQL_SCOPE: &str = "SELECT {R} FROM {S}.job_run WHERE {T} AND scope_entity_
     AND scope_entity_id = $3 ORDER BY seq";
 const SQL_COUNTS: &str =
     "SELECT pool, status, count(*) FROM {S}.job_run WHERE {T} GROUP BY pool, status";
-/// Each status through its own partial index (claim, lease, waits), so
-/// finished runs are never read.
+/// Each status through its own partial indexes (claims, leases; waits with
+/// and without a deadline), so finished runs are never read.
 const SQL_LIVE_COUNTS: &str = "SELECT pool, 'pending', count(*) FROM {S}.job_run WHERE status = 'pending' \
     GROUP BY pool UNION ALL SELECT pool, 'running', count(*) FROM {S}.job_run WHERE status = 'running' \
-    GROUP BY pool UNION ALL SELECT pool, 'waiting', count(*) FROM {S}.job_run WHERE status = 'waiting' \
-    GROUP BY pool ORDER BY 1, 2";
+    GROUP BY pool UNION ALL SELECT pool, 'waiting', count(*) FROM (SELECT pool FROM {S}.job_run \
+    WHERE status = 'waiting' AND wait_deadline IS NOT NULL UNION ALL SELECT pool FROM {S}.job_run \
+    WHERE status = 'waiting' AND wait_deadline IS NULL) w GROUP BY pool ORDER BY 1, 2";
 const SQL_FAILED: &str = "SELECT {R} FROM {S}.job_run WHERE {T} AND status = 'failed' \
     ORDER BY finished_at DESC, id DESC LIMIT $2";
 const SQL_PAGE: &str = "SELECT {R} FROM {S}.job_run WHERE {T} AND ($2::text IS NULL OR pool = $2) \
@@ -3156,7 +3157,7 @@ mod tests {
             .expect("migrate");
         c.batch_execute("SET enable_seqscan = off").expect("set");
         let (run, now, limit) = (Uuid::new_v4(), Ms(0), 10i64);
-        let cases: [(&str, &[&(dyn ToSql + Sync)], &str); 8] = [
+        let cases: [(&str, &[&(dyn ToSql + Sync)], &str); 11] = [
             (SQL_DUE_WAITS, &[&now, &limit], "job_run_wait_deadline_idx"),
             (SQL_RESUME_DUE, &[&now, &limit], "job_run_wait_deadline_idx"),
             (SQL_NEXT_WAIT, &[], "job_run_wait_deadline_idx"),
@@ -3165,6 +3166,10 @@ mod tests {
             (SQL_CLEAR_SIGNALS, &[&run], "job_signal_pkey"),
             (SQL_PURGE, &[&now, &now], "job_signal_pkey"),
             (SQL_PUSH_SIGNAL, &[&run, &"go", &Jsonb("1"), &now], "Insert"),
+            // The timeline's pages and the metrics' live gauges.
+            (SQL_RUN_EVENTS, &[&run, &0i64, &limit], "job_event_pkey"),
+            (SQL_LIVE_COUNTS, &[], "job_run_waiting_idx"),
+            (SQL_LIVE_COUNTS, &[], "job_run_claim_idx"),
         ];
         // Each statement's plan: no sequential scan, and the index it needs.
         let mut explain = |tpl: &str, params: &[&(dyn ToSql + Sync)], index: &str| {

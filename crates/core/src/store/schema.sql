@@ -192,4 +192,10 @@ CREATE TABLE IF NOT EXISTS {S}.job_event (
   data    jsonb,
   PRIMARY KEY (run_id, id)
 );
+-- The metrics' gauge of waiting runs per pool reads no finished run: the
+-- waiting runs with a deadline through job_run_wait_deadline_idx, those
+-- without one through this (it cannot serve, nor mislead, the resumer's
+-- deadline queries, which need a deadline).
+CREATE INDEX IF NOT EXISTS job_run_waiting_idx ON {S}.job_run (pool)
+  WHERE status = 'waiting' AND wait_deadline IS NULL;
 INSERT INTO {S}.jobforge_migration (version) VALUES (4) ON CONFLICT DO NOTHING;

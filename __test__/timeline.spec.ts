@@ -235,3 +235,33 @@ forBackends('metrics: counters, histograms and live gauges in the Prometheus tex
     t.regex(line, /^(# (HELP|TYPE) .+|[a-z_]+\{.*\} -?[0-9.]+(e[+-]?[0-9]+)?)$/, line);
   }
 });
+
+forBackends('throughput: runs that ended per minute, every minute of the window present', async (t, make) => {
+  const o = await make.manual();
+  o.registerHandler('tp.ok', {}, async () => ({}));
+  o.registerHandler('tp.bad', {}, async () => {
+    throw new Error('no');
+  });
+  o.advanceTime(60_000 - (o.now().getTime() % 60_000)); // a minute boundary
+  const m0 = o.now().getTime();
+  for (const type of ['tp.ok', 'tp.ok', 'tp.bad']) {
+    const r = await o.start(type, {});
+    await tick(o, r.id);
+  }
+  o.advanceTime(60_000);
+  const c = await o.start('tp.ok', {});
+  await o.cancel(c.id);
+  const minutes = await o.throughput({ minutes: 3 });
+  t.deepEqual(
+    minutes.map((m) => [m.at.getTime() - m0, m.completed, m.failed, m.timedOut, m.canceled]),
+    [
+      [-60_000, 0, 0, 0, 0],
+      [0, 2, 1, 0, 0],
+      [60_000, 0, 0, 0, 1],
+    ],
+  );
+  t.is((await o.throughput()).length, 60);
+  for (const bad of [0, 61, 1.5, Number.NaN]) {
+    await rejects(t, () => o.throughput({ minutes: bad }), JobInputInvalidError, 'JOB_INPUT_INVALID', `minutes ${bad}`);
+  }
+});

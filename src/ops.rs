@@ -82,6 +82,7 @@ operations!(
     get_run_tree,
     list_run_events,
     metrics,
+    throughput,
     put_schedule,
     remove_schedule,
     list_schedules,
@@ -737,6 +738,30 @@ fn list_run_events<S: AnyStore>(e: &Engine<S>, req: &str) -> Result<String> {
         .list_run_events(&r.run_id, &r.tenant, after, limit)
         .map_err(to_napi)?;
     Ok(wire::events_page_text(&events, next))
+}
+
+/// `[[minute ms, status, count], ...]`: runs that ended per minute.
+fn throughput<S: AnyStore>(e: &Engine<S>, req: &str) -> Result<String> {
+    #[derive(Deserialize)]
+    #[serde(deny_unknown_fields)]
+    struct Req {
+        minutes: Option<f64>,
+        #[serde(default, deserialize_with = "wire::tenant")]
+        tenant: TenantArg,
+    }
+    let r: Req = request(req, "throughput")?;
+    let minutes = match r.minutes {
+        None => 60,
+        Some(m) if m.is_finite() && m.fract() == 0.0 && (1.0..=60.0).contains(&m) => m as u32,
+        Some(m) => {
+            return Err(invalid(format!(
+                "minutes must be a whole number from 1 to 60, got {m}"
+            )))
+        }
+    };
+    let rows = e.ended_per_minute(&r.tenant, minutes).map_err(to_napi)?;
+    let out: Vec<(i64, &str, u64)> = rows.iter().map(|(m, s, n)| (*m, s.as_str(), *n)).collect();
+    Ok(reply(&out))
 }
 
 /// The Prometheus text itself (not JSON).

@@ -60,6 +60,7 @@ export type {
   JobRunEvent,
   JobRunEventPage,
   JobRunEventType,
+  JobThroughputMinute,
   JobRunPage,
   JobRunRow,
   JobRunStatus,

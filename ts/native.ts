@@ -20,7 +20,7 @@ const OP_NAMES = [
   'migrate', 'storedJobTypes', 'register', 'definition', 'start', 'startPreflight', 'startMany', 'cancel', 'replay',
   'claimNext', 'beginAttempt', 'finishAttempt', 'attemptLive', 'releaseAttempt', 'expireAttempts', 'stepBegin', 'stepComplete',
   'stepFail', 'findById', 'getRun', 'countRuns', 'listSteps', 'findStep', 'recordStep', 'listForScope', 'cancelForScope',
-  'rescheduleForScope', 'countByPoolAndStatus', 'listRecentFailed', 'listJobRuns', 'getRunTree', 'listRunEvents', 'metrics', 'putSchedule',
+  'rescheduleForScope', 'countByPoolAndStatus', 'listRecentFailed', 'listJobRuns', 'getRunTree', 'listRunEvents', 'metrics', 'throughput', 'putSchedule',
   'removeSchedule', 'listSchedules', 'fireDueSchedules', 'waitBegin', 'waitDelivered', 'signal', 'resume',
 ] as const;
 export type OpName = (typeof OP_NAMES)[number];

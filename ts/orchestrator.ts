@@ -21,6 +21,7 @@ import type {
   JobRunError,
   JobRunFailure,
   JobRunEventPage,
+  JobThroughputMinute,
   JobRunPage,
   JobRunStatus,
   JobSchedule,
@@ -707,6 +708,34 @@ export class JobOrchestrator<Jobs extends JobMap = AnyJobs> {
    */
   metrics(): Promise<string> {
     return settled(() => this.store.metrics());
+  }
+
+  /**
+   * Runs that ended in each of the last `minutes` minutes (default and
+   * at most 60; the current minute is the last), by terminal status,
+   * oldest first, every minute present (zeros included). Memory counts each
+   * run's end as it happened; PostgreSQL counts the runs whose `finishedAt`
+   * falls in the minute (a replayed or purged run no longer does).
+   */
+  throughput(opts: { minutes?: number | undefined; tenantId?: string | null | undefined } = {}): Promise<JobThroughputMinute[]> {
+    return settled(async () => {
+      const o = opts ?? {};
+      checkOptions(o, CALL_OPTION_KEYS.throughput, 'throughput');
+      checkCount('minutes', o.minutes);
+      const minutes = o.minutes ?? 60;
+      const rows = await this.store.throughput(o.minutes, tenantOf(o));
+      const last = Math.floor(this.store.clock.now() / 60_000) * 60_000;
+      const first = last - (Math.min(Math.max(Math.floor(minutes), 1), 60) - 1) * 60_000;
+      const out: JobThroughputMinute[] = [];
+      for (let at = first; at <= last; at += 60_000) out.push({ at: new Date(at), completed: 0, failed: 0, timedOut: 0, canceled: 0 });
+      const field = { completed: 'completed', failed: 'failed', timed_out: 'timedOut', canceled: 'canceled' } as const;
+      for (const [at, status, n] of rows) {
+        const m = out[(at - first) / 60_000];
+        const k = field[status as keyof typeof field];
+        if (m && k) m[k] += n;
+      }
+      return out;
+    });
   }
 
   /** The tree of runs under a root (parent → children, each with its status), or null. */

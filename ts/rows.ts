@@ -220,6 +220,16 @@ export interface JobRunEvent {
   data: Record<string, unknown> | null;
 }
 
+/** Runs that ended in one minute (`throughput`). */
+export interface JobThroughputMinute {
+  /** The minute's start. */
+  at: Date;
+  completed: number;
+  failed: number;
+  timedOut: number;
+  canceled: number;
+}
+
 /** A page of a run's timeline, oldest first. */
 export interface JobRunEventPage {
   items: JobRunEvent[];

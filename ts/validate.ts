@@ -92,6 +92,7 @@ export const CALL_OPTION_KEYS = {
   listForScope: new Set(['status', 'jobType', 'limit', 'offset', 'orderBy', 'tenantId']),
   listJobRuns: new Set(['poolId', 'rootRunId', 'status', 'since', 'cursor', 'limit', 'tenantId']),
   listRunEvents: new Set(['cursor', 'limit', 'tenantId']),
+  throughput: new Set(['minutes', 'tenantId']),
   schedule: new Set(['jobType', 'input', 'cron', 'timezone', 'everyMs', 'tenantId']),
 } as const satisfies Record<string, ReadonlySet<string>>;
 

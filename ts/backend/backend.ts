@@ -126,6 +126,7 @@ export interface Backend extends StepStore {
   listRunEvents(runId: string, page: { cursor?: string | undefined; limit?: number | undefined }, tenant: Tenant): Promise<JobRunEventPage>;
   /** The Prometheus text exposition (see `JobOrchestrator.metrics`). */
   metrics(): Promise<string>;
+  throughput(minutes: number | undefined, tenant: Tenant): Promise<[number, string, number][]>;
 
   // ── schedules ──
   putSchedule(request: Record<string, unknown>): Promise<JobSchedule>;
@@ -430,6 +431,10 @@ export abstract class NativeBackend implements Partial<Backend> {
 
   metrics(): Promise<string> {
     return this.request('metrics', '{}', (t) => t);
+  }
+
+  throughput(minutes: number | undefined, tenant: Tenant): Promise<[number, string, number][]> {
+    return this.request('throughput', requestJson({ minutes, tenant }), (t) => JSON.parse(t) as [number, string, number][]);
   }
 
   putSchedule(request: Record<string, unknown>): Promise<JobSchedule> {

@@ -21,7 +21,7 @@
 import { createHmac, randomBytes, timingSafeEqual } from 'node:crypto';
 import type { IncomingMessage, ServerResponse } from 'node:http';
 import type { JobOrchestrator } from '../orchestrator';
-import type { JobRun, JobRunStatus, RunTreeNode } from '../rows';
+import type { JobRun, JobRunStatus, JobThroughputMinute, RunTreeNode } from '../rows';
 import { esc, Html, html, json, when } from './html';
 
 export type DashboardAction = 'read' | 'cancel' | 'replay';
@@ -148,9 +148,11 @@ export function createDashboard(orchestrator: JobOrchestrator, opts: DashboardOp
     const failed = await o.listRecentFailed(20, a.tenantId === undefined ? undefined : a.tenantId);
     const pools = [...new Set(counts.map((c) => c.pool))].sort();
     const count = (p: string, s: string): number => counts.find((c) => c.pool === p && c.status === s)?.count ?? 0;
+    const minutes = await o.throughput(a.tenantId === undefined ? {} : { tenantId: a.tenantId });
     const byType = new Map<string, number>();
     for (const f of failed) byType.set(f.jobType, (byType.get(f.jobType) ?? 0) + 1);
-    const body = html`<section><h2>Runs by pool and status</h2>
+    const body = html`<section><h2>Ended in the last hour, per minute</h2>${chart(minutes)}</section>
+<section><h2>Runs by pool and status</h2>
 <table><thead><tr><th>pool</th>${STATUSES.map((s) => html`<th>${s}</th>`)}</tr></thead><tbody>
 ${pools.map((p) => html`<tr><td>${p}</td>${STATUSES.map((s) => html`<td class="num"><a href="${link('/runs', { pool: p, status: s }, a)}">${count(p, s)}</a></td>`)}</tr>`)}
 </tbody></table>${pools.length === 0 ? html`<p class="note">No runs yet.</p>` : ''}</section>
@@ -161,6 +163,28 @@ ${[...byType.entries()].sort((x, y) => y[1] - x[1]).map(([type, n]) => html`<tr>
 ${failed.map((f) => html`<tr><td>${runLink(f.runId, a, f.runId.slice(0, 8))}</td><td>${f.jobType}</td><td>${f.pool}</td><td class="num">${f.attempts}</td><td class="err">${f.errorMessage ?? ''}</td><td>${when(f.failedAt)}</td></tr>`)}
 </tbody></table></section>`;
     return page('Overview', a, body);
+  }
+
+  /** An SVG bar per minute: completed (green) under failed and timed out (red) under canceled (grey). */
+  function chart(minutes: JobThroughputMinute[]): Html {
+    const W = 960;
+    const H = 120;
+    const bw = W / Math.max(minutes.length, 1);
+    const total = (m: JobThroughputMinute): number => m.completed + m.failed + m.timedOut + m.canceled;
+    const max = Math.max(1, ...minutes.map(total));
+    const sum = minutes.reduce((s, m) => ({ ok: s.ok + m.completed, bad: s.bad + m.failed + m.timedOut, gone: s.gone + m.canceled }), { ok: 0, bad: 0, gone: 0 });
+    const bars = minutes.map((m, i) => {
+      let y = H;
+      const part = (n: number, cls: string): Html => {
+        const h = (n / max) * (H - 4);
+        y -= h;
+        return n > 0 ? html`<rect class="${cls}" x="${(i * bw + 1).toFixed(1)}" y="${y.toFixed(1)}" width="${Math.max(bw - 2, 1).toFixed(1)}" height="${h.toFixed(1)}"></rect>` : html``;
+      };
+      const label = `${when(m.at)}: ${m.completed} completed, ${m.failed} failed, ${m.timedOut} timed out, ${m.canceled} canceled`;
+      return html`<g><title>${label}</title>${part(m.completed, 'ok')}${part(m.failed + m.timedOut, 'bad')}${part(m.canceled, 'gone')}</g>`;
+    });
+    return html`<svg class="chart" viewBox="0 0 ${W} ${H}" preserveAspectRatio="none" role="img" aria-label="runs ended per minute"><line x1="0" y1="${H}" x2="${W}" y2="${H}"></line>${bars}</svg>
+<p class="legend"><span class="k ok"></span>${sum.ok} completed <span class="k bad"></span>${sum.bad} failed or timed out <span class="k gone"></span>${sum.gone} canceled · the tallest minute: ${max}</p>`;
   }
 
   async function runs(a: Access, url: URL): Promise<string> {
@@ -460,5 +484,8 @@ pre{background:#fff;border:1px solid #e3e6eb;padding:.6rem;overflow:auto;max-hei
 dl.row{display:grid;grid-template-columns:max-content 1fr;gap:.2rem 1rem;background:#fff;padding:.7rem;border:1px solid #e3e6eb}dt{color:#5b6475}dd{margin:0}
 .note{color:#5b6475;font-style:italic}.filters{display:flex;gap:1rem;margin-bottom:.7rem;align-items:center}.actions{float:right}
 button.act{padding:.35rem .8rem;border:1px solid #8a93a6;border-radius:.3rem;background:#fff;cursor:pointer}button.act-cancel{border-color:#a0181f;color:#a0181f}
+svg.chart{width:100%;height:120px;background:#fff;border:1px solid #e3e6eb}svg.chart line{stroke:#8a93a6}
+rect.ok,.k.ok{fill:#4caf6a;background:#4caf6a}rect.bad,.k.bad{fill:#d2424b;background:#d2424b}rect.gone,.k.gone{fill:#9c92b4;background:#9c92b4}
+.legend{color:#5b6475}.k{display:inline-block;width:.8em;height:.8em;margin:0 .25em 0 .8em;vertical-align:-1px}
 a.id{font-family:ui-monospace,monospace}ul.tree{background:#fff;padding:.6rem 1.6rem;border:1px solid #e3e6eb}code{font-size:.9em}
 `;

@@ -219,6 +219,45 @@ fn events_go_with_their_run<S: Store>(e: &Engine<S>) -> RunId {
     run.id
 }
 
+/// Runs that ended per minute: two in one minute, one failed two minutes
+/// later; the window names only the minutes asked for.
+fn ends_are_counted_per_minute<S: Store>(e: &Engine<S>) {
+    register(e, "m", 1);
+    // Start at a minute boundary, so the runs end in known minutes.
+    let now = e.now();
+    e.clock().advance(60_000 - now.rem_euclid(60_000));
+    let minute0 = e.now();
+    for outcome in [true, true] {
+        let run = start(e, "m", None);
+        let c = e.claim_next("batch").unwrap().unwrap();
+        assert_eq!(c.id, run.id);
+        let out = if outcome {
+            AttemptOutcome::Completed(None)
+        } else {
+            failure("x")
+        };
+        e.finish_attempt(&run.id, c.claim_epoch, out).unwrap();
+    }
+    e.clock().advance(120_000);
+    let run = start(e, "m", None);
+    let c = e.claim_next("batch").unwrap().unwrap();
+    e.finish_attempt(&run.id, c.claim_epoch, failure("late"))
+        .unwrap();
+    let got = e.ended_per_minute(&TenantArg::Missing, 60).unwrap();
+    assert_eq!(
+        got,
+        vec![
+            (minute0, RunStatus::Completed, 2),
+            (minute0 + 120_000, RunStatus::Failed, 1),
+        ]
+    );
+    // The last minute only.
+    assert_eq!(
+        e.ended_per_minute(&TenantArg::Missing, 1).unwrap(),
+        vec![(minute0 + 120_000, RunStatus::Failed, 1)]
+    );
+}
+
 const KEEP_A_SECOND: Retention = Retention {
     completed_ms: Some(1000),
     failed_ms: Some(1000),
@@ -228,6 +267,7 @@ const KEEP_A_SECOND: Retention = Retention {
 fn memory_timeline() {
     a_retried_run_tells_its_life_in_order(&memory(Retention::default()));
     a_cascade_names_its_cause(&memory(Retention::default()));
+    ends_are_counted_per_minute(&memory(Retention::default()));
     let e = memory(KEEP_A_SECOND);
     events_go_with_their_run(&e);
     e.store().verify_indexes().unwrap();
@@ -243,6 +283,10 @@ fn postgres_timeline() {
         return;
     };
     a_cascade_names_its_cause(&e);
+    let Some(e) = pg("minutes", Retention::default()) else {
+        return;
+    };
+    ends_are_counted_per_minute(&e);
     let Some(e) = pg("purge", KEEP_A_SECOND) else {
         return;
     };

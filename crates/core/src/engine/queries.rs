@@ -159,6 +159,22 @@ impl<S: Store> Engine<S> {
         self.read(|tx| Ok(tx.status_counts(t.as_deref())))
     }
 
+    /// Runs of a tenant that ended in the last `minutes` minutes (1 to 60,
+    /// the minute now included), per minute and terminal status, oldest
+    /// first (see `StoreTx::ended_per_minute`). O(pools × minutes) in
+    /// memory; O(runs ended since) on PostgreSQL.
+    pub fn ended_per_minute(
+        &self,
+        tenant: &TenantArg,
+        minutes: u32,
+    ) -> Result<Vec<(Millis, RunStatus, u64)>> {
+        let filter = self.gate("throughput", tenant)?;
+        let t = filter.flatten();
+        let minutes = i64::from(minutes.clamp(1, 60));
+        let since = (self.now().div_euclid(60_000) - (minutes - 1)) * 60_000;
+        self.read(|tx| Ok(tx.ended_per_minute(t.as_deref(), since)))
+    }
+
     /// How many runs a tenant has, whatever their status: the sum of the
     /// counts per pool and status, so it costs what
     /// `count_by_pool_and_status` costs and never reads a run. In memory

@@ -194,6 +194,72 @@ struct Group {
     claim: u32,
     by_status: [BTreeSet<CreatedKey>; 7],
     counts: [u64; 7],
+    /// Runs that ended, per minute of their `finishedAt`, the last
+    /// `ENDED_MINUTES` minutes (oldest first): `(minute, [completed, failed,
+    /// timed out, canceled])`. A transition into a terminal status adds one.
+    ended: std::collections::VecDeque<(i64, [u32; 4])>,
+}
+
+/// How many minutes of `Group::ended` are kept (`StoreTx::ended_per_minute`).
+pub const ENDED_MINUTES: i64 = 60;
+
+/// `Group::ended`'s slot of a terminal status.
+fn ended_slot(s: RunStatus) -> Option<usize> {
+    match s {
+        RunStatus::Completed => Some(0),
+        RunStatus::Failed => Some(1),
+        RunStatus::TimedOut => Some(2),
+        RunStatus::Canceled => Some(3),
+        _ => None,
+    }
+}
+
+const ENDED_STATUSES: [RunStatus; 4] = [
+    RunStatus::Completed,
+    RunStatus::Failed,
+    RunStatus::TimedOut,
+    RunStatus::Canceled,
+];
+
+impl Group {
+    /// Counts one run that ended at `at` with `status`. O(1) but for an
+    /// end older than the newest minute (a late clock), O(minutes kept).
+    fn count_end(&mut self, at: Millis, status: RunStatus) {
+        let Some(slot) = ended_slot(status) else {
+            return;
+        };
+        let minute = at.div_euclid(60_000);
+        let newest = self.ended.back().map(|(m, _)| *m);
+        match newest {
+            Some(m) if m == minute => {
+                if let Some((_, n)) = self.ended.back_mut() {
+                    n[slot] += 1;
+                }
+            }
+            Some(m) if m > minute => {
+                if let Some((_, n)) = self.ended.iter_mut().rev().find(|(x, _)| *x == minute) {
+                    n[slot] += 1;
+                } else if minute > m - ENDED_MINUTES {
+                    let i = self.ended.partition_point(|(m, _)| *m < minute);
+                    let mut n = [0; 4];
+                    n[slot] = 1;
+                    self.ended.insert(i, (minute, n));
+                }
+            }
+            _ => {
+                let mut n = [0; 4];
+                n[slot] = 1;
+                self.ended.push_back((minute, n));
+                while self
+                    .ended
+                    .front()
+                    .is_some_and(|(m, _)| *m <= minute - ENDED_MINUTES)
+                {
+                    self.ended.pop_front();
+                }
+            }
+        }
+    }
 }
 
 impl Group {
@@ -418,6 +484,7 @@ impl MemoryState {
             claim,
             by_status: Default::default(),
             counts: [0; 7],
+            ended: Default::default(),
         });
         let (groups, hasher) = (&q.groups, &q.group_hasher);
         q.group_ids
@@ -512,6 +579,9 @@ impl MemoryState {
             let new = &mut q.groups[after.group as usize];
             new.by_status[a].insert(key);
             new.counts[a] += 1;
+            if after.status.is_terminal() && !before.status.is_terminal() {
+                new.count_end(after.finished_at.unwrap_or(r.updated_at), after.status);
+            }
         }
         if before.status == RunStatus::Failed {
             if let Some(set) = q.failed.get_mut(&t) {
@@ -1307,6 +1377,37 @@ impl StoreTx for MemoryTx<'_> {
             .collect();
         out.sort_by(|a, b| a.0.cmp(&b.0).then(a.1.as_str().cmp(b.1.as_str())));
         out
+    }
+
+    fn ended_per_minute(
+        &self,
+        tenant: TenantRef<'_>,
+        since: Millis,
+    ) -> Vec<(Millis, RunStatus, u64)> {
+        let q = &self.0.q;
+        let from = since.div_euclid(60_000);
+        let mut sum: BTreeMap<i64, [u64; 4]> = BTreeMap::new();
+        for g in q.pools_of.get(&tenant.map(Arc::from)).into_iter().flatten() {
+            for (m, n) in q.groups[*g as usize]
+                .ended
+                .iter()
+                .filter(|(m, _)| *m >= from)
+            {
+                let e = sum.entry(*m).or_default();
+                for (i, c) in n.iter().enumerate() {
+                    e[i] += u64::from(*c);
+                }
+            }
+        }
+        sum.into_iter()
+            .flat_map(|(m, n)| {
+                ENDED_STATUSES
+                    .iter()
+                    .zip(n)
+                    .filter(|(_, c)| *c > 0)
+                    .map(move |(s, c)| (m * 60_000, *s, c))
+            })
+            .collect()
     }
 
     fn live_counts(&self) -> Vec<(Arc<str>, RunStatus, u64)> {

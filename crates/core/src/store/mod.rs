@@ -429,6 +429,17 @@ pub trait StoreTx {
     /// live statuses: claims, leases, `job_run_waiting_idx`), never a scan
     /// of finished runs.
     fn live_counts(&self) -> Vec<(Arc<str>, crate::model::RunStatus, u64)>;
+    /// Runs of a tenant that ended at or after `since`, per minute of their
+    /// end (`(minute start, status, count)`, oldest first; terminal
+    /// statuses only). Memory counts each transition into a terminal status
+    /// (the last hour is kept, O(pools × minutes)); PostgreSQL counts the
+    /// rows whose `finished_at` falls there (the finished index's range:
+    /// O(runs ended since), so a replayed or purged run no longer counts).
+    fn ended_per_minute(
+        &self,
+        tenant: TenantRef<'_>,
+        since: Millis,
+    ) -> Vec<(Millis, crate::model::RunStatus, u64)>;
     /// Failed runs of a tenant, most recently finished first.
     fn recent_failed(&self, tenant: TenantRef<'_>, limit: usize) -> Vec<RunId>;
     /// One keyset page (see [`PageQuery`]).

@@ -1817,6 +1817,11 @@ const SQL_LIVE_COUNTS: &str = "SELECT pool, 'pending', count(*) FROM {S}.job_run
     GROUP BY pool UNION ALL SELECT pool, 'waiting', count(*) FROM (SELECT pool FROM {S}.job_run \
     WHERE status = 'waiting' AND wait_deadline IS NOT NULL UNION ALL SELECT pool FROM {S}.job_run \
     WHERE status = 'waiting' AND wait_deadline IS NULL) w GROUP BY pool ORDER BY 1, 2";
+/// The finished index's range, the tenant checked on each row.
+const SQL_ENDED: &str =
+    "SELECT (floor(extract(epoch FROM finished_at) / 60) * 60000)::int8, status, count(*) \
+    FROM {S}.job_run WHERE finished_at >= $2 AND {T} \
+    AND status IN ('completed', 'failed', 'timed_out', 'canceled') GROUP BY 1, 2 ORDER BY 1, 2";
 const SQL_FAILED: &str = "SELECT {R} FROM {S}.job_run WHERE {T} AND status = 'failed' \
     ORDER BY finished_at DESC, id DESC LIMIT $2";
 const SQL_PAGE: &str = "SELECT {R} FROM {S}.job_run WHERE {T} AND ($2::text IS NULL OR pool = $2) \
@@ -2860,6 +2865,22 @@ impl StoreTx for PgTx<'_> {
             .collect();
         out.sort_by(|a, b| a.0.cmp(&b.0).then(a.1.as_str().cmp(b.1.as_str())));
         out
+    }
+
+    fn ended_per_minute(
+        &self,
+        tenant: TenantRef<'_>,
+        since: Millis,
+    ) -> Vec<(Millis, RunStatus, u64)> {
+        let rows = self.query(SQL_ENDED, &[&tenant, &Ms(since)], Self::tenant_null(tenant));
+        rows.iter()
+            .filter_map(|r| {
+                let minute: i64 = r.try_get(0).ok()?;
+                let status = RunStatus::parse(r.try_get(1).ok()?)?;
+                let n: i64 = r.try_get(2).ok()?;
+                Some((minute, status, n.max(0) as u64))
+            })
+            .collect()
     }
 
     fn live_counts(&self) -> Vec<(Arc<str>, RunStatus, u64)> {

@@ -265,3 +265,25 @@ forBackends('throughput: runs that ended per minute, every minute of the window 
     await rejects(t, () => o.throughput({ minutes: bad }), JobInputInvalidError, 'JOB_INPUT_INVALID', `minutes ${bad}`);
   }
 });
+
+test('metrics: registerMetrics puts the same series in a prom-client registry, read at each scrape', async (t) => {
+  // eslint-disable-next-line @typescript-eslint/no-require-imports
+  const prom = require('prom-client') as typeof import('prom-client');
+  const registry = new prom.Registry();
+  const o = new JobOrchestrator({ clock: 'manual' });
+  o.registerHandler('prom "t"', {}, async () => ({}));
+  const remove = o.registerMetrics(registry);
+  const r = await o.start('prom "t"', {});
+  await tick(o, r.id);
+  const text = await registry.metrics();
+  t.true(text.includes('# TYPE jobforge_runs_completed_total counter'));
+  t.true(text.includes('jobforge_runs_completed_total{job_type="prom \\"t\\"",pool="batch"} 1'), text);
+  t.true(text.includes('jobforge_queue_wait_seconds_bucket{job_type="prom \\"t\\"",pool="batch",le="+Inf"} 1'));
+  t.true(text.includes('# TYPE jobforge_run_duration_seconds histogram'));
+  const json = await registry.getMetricsAsJSON();
+  t.is(json.find((m) => m.name === 'jobforge_runs_created_total')?.values[0]?.value, 1);
+  t.throws(() => o.registerMetrics(registry), { message: /already been registered/ }, 'twice is refused by prom-client');
+  remove();
+  t.false((await registry.metrics()).includes('jobforge_'));
+  t.throws(() => o.registerMetrics({} as never), { instanceOf: JobInputInvalidError });
+});

@@ -15,6 +15,7 @@ import { Executor } from './execution/executor';
 import { RunEvents, type RunEventListener, type RunEventName } from './events';
 import type { HandlerRegistration, JobHandler, JobHandlerMeta, JobLogger } from './handler';
 import { consoleLogger } from './handler';
+import { registerPromMetrics, type PromRegistryLike } from './metrics';
 import type {
   JobDefinitionRow,
   JobRun,
@@ -708,6 +709,26 @@ export class JobOrchestrator<Jobs extends JobMap = AnyJobs> {
    */
   metrics(): Promise<string> {
     return settled(() => this.store.metrics());
+  }
+
+  /**
+   * Registers the series of `metrics()` in a `prom-client` registry (an
+   * optional peer dependency; default: its global `register`), read at each
+   * scrape, so an app already serving its registry shows them. Answers a
+   * function that removes them. Without prom-client installed and no
+   * registry given: `JobInputInvalidError`.
+   */
+  registerMetrics(registry?: PromRegistryLike): () => void {
+    let target = registry;
+    if (target === undefined) {
+      try {
+        // eslint-disable-next-line @typescript-eslint/no-require-imports
+        target = (require('prom-client') as { register: PromRegistryLike }).register;
+      } catch {
+        throw new JobInputInvalidError('registerMetrics: prom-client is not installed (npm install prom-client), or pass a registry');
+      }
+    }
+    return registerPromMetrics(this, target);
   }
 
   /**

@@ -283,6 +283,25 @@ test('metrics: registerMetrics puts the same series in a prom-client registry, r
   const json = await registry.getMetricsAsJSON();
   t.is(json.find((m) => m.name === 'jobforge_runs_created_total')?.values[0]?.value, 1);
   t.throws(() => o.registerMetrics(registry), { message: /already been registered/ }, 'twice is refused by prom-client');
+  // All or none: a registry that already holds one of the names keeps nothing of ours.
+  const other = new prom.Registry();
+  new prom.Gauge({ name: 'jobforge_runs', help: 'the app\'s own', registers: [other] });
+  t.throws(() => o.registerMetrics(other), { message: /already been registered/ });
+  t.false((await other.metrics()).includes('jobforge_runs_created_total'));
+  // OpenMetrics: counters keep one `_total`.
+  const om = new prom.Registry();
+  om.setContentType(prom.Registry.OPENMETRICS_CONTENT_TYPE as never);
+  const removeOm = o.registerMetrics(om);
+  const omText = await om.metrics();
+  t.true(omText.includes('jobforge_runs_completed_total{job_type="prom \\"t\\"",pool="batch"} 1'), omText);
+  t.false(omText.includes('_total_total'));
+  removeOm();
+  // A failed read answers no samples; the app's own metrics still scrape.
+  const broken = { metrics: () => Promise.reject(new Error('database away')) } as unknown as JobOrchestrator;
+  const app = new prom.Registry();
+  new prom.Gauge({ name: 'app_up', help: 'up', registers: [app] }).set(1);
+  JobOrchestrator.prototype.registerMetrics.call(broken, app);
+  t.true((await app.metrics()).includes('app_up 1'));
   remove();
   t.false((await registry.metrics()).includes('jobforge_'));
   t.throws(() => o.registerMetrics({} as never), { instanceOf: JobInputInvalidError });

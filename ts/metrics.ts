@@ -99,20 +99,34 @@ export function registerPromMetrics(source: { metrics(): Promise<string> }, regi
     p.catch(() => (pending = null));
     return p;
   };
-  for (const [name, type] of FAMILIES) {
-    registry.registerMetric({
-      name,
-      help: name,
-      type,
-      aggregator: 'sum',
-      async get() {
-        const f = (await scrape()).get(name);
-        return { name, help: f?.help ?? name, type, aggregator: 'sum', values: f?.values ?? [] };
-      },
-      reset() {},
-    });
+  const added: string[] = [];
+  try {
+    for (const [name, type] of FAMILIES) {
+      registry.registerMetric({
+        name,
+        help: name,
+        type,
+        aggregator: 'sum',
+        // `this.name`: an OpenMetrics registry renames counters (drops `_total`).
+        async get(this: { name: string }) {
+          // A failed read (the database away, the orchestrator closed) answers
+          // no samples rather than failing every metric of the app's scrape.
+          const f = await scrape().then(
+            (m) => m.get(name),
+            () => undefined,
+          );
+          return { name: this.name, help: f?.help ?? name, type, aggregator: 'sum', values: f?.values ?? [] };
+        },
+        reset() {},
+      });
+      added.push(name);
+    }
+  } catch (e) {
+    // All or none: a name the registry already holds leaves nothing of ours.
+    for (const name of added) registry.removeSingleMetric(name);
+    throw e;
   }
   return () => {
-    for (const [name] of FAMILIES) registry.removeSingleMetric(name);
+    for (const name of added) registry.removeSingleMetric(name);
   };
 }

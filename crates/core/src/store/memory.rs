@@ -134,6 +134,12 @@ pub struct MemoryState {
     /// How to undo what the current transaction changed, while one asked
     /// (`StoreTx::begin_undo`): this store has no rollback of its own.
     undo: Option<Vec<Undo>>,
+    /// Ends (`Group::count_end`) made while an undo journal is kept: counted
+    /// only if the transaction keeps its changes, so a refused `start_many`
+    /// (whose runs never existed) adds no end.
+    deferred_ends: Vec<(u32, Millis, RunStatus)>,
+    /// The journal is being undone: what it does counts no end.
+    undoing: bool,
 }
 
 /// One change a transaction made, as the undo journal keeps it: what a
@@ -580,7 +586,12 @@ impl MemoryState {
             new.by_status[a].insert(key);
             new.counts[a] += 1;
             if after.status.is_terminal() && !before.status.is_terminal() {
-                new.count_end(after.finished_at.unwrap_or(r.updated_at), after.status);
+                let at = after.finished_at.unwrap_or(r.updated_at);
+                if self.undo.is_some() {
+                    self.deferred_ends.push((after.group, at, after.status));
+                } else if !self.undoing {
+                    new.count_end(at, after.status);
+                }
             }
         }
         if before.status == RunStatus::Failed {
@@ -1004,10 +1015,17 @@ impl StoreTx for MemoryTx<'_> {
         let Some(journal) = self.0.undo.take() else {
             return;
         };
+        let ends = std::mem::take(&mut self.0.deferred_ends);
         if !undo {
+            for (g, at, status) in ends {
+                if let Some(grp) = self.0.q.groups.get_mut(g as usize) {
+                    grp.count_end(at, status);
+                }
+            }
             return;
         }
         let s = &mut *self.0;
+        s.undoing = true;
         for change in journal.into_iter().rev() {
             match change {
                 Undo::Row(row) => {
@@ -1055,6 +1073,7 @@ impl StoreTx for MemoryTx<'_> {
                 }
             }
         }
+        s.undoing = false;
     }
 
     fn next_seq(&mut self) -> u64 {

@@ -144,11 +144,11 @@ export function createDashboard(orchestrator: JobOrchestrator, opts: DashboardOp
   const runLink = (id: string, a: Access, text?: string): Html => html`<a class="id" href="${link(`/runs/${encodeURIComponent(id)}`, {}, a)}">${text ?? id}</a>`;
 
   async function overview(a: Access): Promise<string> {
-    const counts = await o.countByPoolAndStatus(a.tenantId === undefined ? undefined : a.tenantId);
-    const failed = await o.listRecentFailed(20, a.tenantId === undefined ? undefined : a.tenantId);
+    const counts = await o.countByPoolAndStatus(a.tenantId);
+    const failed = await o.listRecentFailed(20, a.tenantId);
     const pools = [...new Set(counts.map((c) => c.pool))].sort();
     const count = (p: string, s: string): number => counts.find((c) => c.pool === p && c.status === s)?.count ?? 0;
-    const minutes = await o.throughput(a.tenantId === undefined ? {} : { tenantId: a.tenantId });
+    const minutes = await o.throughput({ tenantId: a.tenantId });
     const byType = new Map<string, number>();
     for (const f of failed) byType.set(f.jobType, (byType.get(f.jobType) ?? 0) + 1);
     const body = html`<section><h2>Ended in the last hour, per minute</h2>${chart(minutes)}</section>
@@ -197,7 +197,7 @@ ${failed.map((f) => html`<tr><td>${runLink(f.runId, a, f.runId.slice(0, 8))}</td
       poolId: pool === '' ? undefined : pool,
       cursor,
       limit: 50,
-      ...(a.tenantId === undefined ? {} : { tenantId: a.tenantId }),
+      tenantId: a.tenantId,
     };
     const pageOf = await o.listJobRuns(q);
     const body = html`<form class="filters" method="get" action="${link('/runs')}">
@@ -218,8 +218,8 @@ ${pageOf.nextCursor ? html`<p><a class="next" href="${link('/runs', { status: st
   }
 
   async function run(a: Access, id: string, url: URL): Promise<string> {
-    const tenant = a.tenantId === undefined ? {} : { tenantId: a.tenantId };
-    const r: JobRun | null = UUID.test(id) ? await o.getRun(id, a.tenantId === undefined ? undefined : a.tenantId) : null;
+    const tenant = { tenantId: a.tenantId };
+    const r: JobRun | null = UUID.test(id) ? await o.getRun(id, a.tenantId) : null;
     if (!r) throw new HttpError(404, `run ${id} not found`);
     const steps = await o.listSteps(id, tenant);
     const events = await o.listRunEvents(id, { ...tenant, limit: 500, cursor: url.searchParams.get('events') ?? undefined });
@@ -265,7 +265,7 @@ ${root ? html`<section><h2>Run tree</h2><ul class="tree">${tree(root, r.id, a)}<
   }
 
   async function schedules(a: Access): Promise<string> {
-    const list = await o.listSchedules(a.tenantId === undefined ? {} : { tenantId: a.tenantId });
+    const list = await o.listSchedules({ tenantId: a.tenantId });
     const body = html`<table><thead><tr><th>name</th><th>job type</th><th>timing</th><th>next fire</th><th>last fire</th><th>last run</th><th>last error</th></tr></thead><tbody>
 ${list.map((s) => html`<tr><td>${s.name}</td><td>${s.jobType}</td><td>${s.cron ? `cron ${s.cron} (${s.timezone ?? 'UTC'})` : `every ${s.everyMs} ms`}</td><td>${when(s.nextRunAt)}</td><td>${when(s.lastRunAt)}</td><td>${s.lastRunId ? runLink(s.lastRunId, a, s.lastRunId.slice(0, 8)) : '—'}</td><td class="err">${(s as { lastError?: string | null }).lastError ?? ''}</td></tr>`)}
 </tbody></table>${list.length === 0 ? html`<p class="note">No schedules.</p>` : ''}`;
@@ -284,17 +284,16 @@ ${list.map((s) => html`<tr><td>${s.name}</td><td>${s.jobType}</td><td>${s.cron ?
     const a = await access(req, 'read', url);
     const run = url.searchParams.get('run');
     if (run !== null && !UUID.test(run)) throw new HttpError(404, `run ${run} not found`);
-    const tenant = a.tenantId === undefined ? undefined : a.tenantId;
     // What the page shows may have changed when this does: the run's row;
     // else the live gauges and this process's counters (the metrics text:
     // O(live runs), not a count of every run each second) and the newest
     // failure (an index's first entry).
     const look = async (): Promise<string> => {
       if (run !== null) {
-        const r = await o.getRun(run, tenant);
+        const r = await o.getRun(run, a.tenantId);
         return r ? `${r.status} ${r.updatedAt.getTime()}` : 'gone';
       }
-      const failed = await o.listRecentFailed(1, tenant);
+      const failed = await o.listRecentFailed(1, a.tenantId);
       return `${await o.metrics()}${failed[0]?.runId ?? ''}`;
     };
     let last = await look();
@@ -359,10 +358,10 @@ ${list.map((s) => html`<tr><td>${s.name}</td><td>${s.jobType}</td><td>${s.cron ?
     const want = Buffer.from(csrf);
     if (token.length !== want.length || !timingSafeEqual(token, want)) throw new HttpError(403, 'missing or stale form token (reload the page)');
     if (!UUID.test(id)) throw new HttpError(404, `run ${id} not found`);
-    const tenant = a.tenantId === undefined ? {} : { tenantId: a.tenantId };
+    const tenant = { tenantId: a.tenantId };
     if (action === 'cancel') {
       // Only a run this request may see (cancel of another tenant's run is a no-op anyway).
-      if (!(await o.getRun(id, a.tenantId === undefined ? undefined : a.tenantId))) throw new HttpError(404, `run ${id} not found`);
+      if (!(await o.getRun(id, a.tenantId))) throw new HttpError(404, `run ${id} not found`);
       await o.cancel(id, { cascade: true, reason: 'dashboard', ...tenant });
     } else {
       await o.replay(id, tenant);

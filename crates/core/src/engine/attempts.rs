@@ -607,6 +607,7 @@ impl<S: Store> Engine<S> {
             if run.status != RunStatus::Running || run.claim_epoch != *epoch {
                 continue;
             }
+            let attempt = run.attempts + 1;
             let claimed = claimed.or(run.claimed_at.get());
             let started_before =
                 matches!((run.started_at.get(), claimed), (Some(s), Some(c)) if s < c);
@@ -620,7 +621,6 @@ impl<S: Store> Engine<S> {
                 r.executing = false;
                 r.clear_wait();
             });
-            let attempt = run_attempt(tx, run_id);
             self.note(tx, run_id, EventKind::Released, now, attempt, || None);
             n += 1;
         }

@@ -75,18 +75,11 @@ pub(super) struct Metrics {
 impl Metrics {
     fn with(&self, r: &RunRow, f: impl FnOnce(&mut Series)) {
         let mut m = self.series.lock().unwrap_or_else(|p| p.into_inner());
-        if !m.contains_key(&*r.job_type) {
-            m.insert(r.job_type.clone(), Map::default());
+        if let Some(s) = m.get_mut(&*r.job_type).and_then(|p| p.get_mut(&*r.pool)) {
+            return f(s);
         }
-        let Some(pools) = m.get_mut(&*r.job_type) else {
-            return;
-        };
-        if !pools.contains_key(&*r.pool) {
-            pools.insert(r.pool.clone(), Series::default());
-        }
-        if let Some(s) = pools.get_mut(&*r.pool) {
-            f(s);
-        }
+        let pools = m.entry(r.job_type.clone()).or_default();
+        f(pools.entry(r.pool.clone()).or_default());
     }
 
     /// A run row was inserted (started).

@@ -134,12 +134,10 @@ pub struct MemoryState {
     /// How to undo what the current transaction changed, while one asked
     /// (`StoreTx::begin_undo`): this store has no rollback of its own.
     undo: Option<Vec<Undo>>,
-    /// Ends (`Group::count_end`) made while an undo journal is kept: counted
-    /// only if the transaction keeps its changes, so a refused `start_many`
-    /// (whose runs never existed) adds no end.
-    deferred_ends: Vec<(u32, Millis, RunStatus)>,
-    /// The journal is being undone: what it does counts no end.
-    undoing: bool,
+    /// Ends (`Group::count_end`) made while an undo journal is kept or
+    /// undone: counted only if the transaction keeps its changes, so a
+    /// refused `start_many` (whose runs never existed) adds no end.
+    deferred_ends: Option<Vec<(u32, Millis, RunStatus)>>,
 }
 
 /// One change a transaction made, as the undo journal keeps it: what a
@@ -209,17 +207,7 @@ struct Group {
 /// How many minutes of `Group::ended` are kept (`StoreTx::ended_per_minute`).
 pub const ENDED_MINUTES: i64 = 60;
 
-/// `Group::ended`'s slot of a terminal status.
-fn ended_slot(s: RunStatus) -> Option<usize> {
-    match s {
-        RunStatus::Completed => Some(0),
-        RunStatus::Failed => Some(1),
-        RunStatus::TimedOut => Some(2),
-        RunStatus::Canceled => Some(3),
-        _ => None,
-    }
-}
-
+/// The terminal statuses, in the order of `Group::ended`'s counts.
 const ENDED_STATUSES: [RunStatus; 4] = [
     RunStatus::Completed,
     RunStatus::Failed,
@@ -228,42 +216,30 @@ const ENDED_STATUSES: [RunStatus; 4] = [
 ];
 
 impl Group {
-    /// Counts one run that ended at `at` with `status`. O(1) but for an
-    /// end older than the newest minute (a late clock), O(minutes kept).
+    /// Counts one run that ended at `at` with `status` into its minute
+    /// (kept in order; an end older than the minutes kept is dropped), and
+    /// lets minutes too old go. O(log minutes kept).
     fn count_end(&mut self, at: Millis, status: RunStatus) {
-        let Some(slot) = ended_slot(status) else {
+        let Some(slot) = ENDED_STATUSES.iter().position(|s| *s == status) else {
             return;
         };
         let minute = at.div_euclid(60_000);
-        let newest = self.ended.back().map(|(m, _)| *m);
-        match newest {
-            Some(m) if m == minute => {
-                if let Some((_, n)) = self.ended.back_mut() {
-                    n[slot] += 1;
-                }
-            }
-            Some(m) if m > minute => {
-                if let Some((_, n)) = self.ended.iter_mut().rev().find(|(x, _)| *x == minute) {
-                    n[slot] += 1;
-                } else if minute > m - ENDED_MINUTES {
-                    let i = self.ended.partition_point(|(m, _)| *m < minute);
-                    let mut n = [0; 4];
-                    n[slot] = 1;
-                    self.ended.insert(i, (minute, n));
-                }
-            }
+        let oldest_kept =
+            self.ended.back().map_or(minute, |(m, _)| (*m).max(minute)) - ENDED_MINUTES;
+        if minute <= oldest_kept {
+            return;
+        }
+        let i = self.ended.partition_point(|(m, _)| *m < minute);
+        match self.ended.get_mut(i) {
+            Some((m, n)) if *m == minute => n[slot] += 1,
             _ => {
                 let mut n = [0; 4];
                 n[slot] = 1;
-                self.ended.push_back((minute, n));
-                while self
-                    .ended
-                    .front()
-                    .is_some_and(|(m, _)| *m <= minute - ENDED_MINUTES)
-                {
-                    self.ended.pop_front();
-                }
+                self.ended.insert(i, (minute, n));
             }
+        }
+        while self.ended.front().is_some_and(|(m, _)| *m <= oldest_kept) {
+            self.ended.pop_front();
         }
     }
 }
@@ -587,10 +563,9 @@ impl MemoryState {
             new.counts[a] += 1;
             if after.status.is_terminal() && !before.status.is_terminal() {
                 let at = after.finished_at.unwrap_or(r.updated_at);
-                if self.undo.is_some() {
-                    self.deferred_ends.push((after.group, at, after.status));
-                } else if !self.undoing {
-                    new.count_end(at, after.status);
+                match self.deferred_ends.as_mut() {
+                    Some(ends) => ends.push((after.group, at, after.status)),
+                    None => new.count_end(at, after.status),
                 }
             }
         }
@@ -1005,6 +980,7 @@ impl StoreTx for MemoryTx<'_> {
 
     fn begin_undo(&mut self) {
         self.0.undo = Some(Vec::new());
+        self.0.deferred_ends = Some(Vec::new());
     }
 
     /// Undoes the journal newest first: rows back as they were (re-indexed
@@ -1015,9 +991,8 @@ impl StoreTx for MemoryTx<'_> {
         let Some(journal) = self.0.undo.take() else {
             return;
         };
-        let ends = std::mem::take(&mut self.0.deferred_ends);
         if !undo {
-            for (g, at, status) in ends {
+            for (g, at, status) in self.0.deferred_ends.take().unwrap_or_default() {
                 if let Some(grp) = self.0.q.groups.get_mut(g as usize) {
                     grp.count_end(at, status);
                 }
@@ -1025,7 +1000,6 @@ impl StoreTx for MemoryTx<'_> {
             return;
         }
         let s = &mut *self.0;
-        s.undoing = true;
         for change in journal.into_iter().rev() {
             match change {
                 Undo::Row(row) => {
@@ -1073,7 +1047,8 @@ impl StoreTx for MemoryTx<'_> {
                 }
             }
         }
-        s.undoing = false;
+        // What the undo itself ended (the runs it removed) never happened.
+        s.deferred_ends = None;
     }
 
     fn next_seq(&mut self) -> u64 {

@@ -1737,6 +1737,18 @@ const SQL_PUT_SCHEDULE: &str = "INSERT INTO {S}.job_schedule (name, tenant_id, j
 const SQL_DELETE_SCHEDULE: &str =
     "DELETE FROM {S}.job_schedule WHERE {T} AND name = $2 RETURNING name";
 
+/// Rows of `(key, status, count)` (the count queries), rows that do not
+/// read as such left out.
+fn status_counts_of<K>(rows: &[Row], key: impl Fn(&Row) -> Option<K>) -> Vec<(K, RunStatus, u64)> {
+    rows.iter()
+        .filter_map(|r| {
+            let status = RunStatus::parse(r.try_get(1).ok()?)?;
+            let n: i64 = r.try_get(2).ok()?;
+            Some((key(r)?, status, n.max(0) as u64))
+        })
+        .collect()
+}
+
 fn schedule_from_row(r: &Row) -> Option<ScheduleRow> {
     let timing = match (
         r.try_get::<_, Option<&str>>(4).ok()?,
@@ -2854,15 +2866,8 @@ impl StoreTx for PgTx<'_> {
 
     fn status_counts(&self, tenant: TenantRef<'_>) -> Vec<(Arc<str>, RunStatus, u64)> {
         let rows = self.query(SQL_COUNTS, &[&tenant], Self::tenant_null(tenant));
-        let mut out: Vec<(Arc<str>, RunStatus, u64)> = rows
-            .iter()
-            .filter_map(|r| {
-                let pool: &str = r.try_get(0).ok()?;
-                let status = RunStatus::parse(r.try_get(1).ok()?)?;
-                let n: i64 = r.try_get(2).ok()?;
-                Some((Arc::from(pool), status, n.max(0) as u64))
-            })
-            .collect();
+        let mut out: Vec<(Arc<str>, RunStatus, u64)> =
+            status_counts_of(&rows, |r| r.try_get::<_, &str>(0).ok().map(Arc::from));
         out.sort_by(|a, b| a.0.cmp(&b.0).then(a.1.as_str().cmp(b.1.as_str())));
         out
     }
@@ -2873,26 +2878,12 @@ impl StoreTx for PgTx<'_> {
         since: Millis,
     ) -> Vec<(Millis, RunStatus, u64)> {
         let rows = self.query(SQL_ENDED, &[&tenant, &Ms(since)], Self::tenant_null(tenant));
-        rows.iter()
-            .filter_map(|r| {
-                let minute: i64 = r.try_get(0).ok()?;
-                let status = RunStatus::parse(r.try_get(1).ok()?)?;
-                let n: i64 = r.try_get(2).ok()?;
-                Some((minute, status, n.max(0) as u64))
-            })
-            .collect()
+        status_counts_of(&rows, |r| r.try_get::<_, i64>(0).ok())
     }
 
     fn live_counts(&self) -> Vec<(Arc<str>, RunStatus, u64)> {
         let rows = self.query(SQL_LIVE_COUNTS, &[], None);
-        rows.iter()
-            .filter_map(|r| {
-                let pool: &str = r.try_get(0).ok()?;
-                let status = RunStatus::parse(r.try_get(1).ok()?)?;
-                let n: i64 = r.try_get(2).ok()?;
-                Some((Arc::from(pool), status, n.max(0) as u64))
-            })
-            .collect()
+        status_counts_of(&rows, |r| r.try_get::<_, &str>(0).ok().map(Arc::from))
     }
 
     fn recent_failed(&self, tenant: TenantRef<'_>, limit: usize) -> Vec<RunId> {

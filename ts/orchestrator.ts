@@ -46,6 +46,7 @@ import {
   workerOptions,
   type StartOptionsInput,
 } from './validate';
+import { Tracing } from './tracing';
 import { fromTuple } from './wire';
 import { WorkerRuntime, type WorkerHandle } from './worker';
 
@@ -80,6 +81,15 @@ export interface JobOrchestratorOptions {
    * the row itself) and the settle path writes nothing more.
    */
   timeline?: boolean | undefined;
+  /**
+   * OpenTelemetry tracing, when `@opentelemetry/api` is installed (an
+   * optional peer dependency) and a tracer provider is registered: `start`
+   * records the active span's context on the run (tags `traceparent`,
+   * `tracestate`), each attempt is a span under it, each `ctx.step` a span
+   * under the attempt (see `ts/tracing.ts`). Default: true. False: the
+   * package is never loaded.
+   */
+  tracing?: boolean | undefined;
   /**
    * Where runs live: `'memory'` (default; this process only) or
    * `'postgres'` (any number of processes on one database; needs
@@ -270,6 +280,7 @@ export class JobOrchestrator<Jobs extends JobMap = AnyJobs> {
   private readonly attempts = new Attempts();
   private readonly events: RunEvents;
   private readonly executor: Executor;
+  private readonly tracing: Tracing | null;
   /** The orchestrator's own messages (see `JobOrchestratorOptions.logger`). */
   private readonly logger: JobLogger;
   private worker: WorkerRuntime | null = null;
@@ -312,6 +323,10 @@ export class JobOrchestrator<Jobs extends JobMap = AnyJobs> {
     if (options.timeline !== undefined && typeof options.timeline !== 'boolean') {
       throw new JobInputInvalidError(`timeline must be a boolean, got ${String(options.timeline)}`);
     }
+    if (options.tracing !== undefined && typeof options.tracing !== 'boolean') {
+      throw new JobInputInvalidError(`tracing must be a boolean, got ${String(options.tracing)}`);
+    }
+    const tracing = (this.tracing = Tracing.create(options.tracing));
     const core = { multiTenant: this.multiTenant, clock, retention: options.retention, timeline: options.timeline };
     if (backend === 'postgres') {
       checkPostgresOptions(options.postgres);
@@ -323,12 +338,14 @@ export class JobOrchestrator<Jobs extends JobMap = AnyJobs> {
     this.executor = new Executor(this.handlers, {
       store,
       clock: store.clock,
+      tracing,
       loggerFactory,
       logger: this.logger,
       // The untyped signature: the child's type and input were checked
       // against the job map where ctx.spawnChild was called.
       start: (type, input, opts) => (this as JobOrchestrator).start(type, input, opts),
-      prepare: (type, input, opts) => prepareStart(type, input, opts, this.handlers.get(type)),
+      prepare: (type, input, opts) =>
+        prepareStart(type, input, tracing === null ? opts : (tracing.stamp(opts) as StartOptionsInput), this.handlers.get(type)),
     });
   }
 
@@ -421,6 +438,8 @@ export class JobOrchestrator<Jobs extends JobMap = AnyJobs> {
   start<K extends OptionalInputName<Jobs>>(type: K, input?: Jobs[K] | null, opts?: StartOptions, tx?: unknown): Promise<JobRun>;
   start(type: string, input?: unknown, opts?: StartOptions, tx?: unknown): Promise<JobRun> {
     void tx;
+    // Before any wait: the active span is the caller's only until it awaits.
+    if (this.tracing !== null) opts = this.tracing.stamp(opts) as StartOptions | undefined;
     const wait = this.store.ready();
     if (wait !== null) return wait.then(() => this.store.start(prepareStart(type, input, opts, this.handlers.get(type))));
     // The hot path: no closure, no extra promise.
@@ -446,6 +465,7 @@ export class JobOrchestrator<Jobs extends JobMap = AnyJobs> {
    * `[]`. On PostgreSQL the new rows go in with one multi-row insert.
    */
   startMany(entries: StartEntry<Jobs>[]): Promise<JobRun[]> {
+    if (this.tracing !== null) entries = this.tracing.stampMany(entries) as StartEntry<Jobs>[];
     const run = (): Promise<JobRun[]> => {
       const prepared = prepareMany(entries, (type) => this.handlers.get(type));
       return prepared.length === 0 ? Promise.resolve([]) : this.store.startMany(prepared);

@@ -4,6 +4,7 @@
  */
 
 import { JobRunStateError } from '../errors';
+import type { AttemptTrace } from '../tracing';
 
 /** The run status an attempt's abort reason means. */
 export const ABORTED_STATUS: Record<string, string> = { canceled: 'canceled', timed_out: 'timed_out', shutdown: 'pending' };
@@ -19,6 +20,8 @@ export class Attempt {
   private waiters?: (() => void)[] | undefined;
   /** Set while the handler races its abort: ends the race. */
   onAbort?: (() => void) | undefined;
+  /** The attempt's span, while a tracer records (see `Tracing.attempt`). */
+  trace: AttemptTrace | null = null;
   /** The worker executing this attempt (worker attempts only; see `WorkerRuntime.execute`). */
   worker?: object | undefined;
   /**

@@ -15,6 +15,7 @@ import type { PreparedStart } from '../backend/backend';
 import { checkRetryPolicy, checkSpawnOptions, checkStepOptions, checkWaitOptions, dateMs, retryPolicyWire, type StartOptionsInput } from '../validate';
 import { describeFailure, type Ticket, type WaitAnswer } from '../wire';
 import { ABORTED_STATUS, type Attempt } from './attempt';
+import type { StepTrace, Tracing } from '../tracing';
 
 /** What a step call needs from the engine (one backend's operations). */
 export interface StepStore {
@@ -35,6 +36,8 @@ export interface StepStore {
 export interface ContextHost {
   readonly store: StepStore;
   readonly clock: EngineClock;
+  /** OpenTelemetry, when `@opentelemetry/api` is installed and not turned off. */
+  readonly tracing: Tracing | null;
   loggerFactory(run: JobRun): JobLogger;
   /** The orchestrator's own messages. */
   readonly logger: JobLogger;
@@ -313,7 +316,9 @@ async function runStep<T>(
   // A running step keeps the attempt from parking on its waits.
   attempt.stepsRunning++;
   try {
-    return await stepLoop(store, clock, runId, epoch, attempt, stepId, fn, timeoutMs, policyText);
+    const trace = attempt.trace;
+    if (trace === null) return await stepLoop(store, clock, runId, epoch, attempt, stepId, fn, timeoutMs, policyText, null);
+    return await trace.step(stepId, (st) => stepLoop(store, clock, runId, epoch, attempt, stepId, fn, timeoutMs, policyText, st));
   } finally {
     attempt.stepsRunning--;
     attempt.considerPark();
@@ -330,14 +335,20 @@ async function stepLoop<T>(
   fn: () => Promise<T> | T,
   timeoutMs: number | undefined,
   policyText: string | null,
+  trace: StepTrace | null,
 ): Promise<T> {
   for (;;) {
     const begin = await store.stepBegin(runId, epoch, stepId);
-    if (begin.memoized) return begin.output as T;
+    if (begin.memoized) {
+      trace?.memoized();
+      return begin.output as T;
+    }
+    trace?.tryBegan(begin.attempt);
     let value: T;
     try {
       value = await withTimeout(clock, Promise.resolve().then(fn), stepId, timeoutMs);
     } catch (err) {
+      trace?.tryFailed(err);
       const failure = JSON.stringify(describeFailure(err));
       const failedAt = clock.now();
       const delay = await store.stepFail(runId, epoch, stepId, failure, policyText);

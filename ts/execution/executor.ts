@@ -32,11 +32,14 @@ export class Executor {
    */
   run(ticket: Ticket, attempt: Attempt, done: (outcome: Outcome | null) => void): void {
     let settled = false;
+    const trace = this.host.tracing === null ? null : this.host.tracing.attempt(ticket);
+    attempt.trace = trace;
     // Also the abort hook: called with no argument, the attempt has no outcome.
     const settle = (outcome?: Outcome | null): void => {
       if (settled) return;
       settled = true;
       attempt.onAbort = undefined;
+      trace?.end(outcome ? outcome.status : (attempt.abortReason ?? 'aborted'));
       if (outcome !== PARKED) attempt.onPark = undefined;
       done(outcome ?? null);
     };
@@ -67,8 +70,9 @@ export class Executor {
     let result: unknown;
     attempt.handlerRunning = true;
     try {
-      result = this.invoke(reg, ticket, attempt);
+      result = trace === null ? this.invoke(reg, ticket, attempt) : trace.within(() => this.invoke(reg, ticket, attempt));
     } catch (e) {
+      trace?.failed(e);
       return end(failedOutcome(e));
     }
     // Promise.resolve: a native promise as is; a thenable (even one whose
@@ -84,7 +88,10 @@ export class Executor {
         }
         end(outcome);
       },
-      (e) => end(failedOutcome(e)),
+      (e) => {
+        trace?.failed(e);
+        end(failedOutcome(e));
+      },
     );
   }
 

@@ -16,7 +16,7 @@ use jobforge_core::{
 /// is shared (a new store implements these three traits in the core).
 pub trait AnyStore: Store + StoreAdmin + Coordination {}
 impl<S: Store + StoreAdmin + Coordination> AnyStore for S {}
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 use serde_json::Value;
 
@@ -740,7 +740,8 @@ fn list_run_events<S: AnyStore>(e: &Engine<S>, req: &str) -> Result<String> {
     Ok(wire::events_page_text(&events, next))
 }
 
-/// `[[minute ms, status, count], ...]`: runs that ended per minute.
+/// `{"since": first minute ms, "rows": [[minute ms, status, count], ...]}`:
+/// runs that ended per minute of the window starting at `since`.
 fn throughput<S: AnyStore>(e: &Engine<S>, req: &str) -> Result<String> {
     #[derive(Deserialize)]
     #[serde(deny_unknown_fields)]
@@ -759,9 +760,14 @@ fn throughput<S: AnyStore>(e: &Engine<S>, req: &str) -> Result<String> {
             )))
         }
     };
-    let rows = e.ended_per_minute(&r.tenant, minutes).map_err(to_napi)?;
-    let out: Vec<(i64, &str, u64)> = rows.iter().map(|(m, s, n)| (*m, s.as_str(), *n)).collect();
-    Ok(reply(&out))
+    #[derive(Serialize)]
+    struct Reply<'a> {
+        since: i64,
+        rows: Vec<(i64, &'a str, u64)>,
+    }
+    let (since, rows) = e.ended_per_minute(&r.tenant, minutes).map_err(to_napi)?;
+    let rows = rows.iter().map(|(m, s, n)| (*m, s.as_str(), *n)).collect();
+    Ok(reply(&Reply { since, rows }))
 }
 
 /// The Prometheus text itself (not JSON).

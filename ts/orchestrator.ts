@@ -764,9 +764,9 @@ export class JobOrchestrator<Jobs extends JobMap = AnyJobs> {
       checkOptions(o, CALL_OPTION_KEYS.throughput, 'throughput');
       checkCount('minutes', o.minutes);
       const minutes = o.minutes ?? 60;
-      const rows = await this.store.throughput(o.minutes, tenantOf(o));
-      const last = Math.floor(this.store.clock.now() / 60_000) * 60_000;
-      const first = last - (Math.min(Math.max(Math.floor(minutes), 1), 60) - 1) * 60_000;
+      // The window the engine read (a clock read here could be a minute later).
+      const { since: first, rows } = await this.store.throughput(o.minutes, tenantOf(o));
+      const last = first + (Math.min(Math.max(Math.floor(minutes), 1), 60) - 1) * 60_000;
       const out: JobThroughputMinute[] = [];
       for (let at = first; at <= last; at += 60_000) out.push({ at: new Date(at), completed: 0, failed: 0, timedOut: 0, canceled: 0 });
       const field = { completed: 'completed', failed: 'failed', timed_out: 'timedOut', canceled: 'canceled' } as const;

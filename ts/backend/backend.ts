@@ -126,7 +126,8 @@ export interface Backend extends StepStore {
   listRunEvents(runId: string, page: { cursor?: string | undefined; limit?: number | undefined }, tenant: Tenant): Promise<JobRunEventPage>;
   /** The Prometheus text exposition (see `JobOrchestrator.metrics`). */
   metrics(): Promise<string>;
-  throughput(minutes: number | undefined, tenant: Tenant): Promise<[number, string, number][]>;
+  /** Ends per minute and status, and the first minute of the window the engine read. */
+  throughput(minutes: number | undefined, tenant: Tenant): Promise<{ since: number; rows: [number, string, number][] }>;
 
   // ── schedules ──
   putSchedule(request: Record<string, unknown>): Promise<JobSchedule>;
@@ -433,8 +434,8 @@ export abstract class NativeBackend implements Partial<Backend> {
     return this.request('metrics', '{}', (t) => t);
   }
 
-  throughput(minutes: number | undefined, tenant: Tenant): Promise<[number, string, number][]> {
-    return this.request('throughput', requestJson({ minutes, tenant }), (t) => JSON.parse(t) as [number, string, number][]);
+  throughput(minutes: number | undefined, tenant: Tenant): Promise<{ since: number; rows: [number, string, number][] }> {
+    return this.request('throughput', requestJson({ minutes, tenant }), (t) => JSON.parse(t) as { since: number; rows: [number, string, number][] });
   }
 
   putSchedule(request: Record<string, unknown>): Promise<JobSchedule> {

@@ -262,7 +262,9 @@ fn ends_are_counted_per_minute<S: Store>(e: &Engine<S>) {
     let c = e.claim_next("batch").unwrap().unwrap();
     e.finish_attempt(&run.id, c.claim_epoch, failure("late"))
         .unwrap();
-    let got = e.ended_per_minute(&TenantArg::Missing, 60).unwrap();
+    let (since, got) = e.ended_per_minute(&TenantArg::Missing, 60).unwrap();
+    // The window the engine read: 60 minutes ending with the current one.
+    assert_eq!(since, minute0 + 120_000 - 59 * 60_000);
     assert_eq!(
         got,
         vec![
@@ -273,7 +275,10 @@ fn ends_are_counted_per_minute<S: Store>(e: &Engine<S>) {
     // The last minute only.
     assert_eq!(
         e.ended_per_minute(&TenantArg::Missing, 1).unwrap(),
-        vec![(minute0 + 120_000, RunStatus::Failed, 1)]
+        (
+            minute0 + 120_000,
+            vec![(minute0 + 120_000, RunStatus::Failed, 1)]
+        )
     );
 }
 

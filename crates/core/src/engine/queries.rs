@@ -161,18 +161,21 @@ impl<S: Store> Engine<S> {
 
     /// Runs of a tenant that ended in the last `minutes` minutes (1 to 60,
     /// the minute now included), per minute and terminal status, oldest
-    /// first (see `StoreTx::ended_per_minute`). O(pools × minutes) in
-    /// memory; O(runs ended since) on PostgreSQL.
+    /// first (see `StoreTx::ended_per_minute`), with the window's first
+    /// minute: the caller lays out the minutes of the window the engine
+    /// read, not of a clock read later (a minute boundary may fall
+    /// between). O(pools × minutes) in memory; O(runs ended since) on
+    /// PostgreSQL.
     pub fn ended_per_minute(
         &self,
         tenant: &TenantArg,
         minutes: u32,
-    ) -> Result<Vec<(Millis, RunStatus, u64)>> {
+    ) -> Result<(Millis, Vec<(Millis, RunStatus, u64)>)> {
         let filter = self.gate("throughput", tenant)?;
         let t = filter.flatten();
         let minutes = i64::from(minutes.clamp(1, 60));
         let since = (self.now().div_euclid(60_000) - (minutes - 1)) * 60_000;
-        self.read(|tx| Ok(tx.ended_per_minute(t.as_deref(), since)))
+        self.read(|tx| Ok((since, tx.ended_per_minute(t.as_deref(), since))))
     }
 
     /// How many runs a tenant has, whatever their status: the sum of the

@@ -33,6 +33,10 @@ pub struct ScopeQuery {
 /// Keyset position `(createdAt, id)` of the last row of a page.
 pub type PageCursor = (Millis, u128);
 
+/// The first minute of a throughput window, and its ends per minute and
+/// terminal status (`Engine::ended_per_minute`).
+pub type EndedWindow = (Millis, Vec<(Millis, RunStatus, u64)>);
+
 /// Filters of `list_job_runs`.
 #[derive(Debug, Clone, Default)]
 pub struct JobRunQuery {
@@ -166,11 +170,7 @@ impl<S: Store> Engine<S> {
     /// read, not of a clock read later (a minute boundary may fall
     /// between). O(pools × minutes) in memory; O(runs ended since) on
     /// PostgreSQL.
-    pub fn ended_per_minute(
-        &self,
-        tenant: &TenantArg,
-        minutes: u32,
-    ) -> Result<(Millis, Vec<(Millis, RunStatus, u64)>)> {
+    pub fn ended_per_minute(&self, tenant: &TenantArg, minutes: u32) -> Result<EndedWindow> {
         let filter = self.gate("throughput", tenant)?;
         let t = filter.flatten();
         let minutes = i64::from(minutes.clamp(1, 60));

@@ -776,3 +776,32 @@ postgresOnly('a due timeout against a refusing database is asked for less and le
   t.log(`${seen} connection attempts in 4 s`);
   t.true(seen <= 60, `${seen} connection attempts in 4 s`);
 });
+
+postgresOnly('listRunEvents: event kinds of a newer version are left out, and the pages after them still come', async (t, make) => {
+  const opts = make.options({ loggerFactory: () => silentLogger, clock: 'manual' });
+  const o = new JobOrchestrator(opts);
+  t.teardown(() => o.close());
+  await o.migrate();
+  o.registerHandler('ev.newer', {}, () => ({ ok: true }));
+  const run = await o.start('ev.newer', {});
+  const c = await o.claimNext('batch');
+  t.is(c?.id, run.id);
+  await o.tick(run.id);
+  const admin = await adminClient(t);
+  // Five events only a newer version knows, then a known one after them.
+  await admin.query(
+    `INSERT INTO "${opts.postgres?.schema}".job_event (run_id, at, kind, attempt, data)
+     SELECT $1, now(), 'from_a_newer_version', 1, NULL FROM generate_series(1, 5)`,
+    [run.id],
+  );
+  await o.replay(run.id);
+  const types: string[] = [];
+  let cursor: string | undefined;
+  for (let pages = 0; pages < 20; pages++) {
+    const page = await o.listRunEvents(run.id, { cursor, limit: 2 });
+    types.push(...page.items.map((e) => e.type));
+    if (page.nextCursor === null) break;
+    cursor = page.nextCursor;
+  }
+  t.deepEqual(types, ['created', 'started', 'completed', 'replayed']);
+});

@@ -2805,29 +2805,46 @@ impl StoreTx for PgTx<'_> {
     }
 
     fn run_events(&self, run: &RunId, after: u64, limit: usize) -> Vec<RunEvent> {
-        let after = after.min(i64::MAX as u64) as i64;
-        let limit = limit.min(i64::MAX as usize) as i64;
-        let rows = self.query(SQL_RUN_EVENTS, &[run, &after, &limit], None);
-        let mut out = Vec::with_capacity(rows.len());
-        for r in &rows {
-            let read = || -> std::result::Result<Option<RunEvent>, postgres::Error> {
-                // A kind this version does not know (written by a newer
-                // one) is left out of the page, not misnamed.
-                let Some(kind) = EventKind::parse(r.try_get(2)?) else {
-                    return Ok(None);
+        let mut after = after.min(i64::MAX as u64) as i64;
+        let mut out = Vec::with_capacity(limit.min(512));
+        // A kind this version does not know (written by a newer one) is
+        // left out of the page, not misnamed; the page is then filled from
+        // the rows after it, so a short page still means the last one.
+        while out.len() < limit {
+            let want = (limit - out.len()).min(i64::MAX as usize) as i64;
+            let rows = self.query(SQL_RUN_EVENTS, &[run, &after, &want], None);
+            let read_all = (rows.len() as i64) < want;
+            for r in &rows {
+                let read = || -> std::result::Result<(i64, Option<RunEvent>), postgres::Error> {
+                    let id = r.try_get::<_, i64>(0)?;
+                    let Some(kind) = EventKind::parse(r.try_get(2)?) else {
+                        return Ok((id, None));
+                    };
+                    Ok((
+                        id,
+                        Some(RunEvent {
+                            id: id.max(0) as u64,
+                            run: *run,
+                            at: r.try_get::<_, Ms>(1)?.0,
+                            kind,
+                            attempt: r.try_get::<_, i32>(3)?.max(0) as u32,
+                            data: r.try_get::<_, Option<JsonText>>(4)?.map(|j| j.0),
+                        }),
+                    ))
                 };
-                Ok(Some(RunEvent {
-                    id: r.try_get::<_, i64>(0)?.max(0) as u64,
-                    run: *run,
-                    at: r.try_get::<_, Ms>(1)?.0,
-                    kind,
-                    attempt: r.try_get::<_, i32>(3)?.max(0) as u32,
-                    data: r.try_get::<_, Option<JsonText>>(4)?.map(|j| j.0),
-                }))
-            };
-            match read() {
-                Ok(e) => out.extend(e),
-                Err(e) => self.fail(e),
+                match read() {
+                    Ok((id, e)) => {
+                        after = after.max(id);
+                        out.extend(e);
+                    }
+                    Err(e) => {
+                        self.fail(e);
+                        return out;
+                    }
+                }
+            }
+            if read_all || rows.is_empty() {
+                break;
             }
         }
         out

@@ -166,9 +166,27 @@ test('dashboard: hostile values from every field of a run come out escaped', asy
   const c = await o.claimNext('p"><script>x</script>');
   await o.tick(c!.id);
   const base = await serve(t, o);
-  const pages = ['/', '/runs', '/runs?status=failed', `/runs/${run.id}`, '/schedules', `/runs?pool=${encodeURIComponent(evil[1]!)}`];
+  // A run waiting on a signal of a hostile name: its page (with actions) shows the name in the form.
+  o.registerHandler('dash.evil-wait', {}, async (ctx: JobContext<unknown>) => ctx.waitForSignal('w', { signal: evil.join('') }));
+  const waiting = await o.start('dash.evil-wait', {});
+  await o.tick((await o.claimNext('batch'))!.id);
+  const acting = await serve(t, o, { authorize: () => true });
+  const e = encodeURIComponent;
+  const pages = [
+    ...[
+      '/',
+      '/runs',
+      '/runs?status=failed',
+      `/runs/${run.id}`,
+      '/schedules',
+      `/runs?pool=${e(evil[1]!)}`,
+      `/runs?type=${e(type)}`,
+      `/runs?scopeType=${e(evil[1]!)}&scopeId=${e(evil[0]!)}`,
+    ].map((p) => `${base}${p}`),
+    `${acting}/runs/${waiting.id}`,
+  ];
   for (const p of pages) {
-    const { status, body } = await get(`${base}${p}`);
+    const { status, body } = await get(p);
     t.is(status, 200, p);
     // The one script element is the dashboard's own.
     const own = body.replace(/<script src="\/assets\/live\.js" data-events="[^"<>]*" defer><\/script>/, '');
@@ -185,6 +203,10 @@ test('dashboard: hostile values from every field of a run come out escaped', asy
   const detail = (await get(`${base}/runs/${run.id}`)).body;
   t.true(detail.includes('&lt;script&gt;alert(1)&lt;/script&gt;'), 'shown as text');
   t.true(detail.includes('&quot;&gt;&lt;img src=x onerror=alert(1)&gt;'));
+  t.true((await get(`${base}/runs?type=${e(type)}`)).body.includes(run.id.slice(0, 8)), 'the hostile type is found by its filter');
+  const form = (await get(`${acting}/runs/${waiting.id}`)).body;
+  t.true(form.includes('Send signal'));
+  t.true(form.includes('<input name="signal" value="&lt;script&gt;alert(1)&lt;/script&gt;&quot;&gt;&lt;img'), 'the signal name is escaped in the form');
 });
 
 test('dashboard: /events announces a change of what the page shows, and the page loads its own script only', async (t) => {
@@ -338,4 +360,181 @@ test('dashboard: a shared secret gives every replica the same form token; other 
   t.is((await fetch(`${at}/runs`, { method: 'DELETE' })).status, 405);
   t.is((await fetch(`${at}/events`, { method: 'HEAD' })).status, 405);
   t.is(passed, 1);
+});
+
+// ─── job type and scope filters; the signal action ─────────────────────────
+
+/** An href as the browser follows it (the page escapes `&` in attributes). */
+const hrefOf = (body: string, cls: string): string | null => {
+  const m = new RegExp(`<a class="${cls}" href="([^"]+)"`).exec(body);
+  return m ? m[1]!.replace(/&amp;/g, '&') : null;
+};
+
+forBackends('dashboard: runs filtered by job type and by scope, the filters kept in the paging links', async (t, make) => {
+  const o = await make.manual();
+  o.registerHandler('dash.a', {}, async () => ({}));
+  o.registerHandler('dash.b', {}, async () => ({}));
+  const acct = (entityId: string) => ({ entityType: 'acct', entityId });
+  const a7 = await o.startMany(Array.from({ length: 55 }, (_, i) => ({ type: 'dash.a' as const, input: { i }, opts: { scope: acct('7') } })));
+  const b7 = await o.startMany(Array.from({ length: 3 }, (_, i) => ({ type: 'dash.b' as const, input: { i }, opts: { scope: acct('7') } })));
+  const a8 = await o.start('dash.a', {}, { scope: acct('8') });
+  const b = await o.start('dash.b', {});
+  const base = await serve(t, o);
+  const short = (id: string): string => id.slice(0, 8);
+
+  const byType = await get(`${base}/runs?type=dash.b`);
+  t.is(byType.status, 200);
+  for (const r of [...b7, b]) t.true(byType.body.includes(short(r.id)), 'a run of the type');
+  t.false(byType.body.includes(short(a8.id)), 'another type is left out');
+  t.true(byType.body.includes('<input name="type" value="dash.b">'), 'the form shows the filter');
+
+  const byScope = await get(`${base}/runs?scopeType=acct&scopeId=8`);
+  t.true(byScope.body.includes(short(a8.id)));
+  t.false(byScope.body.includes(short(b.id)));
+  t.false(byScope.body.includes(short(a7[0]!.id)));
+
+  // 55 runs of dash.a in scope acct/7: two pages, the second through the link.
+  const first = await get(`${base}/runs?type=dash.a&scopeType=acct&scopeId=7`);
+  t.is((first.body.match(/<a class="id"/g) ?? []).length, 50);
+  const next = hrefOf(first.body, 'next');
+  t.truthy(next);
+  const params = new URL(next!, base).searchParams;
+  t.deepEqual([params.get('type'), params.get('scopeType'), params.get('scopeId')], ['dash.a', 'acct', '7'], 'the filters stay in the link');
+  const second = await get(`${base}${next}`);
+  t.is((second.body.match(/<a class="id"/g) ?? []).length, 5);
+  t.is(hrefOf(second.body, 'next'), null);
+  const listed = [first.body, second.body].join('');
+  t.true(a7.every((r) => listed.includes(short(r.id))), 'every run of the type in the scope');
+  t.false(listed.includes(short(b7[0]!.id)) || listed.includes(short(a8.id)));
+
+  const half = await get(`${base}/runs?scopeType=acct`);
+  t.is(half.status, 400, 'a scope needs both parts');
+  t.true(half.body.includes('both its entity type and its entity id'));
+
+  // Values typed into the form come back escaped, in the inputs and the link.
+  const evil = '"><script>alert(1)</script>';
+  const hostile = await get(`${base}/runs?type=${encodeURIComponent(evil)}&scopeType=${encodeURIComponent(evil)}&scopeId=x`);
+  t.is(hostile.status, 200);
+  t.false(hostile.body.includes('<script>alert(1)'));
+  t.true(hostile.body.includes('value="&quot;&gt;&lt;script&gt;alert(1)&lt;/script&gt;"'));
+  // The run page links its type and scope to these filters.
+  const detail = await get(`${base}/runs/${a8.id}`);
+  t.true(detail.body.includes(`href="/runs?type=dash.a"`));
+  t.true(detail.body.includes(`href="/runs?scopeType=acct&amp;scopeId=8"`));
+});
+
+test('dashboard: a job-type page that examined 5,000 runs before it filled says so and links on', async (t) => {
+  const o = manual();
+  o.registerHandler('dash.rare', {}, async () => ({}));
+  o.registerHandler('dash.common', {}, async () => ({}));
+  const rare = await o.startMany([{ type: 'dash.rare', input: {} }, { type: 'dash.rare', input: {} }]);
+  o.advanceTime(1);
+  for (let i = 0; i < 6; i++) await o.startMany(Array.from({ length: 1000 }, () => ({ type: 'dash.common' as const, input: {} })));
+  const base = await serve(t, o);
+  const first = await get(`${base}/runs?type=dash.rare`);
+  t.true(first.body.includes('This page looked at 5,000 runs'), 'the short page says why');
+  t.false(first.body.includes('No runs match.'));
+  t.false(rare.some((r) => first.body.includes(r.id.slice(0, 8))));
+  const next = hrefOf(first.body, 'next');
+  t.truthy(next, 'and links on');
+  const second = await get(`${base}${next}`);
+  t.true(rare.every((r) => second.body.includes(r.id.slice(0, 8))));
+  t.is(hrefOf(second.body, 'next'), null);
+});
+
+forBackends('dashboard: a run waiting on a signal offers "Send signal" named after its wait; the signal resumes it with the JSON payload', async (t, make) => {
+  const o = await make.manual();
+  o.registerHandler('dash.approve', {}, async (ctx: JobContext<unknown>) => {
+    const approval = await ctx.waitForSignal('approval', { signal: 'approve' });
+    const note = await ctx.waitForSignal('note');
+    return { approval, note };
+  });
+  const run = await o.start('dash.approve', {});
+  const c = await o.claimNext('batch');
+  await o.tick(c!.id);
+  t.is((await o.getRun(run.id))?.status, 'waiting');
+  const base = await serve(t, o, { authorize: () => true });
+  const page = await get(`${base}/runs/${run.id}`);
+  t.true(page.body.includes('Send signal'));
+  t.true(page.body.includes('<input name="signal" value="approve"'), 'the name it waits on, prefilled');
+  t.true(page.body.includes('signal &#39;approve&#39;'), 'what it waits on');
+  const csrf = csrfOf(page.body);
+  const url = `${base}/runs/${run.id}/signal`;
+
+  const bad = await post(url, { csrf, signal: 'approve', payload: '{"ok": tru' }, { origin: base });
+  t.is(bad.status, 400);
+  t.regex(await bad.text(), /the payload is not JSON/);
+  const nameless = await post(url, { csrf, signal: '', payload: '' }, { origin: base });
+  t.is(nameless.status, 400);
+  t.is((await o.getRun(run.id))?.status, 'waiting', 'a refused signal changed nothing');
+
+  const sent = await post(url, { csrf, signal: 'approve', payload: '{"ok": true, "by": "ops"}' }, { origin: base });
+  t.is(sent.status, 303);
+  t.is(sent.headers.get('location'), `/runs/${run.id}?signal=delivered`);
+  t.is((await o.getRun(run.id))?.status, 'pending', 'the wait took it: the run resumes');
+  t.true((await get(`${base}${sent.headers.get('location')}`)).body.includes('The signal was delivered'));
+  const c2 = await o.claimNext('batch');
+  await o.tick(c2!.id);
+  const next = await get(`${base}/runs/${run.id}`);
+  t.true(next.body.includes('<input name="signal" value="note"'), 'the next wait names the form');
+  // A name no wait asks for goes to the inbox; then the awaited one with no payload is null.
+  const inbox = await post(url, { csrf, signal: 'later', payload: '[1]' }, { origin: base });
+  t.is(inbox.headers.get('location'), `/runs/${run.id}?signal=inbox`);
+  t.is((await o.getRun(run.id))?.status, 'waiting');
+  t.is((await post(url, { csrf, signal: 'note', payload: '  ' }, { origin: base })).status, 303);
+  const c3 = await o.claimNext('batch');
+  await o.tick(c3!.id);
+  const done = await o.getRun(run.id);
+  t.is(done?.status, 'completed');
+  t.deepEqual(done?.output, { approval: { ok: true, by: 'ops' }, note: null });
+  const ended = await get(`${base}/runs/${run.id}`);
+  t.false(ended.body.includes('Send signal'), 'no signal form on an ended run');
+  t.is((await post(url, { csrf, signal: 'note', payload: '' }, { origin: base })).status, 409, 'a run that ended takes no signal');
+});
+
+test('dashboard: the signal action needs its token, the same origin and authorize(req, \'signal\'); a token wait cannot be resumed from here', async (t) => {
+  const o = manual({ multiTenant: true });
+  o.registerHandler('dash.sig', {}, async (ctx: JobContext<unknown>) => ({ got: await ctx.waitForSignal('go') }));
+  o.registerHandler('dash.tok', {}, async (ctx: JobContext<unknown>) => ({ got: await ctx.waitForToken('t', () => undefined) }));
+  const run = await o.start('dash.sig', {}, { tenantId: 'a' });
+  const theirs = await o.start('dash.sig', {}, { tenantId: 'b' });
+  const tok = await o.start('dash.tok', {}, { tenantId: 'a' });
+  for (let i = 0; i < 3; i++) {
+    const c = await o.claimNext('batch');
+    await o.tick(c!.id);
+  }
+  const asked: string[] = [];
+  const base = await serve(t, o, {
+    authorize: (req, action) => {
+      asked.push(action);
+      if (action === 'signal' && req.headers['x-user'] === 'viewer') return false;
+      return { tenantId: 'a' };
+    },
+  });
+  const page = await get(`${base}/runs/${run.id}`);
+  const csrf = csrfOf(page.body);
+  const url = `${base}/runs/${run.id}/signal`;
+  const form = { csrf, signal: 'go', payload: '1' };
+  t.is((await post(url, { ...form, csrf: 'forged' }, { origin: base })).status, 403, 'a wrong token');
+  t.is((await post(url, { signal: 'go', payload: '1' }, { origin: base })).status, 403, 'no token');
+  t.is((await post(url, form)).status, 403, 'no Origin nor Referer');
+  t.is((await post(url, form, { origin: 'https://evil.example' })).status, 403, 'another origin');
+  t.is((await post(url, form, { origin: base, 'x-user': 'viewer' })).status, 403, 'authorize said no to signal');
+  t.is((await fetch(url)).status, 405, 'GET is no action');
+  t.is((await post(`${base}/runs/${theirs.id}/signal`, form, { origin: base })).status, 404, 'another tenant\'s run');
+  t.is((await o.getRun(run.id, 'a'))?.status, 'waiting', 'nothing refused changed the run');
+  t.is((await o.getRun(theirs.id, 'b'))?.status, 'waiting');
+  t.true(asked.includes('signal'));
+  t.is((await post(url, form, { referer: `${base}/runs/${run.id}` })).status, 303);
+  t.is((await o.getRun(run.id, 'a'))?.status, 'pending');
+
+  const tokenPage = await get(`${base}/runs/${tok.id}`);
+  t.true(tokenPage.body.includes('waits on a resume token'), 'says why it cannot resume');
+  t.false(tokenPage.body.includes('Send signal'));
+
+  // Read-only (no authorize): no form, and the action is refused.
+  const ro = await serve(t, o);
+  t.false((await get(`${ro}/runs/${theirs.id}?tenant=b`)).body.includes('Send signal'));
+  t.is((await post(`${ro}/runs/${theirs.id}/signal?tenant=b`, form, { origin: ro })).status, 403);
+  t.is((await o.getRun(theirs.id, 'b'))?.status, 'waiting');
 });

@@ -1028,6 +1028,104 @@ test('listJobRuns: walking 10,000 runs (three tenants, pool filter, manual clock
   t.true(extra > 0);
 });
 
+/** Rows a listJobRuns page examines at most when it checks them one by one (`PAGE_WALK_BUDGET` in the engine). */
+const WALK_BUDGET = 5000;
+
+/** Starts `n` runs of `type` through startMany, in batches. */
+async function startN(o: JobOrchestrator, type: string, n: number, opts?: { tenantId?: string; scope?: { entityType: string; entityId: string } }): Promise<JobRun[]> {
+  const out: JobRun[] = [];
+  for (let i = 0; i < n; i += 1000) {
+    const k = Math.min(1000, n - i);
+    out.push(...(await o.startMany(Array.from({ length: k }, (_, j) => ({ type, input: { i: i + j }, opts })))));
+  }
+  return out;
+}
+
+forBackends('listJobRuns jobType: a page that examined 5,000 runs before it filled returns what it found and a cursor; paging on finds every match once', async (t, make) => {
+  const o = await make.manual();
+  o.registerHandler('qt.rare', {}, ok);
+  o.registerHandler('qt.common', {}, ok);
+  o.registerHandler('qt.none', {}, ok);
+  const old = await startN(o, 'qt.rare', 3);
+  o.advanceTime(1);
+  await startN(o, 'qt.common', WALK_BUDGET + 500);
+  o.advanceTime(1);
+  const young = await startN(o, 'qt.rare', 2);
+  const rare = newestFirst([...old, ...young]);
+
+  const w = await walkPages(o, { jobType: 'qt.rare', limit: 4 });
+  t.deepEqual(w.pages.map((p) => p.length), [2, 3], 'the first page ran out of rows to examine with 2 of its 4');
+  t.deepEqual(ids(w.items), ids(rare), 'every rare run once, newest first');
+  t.true(w.items.every((r) => r.jobType === 'qt.rare'));
+  const first = await o.listJobRuns({ jobType: 'qt.rare', limit: 4 });
+  t.is(first.items.length, 2);
+  t.is(typeof first.nextCursor, 'string', 'a short page with a cursor is not the last');
+
+  // No run of the type: empty pages with a cursor, then the end.
+  const none = await walkPages(o, { jobType: 'qt.none', limit: 50 });
+  t.deepEqual(none.pages.map((p) => p.length), [0, 0]);
+  // A dense type fills its pages.
+  const common = await o.listJobRuns({ jobType: 'qt.common', limit: 500 });
+  t.is(common.items.length, 500);
+  t.true(common.items.every((r) => r.jobType === 'qt.common'));
+
+  // With a status and a pool: the walk is over those runs.
+  await o.cancel(old[1]!.id);
+  const canceled = await walkPages(o, { jobType: 'qt.rare', status: 'canceled', limit: 4 });
+  t.deepEqual(ids(canceled.items), [old[1]!.id]);
+  const pending = await walkPages(o, { jobType: 'qt.rare', status: ['pending'], poolId: 'batch', limit: 1 });
+  t.deepEqual(ids(pending.items), ids(rare.filter((r) => r.id !== old[1]!.id)));
+});
+
+forBackends('listJobRuns scope: the scope\'s runs newest first in pages, with a job type, each tenant its own', async (t, make) => {
+  const o = await make.manual({ multiTenant: true });
+  o.registerHandler('qsc.a', {}, ok);
+  o.registerHandler('qsc.b', {}, ok);
+  const acct = (entityId: string) => ({ entityType: 'acct', entityId });
+  const mine: JobRun[] = [];
+  for (let i = 0; i < 24; i++) {
+    mine.push(await o.start(i % 3 === 0 ? 'qsc.b' : 'qsc.a', { i }, { tenantId: 'x', scope: acct(i % 4 === 0 ? '2' : '1') }));
+    await o.start('qsc.a', { i }, { tenantId: 'y', scope: acct('1') });
+    if (i % 5 === 0) o.advanceTime(1);
+  }
+  await o.start('qsc.a', {}, { tenantId: 'x' });
+  const scope1 = newestFirst(mine.filter((r) => r.scopeEntityId === '1'));
+  for (const limit of [1, 4, 50]) {
+    const w = await walkPages(o, { tenantId: 'x', scopeEntityType: 'acct', scopeEntityId: '1', limit });
+    t.deepEqual(ids(w.items), ids(scope1), `pages of ${limit}`);
+    t.true(w.pages.slice(0, -1).every((p) => p.length === limit), `full pages of ${limit}`);
+  }
+  const b = await walkPages(o, { tenantId: 'x', scopeEntityType: 'acct', scopeEntityId: '1', jobType: 'qsc.b', limit: 2 });
+  t.deepEqual(ids(b.items), ids(scope1.filter((r) => r.jobType === 'qsc.b')));
+  t.true(b.items.length > 0);
+  t.deepEqual((await o.listJobRuns({ tenantId: 'y', scopeEntityType: 'acct', scopeEntityId: '1', jobType: 'qsc.b' })).items, []);
+  t.is((await o.listJobRuns({ tenantId: 'y', scopeEntityType: 'acct', scopeEntityId: '1', limit: 500 })).items.length, 24);
+  t.deepEqual(await o.listJobRuns({ tenantId: 'z', scopeEntityType: 'acct', scopeEntityId: '1' }), { items: [], nextCursor: null });
+  t.deepEqual((await o.listJobRuns({ tenantId: 'x', scopeEntityType: 'acct', scopeEntityId: 'none' })).items, []);
+});
+
+forBackends('listJobRuns jobType and scope: the tenant gate, and bad values are JobInputInvalidError', async (t, make) => {
+  const o = await make.manual({ multiTenant: true });
+  o.registerHandler('qg.a', {}, ok);
+  const a = await o.start('qg.a', {}, { tenantId: 'a', scope: { entityType: 'acct', entityId: '1' } });
+  const b = await o.start('qg.a', {}, { tenantId: 'b', scope: { entityType: 'acct', entityId: '1' } });
+  t.deepEqual(ids((await o.listJobRuns({ tenantId: 'a', jobType: 'qg.a' })).items), [a.id]);
+  t.deepEqual(ids((await o.listJobRuns({ tenantId: 'b', scopeEntityType: 'acct', scopeEntityId: '1' })).items), [b.id]);
+  await isMissingTenant(t, o.listJobRuns({ jobType: 'qg.a' }), 'listJobRuns');
+  await isMissingTenant(t, o.listJobRuns({ scopeEntityType: 'acct', scopeEntityId: '1' }), 'listJobRuns');
+  const before = await o.listJobRuns({ tenantId: 'a' });
+  const bad: [string, ListJobRunsOptions][] = [
+    ['jobType 7', { jobType: 7 as unknown as string }],
+    ['jobType object', { jobType: {} as unknown as string }],
+    ['scopeEntityType alone', { scopeEntityType: 'acct' }],
+    ['scopeEntityId alone', { scopeEntityId: '1' }],
+    ['scopeEntityId number', { scopeEntityType: 'acct', scopeEntityId: 1 as unknown as string }],
+    ['scope object (unknown key)', { scope: { entityType: 'acct', entityId: '1' } } as unknown as ListJobRunsOptions],
+  ];
+  for (const [what, q] of bad) await isInvalid(t, o.listJobRuns({ tenantId: 'a', ...q }), what);
+  t.deepEqual(await o.listJobRuns({ tenantId: 'a' }), before, 'nothing changed');
+});
+
 // ─── getRunTree ─────────────────────────────────────────────────────────────
 
 function treeIds(n: RunTreeNode): unknown {

@@ -873,7 +873,9 @@ pub fn scope_query(v: &Value) -> Result<ScopeQuery> {
     })
 }
 
-/// `{poolId?, rootRunId?, status?, since?, cursor?, limit?}` of `listJobRuns`.
+/// `{poolId?, rootRunId?, status?, since?, jobType?, scopeEntityType?,
+/// scopeEntityId?, cursor?, limit?}` of `listJobRuns` (a scope is both of
+/// its keys or neither).
 pub fn job_run_query(v: &Value) -> Result<JobRunQuery> {
     let s = |k: &str| -> Result<Option<String>> {
         match v.get(k) {
@@ -890,11 +892,22 @@ pub fn job_run_query(v: &Value) -> Result<JobRunQuery> {
                 .ok_or_else(|| invalid("since must be a valid Date"))? as i64,
         ),
     };
+    let scope = match (s("scopeEntityType")?, s("scopeEntityId")?) {
+        (Some(et), Some(eid)) => Some((et, eid)),
+        (None, None) => None,
+        _ => {
+            return Err(invalid(
+                "scopeEntityType and scopeEntityId name a scope together: give both or neither",
+            ))
+        }
+    };
     Ok(JobRunQuery {
         pool: s("poolId")?,
         root_run_id: s("rootRunId")?,
         statuses: statuses_of(v)?,
         since,
+        job_type: s("jobType")?,
+        scope,
         cursor: s("cursor")?.map(|c| decode_cursor(&c)).transpose()?,
         limit: limit_of(v)?,
     })

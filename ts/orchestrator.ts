@@ -201,6 +201,11 @@ export interface ListJobRunsOptions extends TenantOptions {
   status?: JobRunStatus | JobRunStatus[] | undefined;
   /** Only runs created at or after this instant. */
   since?: Date | undefined;
+  /** Only runs of this job type (checked per row: see `listJobRuns`). */
+  jobType?: string | undefined;
+  /** Only runs of this scope: `scopeEntityType` and `scopeEntityId` together (as `listForScope` names it). */
+  scopeEntityType?: string | undefined;
+  scopeEntityId?: string | undefined;
   /** `nextCursor` of the previous page. */
   cursor?: string | undefined;
   limit?: number | undefined;
@@ -686,6 +691,19 @@ export class JobOrchestrator<Jobs extends JobMap = AnyJobs> {
    * family's `JobRunSummary` (no input, output or tags: `getRun` reads a
    * whole row). Pass `nextCursor` back as `cursor` for the next page; it is
    * null on the last page. `limit` default 50, max 500.
+   *
+   * Each page reads one index: the run tree (`rootRunId`), else the
+   * scope's runs (`scopeEntityType` + `scopeEntityId`), else the runs by
+   * pool and status. A filter that index does not hold — `jobType` always
+   * (no index of job types: it would cost every start) — is checked row by
+   * row, and such a page examines at most 5,000 rows: when they run out
+   * before the page is full, it holds the matches found (possibly none)
+   * and a `nextCursor` at the last row examined. So every call costs
+   * O(log n + 5,000) however rare the matches are, and paging on finds
+   * each match exactly once; a short page, even an empty one, is the last
+   * only when its `nextCursor` is null. (On PostgreSQL a scope's page
+   * reads the scope's r runs whole, O(r log k): no index orders a scope
+   * by `createdAt`.)
    */
   listJobRuns(opts: ListJobRunsOptions = {}): Promise<JobRunPage> {
     return settled(() => {
@@ -693,7 +711,17 @@ export class JobOrchestrator<Jobs extends JobMap = AnyJobs> {
       checkOptions(o, CALL_OPTION_KEYS.listJobRuns, 'listJobRuns');
       checkCount('limit', o.limit);
       const since = o.since === undefined ? undefined : requireDate(o.since, 'since');
-      const q = { poolId: o.poolId, rootRunId: o.rootRunId, status: o.status, since, cursor: o.cursor, limit: o.limit };
+      const q = {
+        poolId: o.poolId,
+        rootRunId: o.rootRunId,
+        status: o.status,
+        since,
+        jobType: o.jobType,
+        scopeEntityType: o.scopeEntityType,
+        scopeEntityId: o.scopeEntityId,
+        cursor: o.cursor,
+        limit: o.limit,
+      };
       return this.store.listJobRuns(q, tenantOf(o));
     });
   }

@@ -90,7 +90,7 @@ export const CALL_OPTION_KEYS = {
   cancel: new Set(['cascade', 'reason', 'tenantId']),
   waitForRun: new Set(['timeoutMs', 'tenantId']),
   listForScope: new Set(['status', 'jobType', 'limit', 'offset', 'orderBy', 'tenantId']),
-  listJobRuns: new Set(['poolId', 'rootRunId', 'status', 'since', 'cursor', 'limit', 'tenantId']),
+  listJobRuns: new Set(['poolId', 'rootRunId', 'status', 'since', 'jobType', 'scopeEntityType', 'scopeEntityId', 'cursor', 'limit', 'tenantId']),
   listRunEvents: new Set(['cursor', 'limit', 'tenantId']),
   throughput: new Set(['minutes', 'tenantId']),
   schedule: new Set(['jobType', 'input', 'cron', 'timezone', 'everyMs', 'tenantId']),

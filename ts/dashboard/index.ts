@@ -13,18 +13,22 @@
  *
  * Security: `authorize(req, action)` decides every read and action and may
  * pin the tenant the request sees; without it the dashboard answers only
- * loopback requests and is read-only (and says so). Actions are POST forms
- * carrying this dashboard's CSRF token, and a cross-origin `Origin` is
- * refused. Every value from a run is escaped (`html.ts`); the Content
- * Security Policy allows only the dashboard's own script.
+ * loopback requests and is read-only (and says so). Actions (cancel,
+ * replay, a signal to a run that waits for one) are POST forms carrying
+ * this dashboard's CSRF token, and a cross-origin `Origin` is refused.
+ * Every value from a run is escaped (`html.ts`); the Content Security
+ * Policy allows only the dashboard's own script.
  */
 import { createHmac, randomBytes, timingSafeEqual } from 'node:crypto';
 import type { IncomingMessage, ServerResponse } from 'node:http';
 import type { JobOrchestrator } from '../orchestrator';
-import type { JobRun, JobRunStatus, JobThroughputMinute, RunTreeNode } from '../rows';
+import type { JobRun, JobRunStatus, JobStep, JobThroughputMinute, RunTreeNode } from '../rows';
 import { esc, Html, html, json, when } from './html';
 
-export type DashboardAction = 'read' | 'cancel' | 'replay';
+export type DashboardAction = 'read' | 'cancel' | 'replay' | 'signal';
+
+/** The actions a run's page posts (each asks `authorize` under its name). */
+type RunAction = Exclude<DashboardAction, 'read'>;
 
 /**
  * Whether `req` may do `action`: `false` refuses (403); `true` allows (in
@@ -56,6 +60,10 @@ const STATUSES: JobRunStatus[] = ['pending', 'running', 'waiting', 'completed', 
 const TERMINAL = new Set<JobRunStatus>(['completed', 'failed', 'timed_out', 'canceled']);
 const UUID = /^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$/i;
 const MAX_FORM = 4096;
+/** A signal's form carries its payload: room for a JSON document. */
+const MAX_SIGNAL_FORM = 64 * 1024;
+/** Rows a `listJobRuns` page examines at most when it checks them one by one (the engine's `PAGE_WALK_BUDGET`). */
+const PAGE_WALK_BUDGET = 5000;
 
 /** Thrown inside a request: answered with its status and message. */
 class HttpError extends Error {
@@ -157,7 +165,7 @@ export function createDashboard(orchestrator: JobOrchestrator, opts: DashboardOp
 ${pools.map((p) => html`<tr><td>${p}</td>${STATUSES.map((s) => html`<td class="num"><a href="${link('/runs', { pool: p, status: s }, a)}">${count(p, s)}</a></td>`)}</tr>`)}
 </tbody></table>${pools.length === 0 ? html`<p class="note">No runs yet.</p>` : ''}</section>
 <section><h2>Failing job types (last ${failed.length} failures)</h2><table><thead><tr><th>job type</th><th>failures</th></tr></thead><tbody>
-${[...byType.entries()].sort((x, y) => y[1] - x[1]).map(([type, n]) => html`<tr><td>${type}</td><td class="num">${n}</td></tr>`)}
+${[...byType.entries()].sort((x, y) => y[1] - x[1]).map(([type, n]) => html`<tr><td><a href="${link('/runs', { type, status: 'failed' }, a)}">${type}</a></td><td class="num">${n}</td></tr>`)}
 </tbody></table></section>
 <section><h2>Recent failures</h2><table><thead><tr><th>run</th><th>job type</th><th>pool</th><th>attempts</th><th>error</th><th>failed at</th></tr></thead><tbody>
 ${failed.map((f) => html`<tr><td>${runLink(f.runId, a, f.runId.slice(0, 8))}</td><td>${f.jobType}</td><td>${f.pool}</td><td class="num">${f.attempts}</td><td class="err">${f.errorMessage ?? ''}</td><td>${when(f.failedAt)}</td></tr>`)}
@@ -188,26 +196,41 @@ ${failed.map((f) => html`<tr><td>${runLink(f.runId, a, f.runId.slice(0, 8))}</td
   }
 
   async function runs(a: Access, url: URL): Promise<string> {
-    const st = url.searchParams.get('status') ?? '';
-    const pool = url.searchParams.get('pool') ?? '';
+    const param = (k: string): string => url.searchParams.get(k) ?? '';
+    const st = param('status');
+    const pool = param('pool');
+    const type = param('type');
+    const scopeType = param('scopeType');
+    const scopeId = param('scopeId');
     const cursor = url.searchParams.get('cursor') ?? undefined;
     if (st !== '' && !STATUSES.includes(st as JobRunStatus)) throw new HttpError(400, `unknown status '${st}'`);
+    if ((scopeType === '') !== (scopeId === '')) throw new HttpError(400, 'a scope filter needs both its entity type and its entity id');
     const q = {
       status: st === '' ? undefined : (st as JobRunStatus),
       poolId: pool === '' ? undefined : pool,
+      jobType: type === '' ? undefined : type,
+      scopeEntityType: scopeType === '' ? undefined : scopeType,
+      scopeEntityId: scopeId === '' ? undefined : scopeId,
       cursor,
       limit: 50,
       tenantId: a.tenantId,
     };
     const pageOf = await o.listJobRuns(q);
+    const filters = { status: st, pool, type, scopeType, scopeId };
+    // A page cut short by the rows it may examine (see `listJobRuns`) says so.
+    const short = pageOf.nextCursor !== null && pageOf.items.length < q.limit;
     const body = html`<form class="filters" method="get" action="${link('/runs')}">
 ${a.tenantId !== undefined && a.tenantId !== null ? html`<input type="hidden" name="tenant" value="${a.tenantId}">` : ''}
 <label>status <select name="status"><option value="">any</option>${STATUSES.map((s) => html`<option${s === st ? new Html(' selected') : ''}>${s}</option>`)}</select></label>
-<label>pool <input name="pool" value="${pool}"></label><button type="submit">Filter</button></form>
+<label>pool <input name="pool" value="${pool}"></label>
+<label>job type <input name="type" value="${type}"></label>
+<label>scope <input name="scopeType" value="${scopeType}" placeholder="entity type" size="12"> <input name="scopeId" value="${scopeId}" placeholder="entity id" size="16"></label>
+<button type="submit">Filter</button></form>
 <table><thead><tr><th>run</th><th>job type</th><th>pool</th><th>status</th><th>attempts</th><th>created</th><th>error</th></tr></thead><tbody>
 ${pageOf.items.map((r) => html`<tr><td>${runLink(r.runId, a, r.runId.slice(0, 8))}</td><td>${r.jobType}</td><td>${r.pool}</td><td>${status(r.status)}</td><td class="num">${r.attempts}</td><td>${when(r.createdAt)}</td><td class="err">${r.errorMessage ?? ''}</td></tr>`)}
-</tbody></table>${pageOf.items.length === 0 ? html`<p class="note">No runs match.</p>` : ''}
-${pageOf.nextCursor ? html`<p><a class="next" href="${link('/runs', { status: st, pool, cursor: pageOf.nextCursor }, a)}">Older runs →</a></p>` : ''}`;
+</tbody></table>${pageOf.items.length === 0 && !short ? html`<p class="note">No runs match.</p>` : ''}
+${short ? html`<p class="note">This page looked at ${PAGE_WALK_BUDGET.toLocaleString('en')} runs (a filter no index holds, such as the job type, is checked run by run) and found ${pageOf.items.length}; older runs may match.</p>` : ''}
+${pageOf.nextCursor ? html`<p><a class="next" href="${link('/runs', { ...filters, cursor: pageOf.nextCursor }, a)}">Older runs →</a></p>` : ''}`;
     return page('Runs', a, body);
   }
 
@@ -224,32 +247,57 @@ ${pageOf.nextCursor ? html`<p><a class="next" href="${link('/runs', { status: st
     const steps = await o.listSteps(id, tenant);
     const events = await o.listRunEvents(id, { ...tenant, limit: 500, cursor: url.searchParams.get('events') ?? undefined });
     const root = await o.getRunTree(r.rootRunId, tenant);
+    const actionUrl = (action: RunAction): string => link(`/runs/${encodeURIComponent(id)}/${action}`, {}, a);
     const form = (action: 'cancel' | 'replay', label: string): Html =>
       a.canAct
-        ? html`<form method="post" action="${link(`/runs/${encodeURIComponent(id)}/${action}`, {}, a)}"><input type="hidden" name="csrf" value="${csrf}"><button type="submit" class="act act-${action}">${label}</button></form>`
+        ? html`<form method="post" action="${actionUrl(action)}"><input type="hidden" name="csrf" value="${csrf}"><button type="submit" class="act act-${action}">${label}</button></form>`
         : html``;
     const actions = TERMINAL.has(r.status) ? form('replay', 'Replay') : form('cancel', 'Cancel run');
+    // What the run waits on, from its open wait steps (a wait step's input is what it waits for).
+    const signals = TERMINAL.has(r.status) ? [] : openSignalWaits(steps);
+    const waitsOn = r.waitKind
+      ? `${r.waitKind}${r.waitKind === 'signal' && signals.length > 0 ? ` ${signals.map((n) => `'${n}'`).join(', ')}` : ''}${r.waitDeadline ? ` until ${when(r.waitDeadline)}` : ''}`
+      : '—';
+    const sent = url.searchParams.get('signal');
+    const signalNote =
+      sent === 'delivered'
+        ? html`<p class="note">The signal was delivered: a wait took it and the run resumes.</p>`
+        : sent === 'inbox'
+          ? html`<p class="note">No open wait took the signal: it waits in the run's inbox for the next wait of its name.</p>`
+          : '';
+    const signalForm =
+      a.canAct && (signals.length > 0 || (r.waitKind === 'signal' && !TERMINAL.has(r.status)))
+        ? html`<section><h2>Send a signal</h2><form class="signal" method="post" action="${actionUrl('signal')}"><input type="hidden" name="csrf" value="${csrf}">
+<label>signal <input name="signal" value="${signals[0] ?? ''}" list="open-signals" required></label><datalist id="open-signals">${signals.map((n) => html`<option value="${n}">`)}</datalist>
+<label>payload (JSON; empty: null) <textarea name="payload" rows="4"></textarea></label>
+<button type="submit" class="act act-signal">Send signal</button></form></section>`
+        : '';
+    const tokenNote =
+      r.waitKind === 'token' && !TERMINAL.has(r.status)
+        ? html`<p class="note">This run waits on a resume token. Only its hash is stored, so the dashboard cannot resume it: whoever holds the token calls <code>resume(token, payload)</code>.</p>`
+        : '';
     const field = (k: string, v: unknown): Html => html`<dt>${k}</dt><dd>${v}</dd>`;
     const body = html`<div class="actions">${actions}</div>
 <dl class="row">${[
       field('id', r.id),
       field('status', status(r.status)),
-      field('job type', `${r.jobType} (v${r.jobVersion})`),
+      field('job type', html`<a href="${link('/runs', { type: r.jobType }, a)}">${r.jobType}</a> (v${r.jobVersion})`),
       field('pool', r.pool),
       field('tenant', r.tenantId ?? '—'),
       field('priority', r.priority),
       field('attempts', r.attempts),
       field('trigger', `${r.triggerSource}${r.triggerRef ? `: ${r.triggerRef}` : ''}`),
       field('parent', r.parentRunId ? runLink(r.parentRunId, a) : '—'),
-      field('scope', r.scopeEntityType ? `${r.scopeEntityType}:${r.scopeEntityId ?? ''}` : '—'),
+      field('scope', r.scopeEntityType ? html`<a href="${link('/runs', { scopeType: r.scopeEntityType, scopeId: r.scopeEntityId ?? '' }, a)}">${r.scopeEntityType}:${r.scopeEntityId ?? ''}</a>` : '—'),
       field('concurrency key', r.concurrencyKey ?? '—'),
       field('dedupe key', r.dedupeKey ?? '—'),
-      field('waits on', r.waitKind ? `${r.waitKind}${r.waitDeadline ? ` until ${when(r.waitDeadline)}` : ''}` : '—'),
+      field('waits on', waitsOn),
       field('run at', when(r.runAt)),
       field('created', when(r.createdAt)),
       field('started', when(r.startedAt)),
       field('finished', when(r.finishedAt)),
     ]}</dl>
+${signalNote}${tokenNote}${signalForm}
 ${r.error ? html`<section><h2>Error</h2><pre class="err">${r.error.message}${r.error.stack ? `\n\n${r.error.stack}` : ''}</pre></section>` : ''}
 <section><h2>Input</h2><pre>${json(r.input)}</pre></section>
 ${r.output !== null && r.output !== undefined ? html`<section><h2>Output</h2><pre>${json(r.output)}</pre></section>` : ''}
@@ -328,12 +376,12 @@ ${list.map((s) => html`<tr><td>${s.name}</td><td>${s.jobType}</td><td>${s.cron ?
     res.on('close', () => clearInterval(timer));
   }
 
-  async function readForm(req: IncomingMessage): Promise<URLSearchParams> {
+  async function readForm(req: IncomingMessage, max: number): Promise<URLSearchParams> {
     const chunks: Buffer[] = [];
     let size = 0;
     for await (const c of req as AsyncIterable<Buffer>) {
       size += c.length;
-      if (size > MAX_FORM) throw new HttpError(413, 'form too large');
+      if (size > max) throw new HttpError(413, 'form too large');
       chunks.push(c);
     }
     return new URLSearchParams(Buffer.concat(chunks).toString('utf8'));
@@ -350,24 +398,31 @@ ${list.map((s) => html`<tr><td>${s.name}</td><td>${s.jobType}</td><td>${s.cron ?
     }
   }
 
-  async function act(req: IncomingMessage, res: ServerResponse, url: URL, id: string, action: 'cancel' | 'replay'): Promise<void> {
+  async function act(req: IncomingMessage, res: ServerResponse, url: URL, id: string, action: RunAction): Promise<void> {
     const a = await access(req, action, url);
     if (!sameOrigin(req)) throw new HttpError(403, 'cross-origin request refused');
-    const form = await readForm(req);
+    const form = await readForm(req, action === 'signal' ? MAX_SIGNAL_FORM : MAX_FORM);
     const token = Buffer.from(form.get('csrf') ?? '');
     const want = Buffer.from(csrf);
     if (token.length !== want.length || !timingSafeEqual(token, want)) throw new HttpError(403, 'missing or stale form token (reload the page)');
     if (!UUID.test(id)) throw new HttpError(404, `run ${id} not found`);
     const tenant = { tenantId: a.tenantId };
+    const back: Record<string, string> = {};
     if (action === 'cancel') {
       // Only a run this request may see (cancel of another tenant's run is a no-op anyway).
       if (!(await o.getRun(id, a.tenantId))) throw new HttpError(404, `run ${id} not found`);
       await o.cancel(id, { cascade: true, reason: 'dashboard', ...tenant });
-    } else {
+    } else if (action === 'replay') {
       await o.replay(id, tenant);
+    } else {
+      const name = form.get('signal') ?? '';
+      if (name === '') throw new HttpError(400, 'the signal needs a name');
+      const payload = parsePayload(form.get('payload') ?? '');
+      const { delivered } = await o.signal(id, name, payload, tenant);
+      back.signal = delivered ? 'delivered' : 'inbox';
     }
     res.statusCode = 303;
-    res.setHeader('Location', link(`/runs/${encodeURIComponent(id)}`, {}, a));
+    res.setHeader('Location', link(`/runs/${encodeURIComponent(id)}`, back, a));
     res.end();
   }
 
@@ -377,10 +432,10 @@ ${list.map((s) => html`<tr><td>${s.name}</td><td>${s.jobType}</td><td>${s.cron ?
     // Plain `http`: the whole path; Express/Nest mounted: the path under the mount.
     if (base !== '' && (path === base || path.startsWith(`${base}/`))) path = path.slice(base.length);
     if (path === '') path = '/';
-    const runAction = /^\/runs\/([^/]+)\/(cancel|replay)$/.exec(path);
+    const runAction = /^\/runs\/([^/]+)\/(cancel|replay|signal)$/.exec(path);
     if (runAction) {
       if (req.method !== 'POST') throw new HttpError(405, 'use POST');
-      await act(req, res, url, decodeURIComponent(runAction[1]!), runAction[2] as 'cancel' | 'replay');
+      await act(req, res, url, decodeURIComponent(runAction[1]!), runAction[2] as RunAction);
       return true;
     }
     const known = path === '/' || path === '/runs' || path === '/schedules' || path === '/events' || path === '/assets/live.js' || /^\/runs\/[^/]+$/.test(path);
@@ -432,12 +487,41 @@ ${list.map((s) => html`<tr><td>${s.name}</td><td>${s.jobType}</td><td>${s.cron ?
       (e: unknown) => {
         if (res.headersSent) return res.end();
         const codeOf = (e as { code?: unknown }).code;
-        const code = e instanceof HttpError ? e.status : codeOf === 'JOB_RUN_NOT_FOUND' ? 404 : codeOf === 'JOB_INPUT_INVALID' || codeOf === 'MISSING_TENANT_ID' ? 400 : 500;
+        const code =
+          e instanceof HttpError
+            ? e.status
+            : codeOf === 'JOB_RUN_NOT_FOUND'
+              ? 404
+              : codeOf === 'JOB_INPUT_INVALID' || codeOf === 'MISSING_TENANT_ID'
+                ? 400
+                : codeOf === 'JOB_RUN_STATE'
+                  ? 409
+                  : 500;
         const message = e instanceof Error ? e.message : String(e);
         send(res, code, `<!doctype html><title>${code}</title><h1>${code}</h1><p>${esc(message)}</p>`);
       },
     );
   };
+}
+
+/** The signal names a run's open `waitForSignal` steps wait for, in step order, each once. */
+function openSignalWaits(steps: JobStep[]): string[] {
+  const names: string[] = [];
+  for (const s of steps) {
+    const wait = s.kind === 'wait' && s.status === 'running' ? s.input : null;
+    if (wait?.wait === 'signal' && typeof wait.signal === 'string' && !names.includes(wait.signal)) names.push(wait.signal);
+  }
+  return names;
+}
+
+/** A signal's payload from its form: empty is none (the wait resolves with null); other text must be JSON. */
+function parsePayload(text: string): unknown {
+  if (text.trim() === '') return undefined;
+  try {
+    return JSON.parse(text) as unknown;
+  } catch (e) {
+    throw new HttpError(400, `the payload is not JSON (${e instanceof Error ? e.message : String(e)}): nothing was sent`);
+  }
 }
 
 /** How often an open page's `/events` looks at the store. */
@@ -486,5 +570,7 @@ button.act{padding:.35rem .8rem;border:1px solid #8a93a6;border-radius:.3rem;bac
 svg.chart{width:100%;height:120px;background:#fff;border:1px solid #e3e6eb}svg.chart line{stroke:#8a93a6}
 rect.ok,.k.ok{fill:#4caf6a;background:#4caf6a}rect.bad,.k.bad{fill:#d2424b;background:#d2424b}rect.gone,.k.gone{fill:#9c92b4;background:#9c92b4}
 .legend{color:#5b6475}.k{display:inline-block;width:.8em;height:.8em;margin:0 .25em 0 .8em;vertical-align:-1px}
+form.signal{display:flex;flex-direction:column;gap:.5rem;max-width:40rem;background:#fff;padding:.7rem;border:1px solid #e3e6eb}
+form.signal label{display:flex;flex-direction:column;gap:.2rem}form.signal textarea{font-family:ui-monospace,monospace}form.signal button{align-self:flex-start}
 a.id{font-family:ui-monospace,monospace}ul.tree{background:#fff;padding:.6rem 1.6rem;border:1px solid #e3e6eb}code{font-size:.9em}
 `;

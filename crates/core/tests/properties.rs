@@ -2146,6 +2146,47 @@ impl Harness {
                 ..JobRunQuery::default()
             })?;
             ensure!(got.is_empty(), "an empty status set listed rows for {t:?}");
+            // A job type (checked per row) and a scope (its index), alone,
+            // together and with a status, in small pages.
+            for ty in TYPES {
+                let got = page_all(JobRunQuery {
+                    job_type: Some(ty.to_owned()),
+                    limit: 3,
+                    ..JobRunQuery::default()
+                })?;
+                ensure!(
+                    got == newest(&|r| &*r.job_type == ty),
+                    "listing of type {ty} for {t:?} differs"
+                );
+            }
+            for sid in SCOPE_IDS {
+                let in_scope = |r: &RunRow| {
+                    r.scope_entity_type() == Some(SCOPE_TYPE) && r.scope_entity_id() == Some(sid)
+                };
+                let scope = Some((SCOPE_TYPE.to_owned(), sid.to_owned()));
+                let got = page_all(JobRunQuery {
+                    scope: scope.clone(),
+                    limit: 2,
+                    ..JobRunQuery::default()
+                })?;
+                ensure!(
+                    got == newest(&in_scope),
+                    "listing of scope {sid} for {t:?} differs"
+                );
+                let got = page_all(JobRunQuery {
+                    scope,
+                    job_type: Some(TYPES[0].to_owned()),
+                    statuses: Some(vec![RunStatus::Pending, RunStatus::Canceled]),
+                    limit: 2,
+                    ..JobRunQuery::default()
+                })?;
+                ensure!(
+                    got == newest(&|r| in_scope(r)
+                        && &*r.job_type == TYPES[0]
+                        && matches!(r.status, RunStatus::Pending | RunStatus::Canceled)),
+                    "listing of scope {sid}, type and statuses for {t:?} differs"
+                );
+            }
             // Trees: by rootRunId through the listing, subtree via run_tree.
             for r in &mine {
                 if r.parent_run_id().is_none() {

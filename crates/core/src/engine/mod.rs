@@ -38,7 +38,7 @@ mod waits;
 mod wakeups;
 
 pub use attempts::{AttemptEnd, AttemptTicket, Settled};
-pub use queries::{JobRunQuery, PageCursor, ScopeOrder, ScopeQuery};
+pub use queries::{JobRunQuery, PageCursor, ScopeOrder, ScopeQuery, PAGE_WALK_BUDGET};
 pub use start::{BatchError, Started, START_MANY_MAX};
 pub use steps::{RecordStep, StepBegin};
 pub use timeouts::run_timeouts;

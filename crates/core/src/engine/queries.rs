@@ -45,10 +45,20 @@ pub struct JobRunQuery {
     /// Any of these statuses (`None`: every status; empty: no row).
     pub statuses: Option<Vec<RunStatus>>,
     pub since: Option<Millis>,
+    /// Only runs of this job type.
+    pub job_type: Option<String>,
+    /// Only runs of this scope `(entityType, entityId)`.
+    pub scope: Option<(String, String)>,
     /// Exclusive upper `(createdAt, id)` bound from the previous page.
     pub cursor: Option<(Millis, u128)>,
     pub limit: usize,
 }
+
+/// Rows one `list_job_runs` page examines at most when its rows are
+/// checked one by one (a job type, a scope with other filters): the page's
+/// cost stays bounded however rare the matching rows are, and a page that
+/// found fewer than its limit goes on where the walk stopped.
+pub const PAGE_WALK_BUDGET: usize = 5_000;
 
 impl<S: Store> Engine<S> {
     /// O(1).
@@ -208,8 +218,21 @@ impl<S: Store> Engine<S> {
     }
 
     /// One page of runs, newest first by `(createdAt, id)`, and the cursor
-    /// of the next page (`None` on the last). O(log n + k) on the narrowest
-    /// index; other filters are checked per row.
+    /// of the next page (`None` on the last).
+    ///
+    /// The page walks the narrowest index the filters name: the run tree
+    /// (`rootRunId`: O(tree)), else the scope's runs (memory: a binary
+    /// search of the scope's list, O(log r + walked), each millisecond's
+    /// runs sorted by id as the walk reaches them; PostgreSQL:
+    /// `job_run_scope_idx`, the scope's r rows, O(r log k)), else the
+    /// tenant's (pool, status) sets (O(log n + walked)). A filter no index
+    /// holds — the job type (an index of it would cost every start, and a
+    /// per-run entry the memory store's footprint) — is checked per row,
+    /// and such a walk examines at most [`PAGE_WALK_BUDGET`] rows: when the
+    /// budget runs out before the page is full, the page holds what it
+    /// found (possibly nothing) and its cursor is the last row examined, so
+    /// every call is O(log n + budget) and paging on finds every match
+    /// exactly once. A short page with a cursor is therefore not the last.
     pub fn list_job_runs(
         &self,
         tenant: &TenantArg,
@@ -233,21 +256,31 @@ impl<S: Store> Engine<S> {
         });
         self.read(|tx| {
             // One extra row tells whether another page exists.
-            let ids = tx.page_runs(&PageQuery {
+            let page = tx.page_runs(&PageQuery {
                 tenant: t.as_deref(),
                 pool: q.pool.as_deref(),
                 statuses: statuses.as_deref(),
                 root: root.as_ref(),
+                job_type: q.job_type.as_deref(),
+                scope: q
+                    .scope
+                    .as_ref()
+                    .map(|(et, eid)| (et.as_str(), eid.as_str())),
                 since: q.since.unwrap_or(i64::MIN),
                 before: q.cursor,
                 limit: q.limit + 1,
+                budget: PAGE_WALK_BUDGET.max(q.limit + 1),
             });
-            let mut rows: Vec<RunRow> = ids.iter().filter_map(|id| tx.run(id).cloned()).collect();
+            let mut rows: Vec<RunRow> = page
+                .ids
+                .iter()
+                .filter_map(|id| tx.run(id).cloned())
+                .collect();
             let next = if rows.len() > q.limit {
                 rows.truncate(q.limit);
                 rows.last().map(|r| (r.created_at, r.id.as_u128()))
             } else {
-                None
+                page.walked_to
             };
             Ok((rows, next))
         })

@@ -17,7 +17,7 @@
 //! Only claimable runs (pending and lane head or unkeyed) sit in a pool
 //! index, so a lane of a million queued runs costs its pool one entry.
 
-use super::{PageQuery, Store, StoreTx, TenantRef};
+use super::{PageQuery, RunPage, Store, StoreTx, TenantRef};
 use crate::error::Result;
 use crate::model::{
     EventKind, JobDefinition, Millis, RunEvent, RunId, RunRow, RunStatus, ScheduleRow, StepRow,
@@ -318,7 +318,7 @@ struct QueryIndex {
     pools_of: HashMap<Tenant, Vec<u32>>,
     /// Failed runs by `(finishedAt, id)`, for `listRecentFailed`.
     failed: HashMap<Tenant, BTreeSet<CreatedKey>>,
-    /// Runs of a scope in created order.
+    /// Runs of a scope by `createdAt` (ties in insertion order).
     scope: HashMap<(Tenant, Box<str>, Box<str>), Vec<Handle>>,
     /// Every descendant of a root, in created order (the root excluded).
     tree: HashMap<Handle, Vec<Handle>>,
@@ -338,6 +338,77 @@ impl QueryIndex {
 
 fn created_key(r: &RunRow, h: Handle) -> CreatedKey {
     (r.created_at, id_key(r.id.as_u128()), h)
+}
+
+/// The keys of `set` below `upper`, newest first, down to `since` (the
+/// cursor's own row, `before`, left out).
+fn newest_keys(
+    set: &BTreeSet<CreatedKey>,
+    upper: std::ops::Bound<CreatedKey>,
+    before: Option<CreatedKey>,
+    since: Millis,
+) -> impl Iterator<Item = CreatedKey> + '_ {
+    set.range((std::ops::Bound::Unbounded, upper))
+        .rev()
+        .copied()
+        .filter(move |k| before.is_none_or(|b| (k.0, k.1) != (b.0, b.1)))
+        .take_while(move |k| k.0 >= since)
+}
+
+/// A page's walk over rows newest first, each checked on its own: it stops
+/// at `limit` matches, or after `budget` rows examined with rows left (then
+/// the page says where it stopped, see `RunPage::walked_to`).
+struct BudgetedWalk {
+    limit: usize,
+    budget: usize,
+    examined: usize,
+    last: Option<CreatedKey>,
+    found: Vec<Handle>,
+    stopped: bool,
+}
+
+impl BudgetedWalk {
+    fn new(limit: usize, budget: usize) -> Self {
+        BudgetedWalk {
+            limit,
+            budget,
+            examined: 0,
+            last: None,
+            found: Vec::new(),
+            stopped: false,
+        }
+    }
+
+    /// The next row in the walk's order and whether it matches; false once
+    /// the walk is over (this row was not examined).
+    fn step(&mut self, k: CreatedKey, hit: bool) -> bool {
+        if self.found.len() >= self.limit {
+            return false;
+        }
+        if self.examined >= self.budget {
+            self.stopped = true;
+            return false;
+        }
+        self.examined += 1;
+        self.last = Some(k);
+        if hit {
+            self.found.push(k.2);
+        }
+        true
+    }
+
+    fn page(self, runs: &[RunRow]) -> RunPage {
+        let walked_to = if self.stopped {
+            self.last
+                .map(|(at, _, h)| (at, runs[h as usize].id.as_u128()))
+        } else {
+            None
+        };
+        RunPage {
+            ids: self.found.iter().map(|h| runs[*h as usize].id).collect(),
+            walked_to,
+        }
+    }
 }
 
 /// The fields whose change requires re-indexing.
@@ -835,6 +906,34 @@ impl MemoryState {
         if dedupe != self.dedupe {
             return Err("dedupe lists differ from the rows".into());
         }
+        // Scope lists: every scoped run once, by `createdAt`.
+        let mut scopes: HashMap<(Tenant, Box<str>, Box<str>), Vec<Handle>> = HashMap::default();
+        for &(h, r) in runs.iter() {
+            if let (Some(et), Some(eid)) = (r.scope_entity_type(), r.scope_entity_id()) {
+                scopes
+                    .entry((r.tenant_id.clone(), Box::from(et), Box::from(eid)))
+                    .or_default()
+                    .push(h as Handle);
+            }
+        }
+        for (k, list) in &self.q.scope {
+            if list
+                .windows(2)
+                .any(|w| self.runs[w[0] as usize].created_at > self.runs[w[1] as usize].created_at)
+            {
+                return Err(format!("scope list {k:?} is out of createdAt order"));
+            }
+            let mut got = list.clone();
+            got.sort_unstable();
+            let mut want = scopes.remove(k).unwrap_or_default();
+            want.sort_unstable();
+            if got != want {
+                return Err(format!("scope list {k:?} differs from the rows"));
+            }
+        }
+        if scopes.values().any(|v| !v.is_empty()) {
+            return Err("scoped runs missing from the scope lists".into());
+        }
         // Children lists mirror parentRunId.
         let mut children: HashMap<Handle, Vec<Handle>> = HashMap::default();
         for &(h, r) in runs.iter() {
@@ -936,10 +1035,21 @@ impl StoreTx for MemoryTx<'_> {
         grp.by_status[si(row.status)].insert(key);
         grp.counts[si(row.status)] += 1;
         if let (Some(et), Some(eid)) = (row.scope_entity_type(), row.scope_entity_id()) {
-            s.q.scope
-                .entry((t, Box::from(et), Box::from(eid)))
-                .or_default()
-                .push(h);
+            let list =
+                s.q.scope
+                    .entry((t, Box::from(et), Box::from(eid)))
+                    .or_default();
+            // Kept in `createdAt` order (a page finds its place by binary
+            // search): a run comes last unless a JS-side start's time fell
+            // behind the engine's (a wall clock that stepped back).
+            let runs = &s.runs;
+            let created = |x: &Handle| runs[*x as usize].created_at;
+            if list.last().is_none_or(|x| created(x) <= row.created_at) {
+                list.push(h);
+            } else {
+                let at = list.partition_point(|x| created(x) <= row.created_at);
+                list.insert(at, h);
+            }
         }
         if row.parent_run_id().is_some() {
             if let Some(root) = s.ids.get(&s.runs, &row.root_run_id()) {
@@ -1435,27 +1545,32 @@ impl StoreTx for MemoryTx<'_> {
             .unwrap_or_default()
     }
 
-    fn page_runs(&self, q: &PageQuery<'_>) -> Vec<RunId> {
+    fn page_runs(&self, q: &PageQuery<'_>) -> RunPage {
         let s = &*self.0;
         let tenant: Tenant = q.tenant.map(Arc::from);
+        // The filters checked per row (those the walked index did not
+        // decide are the only ones that can fail).
         let matches = |h: Handle| {
             let r = &s.runs[h as usize];
             q.pool.is_none_or(|p| &*r.pool == p)
                 && q.statuses.is_none_or(|ss| ss.contains(&r.status))
                 && r.tenant_id.as_deref() == q.tenant
+                && q.job_type.is_none_or(|j| &*r.job_type == j)
+                && q.scope.is_none_or(|(et, eid)| {
+                    r.scope_entity_type() == Some(et) && r.scope_entity_id() == Some(eid)
+                })
         };
         let before = q.before.map(|(t, id)| (t, id_key(id), Handle::MAX));
         let in_range =
             |k: &CreatedKey| before.is_none_or(|b| (k.0, k.1) < (b.0, b.1)) && k.0 >= q.since;
-        let mut out = Vec::new();
         if let Some(root) = q.root {
             // A tree is small: gather, order, filter.
             let Some(rh) = s.ids.get(&s.runs, root) else {
-                return out;
+                return RunPage::default();
             };
             // Only a root has a tree; a child's id is nobody's rootRunId.
             if s.runs[rh as usize].root_run_id() != *root {
-                return out;
+                return RunPage::default();
             }
             let mut keys: Vec<CreatedKey> = std::iter::once(rh)
                 .chain(s.q.tree.get(&rh).into_iter().flatten().copied())
@@ -1463,11 +1578,47 @@ impl StoreTx for MemoryTx<'_> {
                 .filter(|k| in_range(k) && matches(k.2))
                 .collect();
             keys.sort_unstable_by(|a, b| b.cmp(a));
-            return keys
+            let ids = keys
                 .into_iter()
                 .take(q.limit)
                 .map(|k| s.runs[k.2 as usize].id)
                 .collect();
+            return RunPage {
+                ids,
+                walked_to: None,
+            };
+        }
+        let mut walk = BudgetedWalk::new(q.limit, q.budget);
+        if let Some((et, eid)) = q.scope {
+            // The scope's list, by `createdAt`: the page's place is a binary
+            // search; the runs of one millisecond are ordered by id there.
+            let key = (tenant, Box::<str>::from(et), Box::<str>::from(eid));
+            let Some(list) = s.q.scope.get(&key) else {
+                return RunPage::default();
+            };
+            let created = |h: &Handle| s.runs[*h as usize].created_at;
+            let mut end = match q.before {
+                Some((t, _)) => list.partition_point(|h| created(h) <= t),
+                None => list.len(),
+            };
+            while let Some(last) = end.checked_sub(1) {
+                let at = created(&list[last]);
+                if at < q.since {
+                    break;
+                }
+                let start = list[..end].partition_point(|h| created(h) < at);
+                let mut block: Vec<CreatedKey> = list[start..end]
+                    .iter()
+                    .map(|h| created_key(&s.runs[*h as usize], *h))
+                    .filter(|k| in_range(k))
+                    .collect();
+                block.sort_unstable_by(|a, b| b.cmp(a));
+                if !block.into_iter().all(|k| walk.step(k, matches(k.2))) {
+                    break;
+                }
+                end = start;
+            }
+            return walk.page(&s.runs);
         }
         // The sets whose union is exactly the filtered rows: per group (the
         // pool's, or every pool of the tenant: a separate per-tenant set
@@ -1496,25 +1647,38 @@ impl StoreTx for MemoryTx<'_> {
             Some(b) => std::ops::Bound::Excluded(b),
             None => std::ops::Bound::Unbounded,
         };
-        // Up to `limit` newest keys from each set, then the newest overall.
-        let mut keys: Vec<CreatedKey> = Vec::new();
-        for set in sets {
-            let mut taken = 0;
-            for k in set.range((std::ops::Bound::Unbounded, upper)).rev() {
-                if k.0 < q.since || taken == q.limit {
+        let newest = |set| newest_keys(set, upper, before, q.since);
+        if q.job_type.is_some() {
+            // Every row of these sets is a candidate: walk them as one,
+            // newest first (a merge), checking the type per row.
+            let mut heads: Vec<_> = sets.iter().map(|set| newest(set)).collect();
+            let mut heap: std::collections::BinaryHeap<(CreatedKey, usize)> = heads
+                .iter_mut()
+                .enumerate()
+                .filter_map(|(i, it)| it.next().map(|k| (k, i)))
+                .collect();
+            while let Some((k, i)) = heap.pop() {
+                if !walk.step(k, matches(k.2)) {
                     break;
                 }
-                if before.is_some_and(|b| (k.0, k.1) == (b.0, b.1)) {
-                    continue;
+                if let Some(next) = heads[i].next() {
+                    heap.push((next, i));
                 }
-                keys.push(*k);
-                taken += 1;
             }
+            return walk.page(&s.runs);
         }
+        // Every row of these sets matches: up to `limit` newest keys from
+        // each set, then the newest overall.
+        let mut keys: Vec<CreatedKey> = sets
+            .into_iter()
+            .flat_map(|set| newest(set).take(q.limit))
+            .collect();
         keys.sort_unstable_by(|a, b| b.cmp(a));
         keys.truncate(q.limit);
-        out.extend(keys.into_iter().map(|k| s.runs[k.2 as usize].id));
-        out
+        RunPage {
+            ids: keys.into_iter().map(|k| s.runs[k.2 as usize].id).collect(),
+            walked_to: None,
+        }
     }
 
     fn tree_runs(&self, root: &RunId) -> Vec<RunId> {

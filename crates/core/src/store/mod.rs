@@ -221,6 +221,14 @@ pub trait StoreAdmin {
 pub type TenantRef<'a> = Option<&'a str>;
 
 /// Filters of a keyset page over runs, newest first by `(createdAt, id)`.
+///
+/// The page walks one index: the run tree's (`root`), else the scope's
+/// (`scope`), else the sets of the tenant's (pool, status) groups. A filter
+/// that index does not decide is checked per row; where such a check can
+/// skip rows without end (the job type, anything on a scope's list), the
+/// walk examines at most `budget` rows and says where it stopped
+/// ([`RunPage::walked_to`]), so a page costs O(log n + budget) however rare
+/// the matching rows are.
 #[derive(Debug, Clone)]
 pub struct PageQuery<'a> {
     /// Only rows of this tenant (`None` = the null tenant, which in
@@ -230,11 +238,29 @@ pub struct PageQuery<'a> {
     /// Any of these statuses, each named once (`None`: every status).
     pub statuses: Option<&'a [crate::model::RunStatus]>,
     pub root: Option<&'a RunId>,
+    /// Only rows of this job type (checked per row: no index holds it).
+    pub job_type: Option<&'a str>,
+    /// Only rows of this scope `(entityType, entityId)`.
+    pub scope: Option<(&'a str, &'a str)>,
     /// Only rows created at or after this instant.
     pub since: Millis,
     /// Only rows strictly before this `(createdAt, id)` key.
     pub before: Option<(Millis, u128)>,
     pub limit: usize,
+    /// At most this many rows examined by a walk whose rows are checked
+    /// one by one (see above).
+    pub budget: usize,
+}
+
+/// What [`StoreTx::page_runs`] found.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct RunPage {
+    /// The matching rows, newest first, at most `limit`.
+    pub ids: Vec<RunId>,
+    /// Set when the walk examined its `budget` of rows before it found
+    /// `limit` and rows are left: the `(createdAt, id)` of the last row it
+    /// examined, where the next page goes on.
+    pub walked_to: Option<(Millis, u128)>,
 }
 
 /// A run an orphaned claim took (see `StoreTx::orphaned_claims`), as that
@@ -443,7 +469,7 @@ pub trait StoreTx {
     /// Failed runs of a tenant, most recently finished first.
     fn recent_failed(&self, tenant: TenantRef<'_>, limit: usize) -> Vec<RunId>;
     /// One keyset page (see [`PageQuery`]).
-    fn page_runs(&self, q: &PageQuery<'_>) -> Vec<RunId>;
+    fn page_runs(&self, q: &PageQuery<'_>) -> RunPage;
     /// A run and all its descendants, breadth-first (the run first).
     fn tree_runs(&self, root: &RunId) -> Vec<RunId>;
 

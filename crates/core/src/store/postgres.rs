@@ -35,7 +35,7 @@
 
 use crate::error::{JobError, Result, StoreOutcome};
 use crate::model::*;
-use crate::store::{OrphanClaim, PageQuery, Store, StoreTx, TenantRef, Transition};
+use crate::store::{OrphanClaim, PageQuery, RunPage, Store, StoreTx, TenantRef, Transition};
 use crate::template::KeyTemplate;
 use bytes::{BufMut, BytesMut};
 use elsa::FrozenMap;
@@ -1834,15 +1834,48 @@ const SQL_ENDED: &str =
     "SELECT (floor(extract(epoch FROM finished_at) / 60) * 60000)::int8, status, count(*) \
     FROM {S}.job_run WHERE finished_at >= $2 AND {T} \
     AND status IN ('completed', 'failed', 'timed_out', 'canceled') GROUP BY 1, 2 ORDER BY 1, 2";
+/// `job_run_failed_idx` in its order. `tenant_id` leads the `ORDER BY`
+/// (one value under `{T}`): a `tenant_id IS NULL` condition is no equality
+/// to the planner, which would otherwise sort every failed run of the null
+/// tenant instead of reading the index's first entries.
 const SQL_FAILED: &str = "SELECT {R} FROM {S}.job_run WHERE {T} AND status = 'failed' \
-    ORDER BY finished_at DESC, id DESC LIMIT $2";
+    ORDER BY tenant_id, finished_at DESC, id DESC LIMIT $2";
+/// A page on `job_run_created_idx`, in its order (`tenant_id` leads, as in
+/// `SQL_FAILED`). The cursor is always bound (no cursor: past every row),
+/// so it is an index condition in a generic plan too, and a deep page
+/// starts where it starts instead of filtering the rows before it.
 const SQL_PAGE: &str = "SELECT {R} FROM {S}.job_run WHERE {T} AND ($2::text IS NULL OR pool = $2) \
     AND ($3::text[] IS NULL OR status = ANY($3)) AND created_at >= $4 \
-    AND ($5::timestamptz IS NULL OR (created_at, id) < ($5, $6::uuid)) \
-    ORDER BY created_at DESC, id DESC LIMIT $7";
+    AND (created_at, id) < ($5, $6::uuid) \
+    ORDER BY tenant_id, created_at DESC, id DESC LIMIT $7";
+/// `SQL_PAGE` with a job type checked per row, over at most $8 rows of the
+/// index (the walk, `PageQuery::budget`): each row says how far into the
+/// walk it is and whether the index holds a row after it, and the last row
+/// of a walk that used its budget comes out whatever its type (it is where
+/// the next page starts). The plan is an index scan under the window and
+/// the limits: it reads rows only until the page is full.
+const SQL_PAGE_TYPE: &str =
+    "SELECT {R}, walked, more, hit FROM (SELECT {R}, job_type = $9 AS hit, \
+    row_number() OVER w AS walked, lead(id) OVER w IS NOT NULL AS more FROM {S}.job_run \
+    WHERE {T} AND ($2::text IS NULL OR pool = $2) AND ($3::text[] IS NULL OR status = ANY($3)) \
+    AND created_at >= $4 AND (created_at, id) < ($5, $6::uuid) \
+    WINDOW w AS (ORDER BY tenant_id, created_at DESC, id DESC) \
+    ORDER BY tenant_id, created_at DESC, id DESC LIMIT $8) walk \
+    WHERE hit OR (walked = $8 AND more) ORDER BY tenant_id, created_at DESC, id DESC LIMIT $7";
+/// A page of a scope's runs: `job_run_scope_idx` gives the scope's rows
+/// (materialized, so no condition of the page is pushed down for the
+/// planner to read another index for), checked and ordered here: O(r log k)
+/// for the scope's r runs; no index orders a scope by `(createdAt, id)`.
+const SQL_PAGE_SCOPE: &str = "WITH s AS MATERIALIZED (SELECT id, created_at, tenant_id, pool, status, \
+    job_type FROM {S}.job_run WHERE scope_entity_type = $8 AND scope_entity_id = $9) \
+    SELECT {R} FROM {S}.job_run WHERE id IN (SELECT id FROM s WHERE {T} AND ($2::text IS NULL OR pool = $2) \
+    AND ($3::text[] IS NULL OR status = ANY($3)) AND ($10::text IS NULL OR job_type = $10) \
+    AND created_at >= $4 AND (created_at, id) < ($5, $6::uuid) \
+    ORDER BY created_at DESC, id DESC LIMIT $7) ORDER BY created_at DESC, id DESC";
 const SQL_PAGE_ROOT: &str = "SELECT {R} FROM {S}.job_run WHERE {T} AND root_run_id = $8 \
     AND ($2::text IS NULL OR pool = $2) AND ($3::text[] IS NULL OR status = ANY($3)) AND created_at >= $4 \
-    AND ($5::timestamptz IS NULL OR (created_at, id) < ($5, $6::uuid)) \
+    AND (created_at, id) < ($5, $6::uuid) AND ($9::text IS NULL OR job_type = $9) \
+    AND ($10::text IS NULL OR (scope_entity_type = $10 AND scope_entity_id = $11)) \
     ORDER BY created_at DESC, id DESC LIMIT $7";
 const SQL_TREE: &str = "SELECT {R} FROM {S}.job_run WHERE root_run_id = $1 ORDER BY seq";
 /// The lease is `claimed_at`; the row changed, so `updated_at` moves too.
@@ -2909,43 +2942,61 @@ impl StoreTx for PgTx<'_> {
         self.absorb(&rows, false)
     }
 
-    fn page_runs(&self, q: &PageQuery<'_>) -> Vec<RunId> {
+    fn page_runs(&self, q: &PageQuery<'_>) -> RunPage {
         let status: Option<Vec<&str>> =
             q.statuses.map(|ss| ss.iter().map(|s| s.as_str()).collect());
-        let before_at = q.before.map(|b| Ms(b.0));
-        let before_id = q.before.map(|b| Uuid::from_u128(b.1));
-        let limit = q.limit as i64;
+        // No cursor: a key past every row (see `SQL_PAGE`).
+        let (before_at, before_id) = q.before.unwrap_or((PG_MAX_MS, u128::MAX));
+        let (before_at, before_id) = (Ms(before_at), Uuid::from_u128(before_id));
+        let limit = q.limit.min(i64::MAX as usize) as i64;
+        let since = Ms(q.since);
         let tn = Self::tenant_null(q.tenant);
-        let rows = match q.root {
-            Some(root) => self.query(
-                SQL_PAGE_ROOT,
-                &[
-                    &q.tenant,
-                    &q.pool,
-                    &status,
-                    &Ms(q.since),
-                    &before_at,
-                    &before_id,
-                    &limit,
-                    root,
-                ],
-                tn,
-            ),
-            None => self.query(
-                SQL_PAGE,
-                &[
-                    &q.tenant,
-                    &q.pool,
-                    &status,
-                    &Ms(q.since),
-                    &before_at,
-                    &before_id,
-                    &limit,
-                ],
-                tn,
-            ),
+        let page: &[&(dyn ToSql + Sync)] = &[
+            &q.tenant, &q.pool, &status, &since, &before_at, &before_id, &limit,
+        ];
+        let (scope_type, scope_id) = q.scope.unzip();
+        let ids = |rows: &[Row]| RunPage {
+            ids: self.absorb(rows, false),
+            walked_to: None,
         };
-        self.absorb(&rows, false)
+        if let Some(root) = q.root {
+            let extra: &[&(dyn ToSql + Sync)] = &[root, &q.job_type, &scope_type, &scope_id];
+            return ids(&self.query(SQL_PAGE_ROOT, &[page, extra].concat(), tn));
+        }
+        if q.scope.is_some() {
+            let extra: &[&(dyn ToSql + Sync)] = &[&scope_type, &scope_id, &q.job_type];
+            return ids(&self.query(SQL_PAGE_SCOPE, &[page, extra].concat(), tn));
+        }
+        let Some(job_type) = q.job_type else {
+            return ids(&self.query(SQL_PAGE, page, tn));
+        };
+        let budget = q.budget.min(i64::MAX as usize) as i64;
+        let extra: &[&(dyn ToSql + Sync)] = &[&budget, &job_type];
+        let rows = self.query(SQL_PAGE_TYPE, &[page, extra].concat(), tn);
+        // Each row's place in the walk follows its run columns.
+        let at = RUN_COLS.split(',').count();
+        let mut out = RunPage::default();
+        for r in &rows {
+            let read = || -> std::result::Result<(i64, bool, bool), postgres::Error> {
+                Ok((r.try_get(at)?, r.try_get(at + 1)?, r.try_get(at + 2)?))
+            };
+            match read() {
+                Ok((walked, more, hit)) => {
+                    let id = self.absorb(std::slice::from_ref(r), false);
+                    if walked == budget && more {
+                        out.walked_to = id
+                            .first()
+                            .and_then(|i| self.runs.get(i))
+                            .map(|row| (row.created_at, row.id.as_u128()));
+                    }
+                    if hit {
+                        out.ids.extend(id);
+                    }
+                }
+                Err(e) => self.fail(e),
+            }
+        }
+        out
     }
 
     fn tree_runs(&self, root: &RunId) -> Vec<RunId> {

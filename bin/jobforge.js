@@ -6,18 +6,21 @@
 'use strict';
 
 const USAGE = `usage: jobforge migrate [--url <postgres url>] [--schema <name>]
-       jobforge dashboard [--url <postgres url>] [--schema <name>] [--port 4000] [--host 127.0.0.1] [--actions]
+       jobforge dashboard [--url <postgres url>] [--schema <name>] [--port 4000] [--host 127.0.0.1] [--actions] [--multi-tenant]
 
   --url      connection string (default: $JOBFORGE_PG_URL, then $DATABASE_URL)
   --schema   schema holding jobforge's tables (default: public)
   --port     dashboard: port to listen on (default 4000)
   --host     dashboard: address to listen on (default 127.0.0.1)
-  --actions  dashboard: allow cancel and replay (from loopback requests only);
-             without it the dashboard is read-only`;
+  --actions  dashboard: allow cancel, replay and signal (from loopback
+             requests only); without it the dashboard is read-only
+  --multi-tenant  dashboard: the database's runs belong to tenants; each page
+             shows one tenant's, picked with ?tenant=<id> (none: the runs
+             without a tenant)`;
 
 /** Options the command knows: a typo must not silently migrate `public`. */
 const OPTIONS = new Set(['url', 'schema', 'port', 'host']);
-const FLAGS = new Set(['actions']);
+const FLAGS = new Set(['actions', 'multi-tenant']);
 
 function parse(argv) {
   const out = { _: [] };
@@ -80,9 +83,10 @@ async function dashboard(args, url, schema, JobOrchestrator, createDashboard, is
     return 2;
   }
   const host = args.host || '127.0.0.1';
-  const orch = new JobOrchestrator({ backend: 'postgres', postgres: { url, schema, maxConnections: 4 } });
+  const multiTenant = args['multi-tenant'] === true;
+  const orch = new JobOrchestrator({ backend: 'postgres', multiTenant, postgres: { url, schema, maxConnections: 4 } });
   // A read answers whether the database and schema are there.
-  await orch.countByPoolAndStatus();
+  await orch.countByPoolAndStatus(multiTenant ? null : undefined);
   // Loopback requests by a loopback name only (no DNS rebinding).
   const authorize = args.actions ? (req) => isLocalRequest(req) : undefined;
   const handler = createDashboard(orch, { authorize, title: `jobforge · ${schema}` });
@@ -92,7 +96,7 @@ async function dashboard(args, url, schema, JobOrchestrator, createDashboard, is
     server.listen(port, host, resolve);
   });
   const addr = server.address();
-  console.log(`jobforge: dashboard of schema "${schema}" at http://${host.includes(':') ? `[${host}]` : host}:${addr.port}/ (${args.actions ? 'cancel and replay from loopback' : 'read-only'}; Ctrl-C stops it)`);
+  console.log(`jobforge: dashboard of schema "${schema}" at http://${host.includes(':') ? `[${host}]` : host}:${addr.port}/ (${args.actions ? 'actions from loopback' : 'read-only'}${multiTenant ? ', multi-tenant: ?tenant=<id>' : ''}; Ctrl-C stops it)`);
   await new Promise((resolve) => {
     process.once('SIGINT', resolve);
     process.once('SIGTERM', resolve);

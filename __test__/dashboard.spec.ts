@@ -284,6 +284,43 @@ postgresOnly('npx jobforge dashboard serves a Postgres database read-only, and s
   t.is(code, 0, err);
 });
 
+postgresOnly('npx jobforge dashboard --multi-tenant shows one tenant per page, picked with ?tenant=', async (t, make) => {
+  const opts = make.options({ multiTenant: true });
+  const schema = opts.postgres!.schema!;
+  const o = new JobOrchestrator(opts);
+  t.teardown(() => o.close());
+  await o.migrate();
+  o.registerHandler('cli.mt', {}, async () => ({}));
+  const acme = await o.start('cli.mt', {}, { tenantId: 'acme' });
+  const none = await o.start('cli.mt', {}, { tenantId: null });
+  const cli = path.join(__dirname, '..', 'bin', 'jobforge.js');
+  const child = spawn(process.execPath, [cli, 'dashboard', '--url', PG_URL, '--schema', schema, '--port', '0', '--multi-tenant'], {
+    stdio: ['ignore', 'pipe', 'pipe'],
+  });
+  t.teardown(() => child.kill('SIGKILL'));
+  let out = '';
+  let err = '';
+  child.stderr.on('data', (d: Buffer) => (err += d.toString()));
+  const url = await new Promise<string>((resolve, reject) => {
+    child.stdout.on('data', (d: Buffer) => {
+      out += d.toString();
+      const m = /at (http:\/\/\S+\/) /.exec(out);
+      if (m) resolve(m[1]!);
+    });
+    child.on('exit', (code) => reject(new Error(`exited ${code}: ${err}`)));
+  });
+  t.regex(out, /multi-tenant/);
+  const acmePage = await get(`${url}runs?tenant=acme`);
+  t.is(acmePage.status, 200);
+  t.true(acmePage.body.includes(acme.id.slice(0, 8)));
+  t.false(acmePage.body.includes(none.id.slice(0, 8)));
+  const nonePage = await get(`${url}runs`);
+  t.true(nonePage.body.includes(none.id.slice(0, 8)));
+  t.false(nonePage.body.includes(acme.id.slice(0, 8)));
+  t.is((await get(`${url}runs/${acme.id}`)).status, 404, 'another tenant’s run is not found');
+  t.is((await get(`${url}runs/${acme.id}?tenant=acme`)).status, 200);
+});
+
 test('dashboard: mounted in Express with app.use(path, handler), as in a Nest main.ts', async (t) => {
   // eslint-disable-next-line @typescript-eslint/no-require-imports
   const express = require('express') as () => { use: (...a: unknown[]) => void; listen: (p: number, h: string, cb: () => void) => import('node:http').Server };

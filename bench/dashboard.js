@@ -34,7 +34,10 @@ async function main() {
   o.registerHandler('bench.fail', { pool: 'interactive' }, async () => {
     throw new Error('boom');
   });
+  o.registerHandler('bench.rare', {}, async () => ({}));
   const t0 = Date.now();
+  // The oldest runs: a type filter's worst case (every newer run walked past) and one scope.
+  for (let i = 0; i < 100; i++) await o.start('bench.rare', { i }, { scope: { entityType: 'order', entityId: '42' } });
   let last = null;
   for (let i = 0; i < N; i++) last = await o.start('bench.pending', { i });
   for (let i = 0; i < FAILED; i++) await o.start('bench.fail', { i });
@@ -60,6 +63,9 @@ async function main() {
     ['runs (newest 50)', '/runs'],
     ['runs, status=failed', '/runs?status=failed'],
     ['runs, pool=interactive, 2nd page', null],
+    ['runs, type=bench.fail (newest 50 of its 2k)', '/runs?type=bench.fail'],
+    ['runs, type=bench.rare (its runs are the oldest: one bounded walk of 5,000 rows, a short page)', '/runs?type=bench.rare'],
+    ['runs, scope order:42 (100 runs)', '/runs?scopeType=order&scopeId=42'],
     ['run detail (failed run)', `/runs/${failedRun}`],
     ['run detail (a pending run)', `/runs/${last.id}`],
   ];

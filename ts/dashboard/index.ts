@@ -377,6 +377,18 @@ ${list.map((s) => html`<tr><td>${s.name}</td><td>${s.jobType}</td><td>${s.cron ?
   }
 
   async function readForm(req: IncomingMessage, max: number): Promise<URLSearchParams> {
+    // A framework's body parser (Express' urlencoded, on by default in
+    // Nest) may have read the stream already: its flat string fields are
+    // the form (the parser applied its own size limit).
+    // Only when the stream was read: a parser for another type leaves `{}`
+    // in `body` and the stream unread.
+    const parsed = (req as { body?: unknown }).body;
+    if (req.readableEnded && parsed !== null && typeof parsed === 'object' && !Buffer.isBuffer(parsed)) {
+      const form = new URLSearchParams();
+      for (const [k, v] of Object.entries(parsed as Record<string, unknown>)) if (typeof v === 'string') form.set(k, v);
+      if (JSON.stringify([...form]).length > max) throw new HttpError(413, 'form too large');
+      return form;
+    }
     const chunks: Buffer[] = [];
     let size = 0;
     for await (const c of req as AsyncIterable<Buffer>) {

@@ -43,6 +43,7 @@ export { JobHandlerNotProviderError, JobPoolNotConfiguredError } from './errors'
 export { NestJobOrchestrator } from './nest-orchestrator';
 export type { HandlerResolver } from './nest-orchestrator';
 export { JobsModule, JobsWorker, moduleRefResolver, nestRunLogger } from './jobs.module';
+export type { JobsDashboardOptions } from './dashboard';
 export type {
   JobsModuleAsyncOptions,
   JobsModuleOptions,

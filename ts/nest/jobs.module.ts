@@ -31,6 +31,7 @@ import type {
   WorkerHandle,
   WorkerOptions,
 } from '../index';
+import { checkDashboardOption, JobsDashboardMount, type JobsDashboardOptions } from './dashboard';
 import { JobHandlerNotProviderError, JobPoolNotConfiguredError } from './errors';
 import { HandlerRegistry, type JobHandlerClass } from './handler-registry';
 import { NestJobOrchestrator, type HandlerResolver } from './nest-orchestrator';
@@ -73,6 +74,17 @@ export interface JobsModuleOptions {
   logger?: JobLogger | undefined;
   /** How long terminal runs are kept (see the core's `retention`). Default: forever. */
   retention?: JobOrchestratorOptions['retention'] | undefined;
+  /** The run timeline (see the core's `timeline`). Default true. */
+  timeline?: JobOrchestratorOptions['timeline'];
+  /** OpenTelemetry tracing when `@opentelemetry/api` is installed (see the core's `tracing`). Default true. */
+  tracing?: JobOrchestratorOptions['tracing'];
+  /**
+   * The web dashboard, mounted in this application at `path` (Express
+   * platform): `{ path: '/jobs', authorize: (req, action) => ... }`. See
+   * `createDashboard` for `authorize`; without it the dashboard answers
+   * loopback requests only, read-only.
+   */
+  dashboard?: JobsDashboardOptions | undefined;
   /**
    * `'memory'` (default) or `'postgres'`: runs live in PostgreSQL and any
    * number of processes (each importing this module) share them.
@@ -365,6 +377,8 @@ function orchestratorFactory(options: JobsModuleOptions, moduleRef: ModuleRef): 
       loggerFactory: options.loggerFactory ?? nestRunLogger,
       logger: options.logger ?? new Logger('Jobforge'),
       retention: options.retention,
+      timeline: options.timeline,
+      tracing: options.tracing,
       backend: options.backend,
       postgres: options.postgres,
     },
@@ -418,6 +432,7 @@ function providers(optionsProvider: Provider, link: WorkerLink): Provider[] {
     },
     { provide: HandlerRegistry, useValue: new HandlerRegistry() },
     JobsWorker,
+    JobsDashboardMount,
   ];
 }
 
@@ -425,6 +440,8 @@ function providers(optionsProvider: Provider, link: WorkerLink): Provider[] {
 export class JobsModule {
   /** `JobsModule.forRoot({ multiTenant?, pools?, worker?, backend?, postgres?, global? })`. */
   static forRoot(options: JobsModuleOptions & JobsModuleRegistration = {}): DynamicModule {
+    // Checked here too (module init checks it again, for forRootAsync): a bad option fails at import.
+    if (options?.dashboard !== undefined) checkDashboardOption(options.dashboard);
     return registration(options, { provide: JOBS_MODULE_OPTIONS, useValue: options });
   }
 

@@ -1381,8 +1381,19 @@ impl<S: Store + Coordination> Worker<S> {
                         Some((id, epoch)) => engine.abort_local(id, epoch, AbortReason::Canceled),
                         None => wake.notify_one(),
                     };
+                    // Starts committed before LISTEN took effect told no
+                    // one (the loop's first claim may have run before
+                    // them: at startup, or during a reconnect): one look
+                    // once listening covers them, and notifications the
+                    // rest. Without it a burst started right after
+                    // `startWorker` waited for the poll interval here.
+                    let listening_now = || wake.notify_one();
                     let began = std::time::Instant::now();
-                    if engine.store().listen(&keep, &notify).is_err() {
+                    if engine
+                        .store()
+                        .listen(&keep, &listening_now, &notify)
+                        .is_err()
+                    {
                         // Lost the connection (or could not open one): polling
                         // covers the gap. Reconnect at once-ish after a long
                         // session, less and less often while it keeps failing.

@@ -170,6 +170,7 @@ impl Coordination for ReadOnlyAtTimes {
     fn listen(
         &self,
         keep_going: &dyn Fn() -> bool,
+        _on_listening: &dyn Fn(),
         _on_change: &dyn Fn(Option<(RunId, Option<u32>)>),
     ) -> Result<()> {
         // Nothing to hear; blocks like a listener until told to stop.
@@ -254,6 +255,139 @@ async fn the_outage_log_says_succeed_again_only_once_the_failing_writes_succeed(
         vec!["failing", "succeed again"],
         "once the writes succeed, the outage ends"
     );
+    w.stop();
+    tokio::time::timeout(Duration::from_secs(5), looping)
+        .await
+        .unwrap()
+        .unwrap();
+}
+
+// ── the listener's start ───────────────────────────────────────────────
+
+/// A shared store whose listener begins to listen only once `may_listen`
+/// is set: the connection a worker's listener opens at startup (or after
+/// losing one) takes a while, and what is committed meanwhile tells no one.
+struct LateListener {
+    inner: MemoryStore,
+    may_listen: AtomicBool,
+}
+
+impl Store for LateListener {
+    type Tx<'a> = <MemoryStore as Store>::Tx<'a>;
+
+    fn transaction<R>(&self, f: impl FnOnce(&mut Self::Tx<'_>) -> Result<R>) -> Result<R> {
+        self.inner.transaction(f)
+    }
+
+    fn read<R>(&self, f: impl Fn(&mut Self::Tx<'_>) -> Result<R>) -> Result<R> {
+        self.inner.read(f)
+    }
+}
+
+impl Coordination for LateListener {
+    fn shared(&self) -> bool {
+        true
+    }
+
+    fn inline(&self) -> bool {
+        false
+    }
+
+    fn connections(&self) -> usize {
+        4
+    }
+
+    fn listen(
+        &self,
+        keep_going: &dyn Fn() -> bool,
+        on_listening: &dyn Fn(),
+        _on_change: &dyn Fn(Option<(RunId, Option<u32>)>),
+    ) -> Result<()> {
+        while keep_going() && !self.may_listen.load(Ordering::SeqCst) {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        on_listening();
+        while keep_going() {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        Ok(())
+    }
+}
+
+/// Keeps what the worker dispatched.
+#[derive(Clone, Default)]
+struct Dispatched(Arc<Mutex<Vec<AttemptTicket>>>);
+
+impl BatchDispatcher for Dispatched {
+    fn dispatch(&self, tickets: Vec<AttemptTicket>) -> bool {
+        self.0.lock().unwrap().extend(tickets);
+        true
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_run_started_before_the_listener_listens_is_claimed_once_it_does() {
+    let e = Arc::new(Engine::new(
+        LateListener {
+            inner: MemoryStore::new(),
+            may_listen: AtomicBool::new(false),
+        },
+        EngineOptions {
+            multi_tenant: false,
+            clock: ClockKind::System,
+            retention: Default::default(),
+        },
+    ));
+    e.register(DefinitionSpec {
+        job_type: "t".into(),
+        pool: Some("a".into()),
+        ..DefinitionSpec::default()
+    })
+    .unwrap();
+    // A poll interval longer than the test: only a wake-up claims.
+    let w = Worker::with_timings(
+        e.clone(),
+        vec![WorkerPool::new("a", 2)],
+        WorkerTimings {
+            poll_ms: 60_000,
+            ..WorkerTimings::default()
+        },
+    );
+    let dispatched = Dispatched::default();
+    let looping = tokio::spawn(w.clone().run(dispatched.clone()));
+    // The first claim finds nothing; the loop sleeps.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    // A start in another process, committed before this one listens: no
+    // local wake-up (the worker is not told it is hungry here).
+    e.set_worker_hungry(false);
+    e.start(StartRequest {
+        job_type: "t".into(),
+        input: RawValue::from_string("{}".into()).unwrap(),
+        ..StartRequest::default()
+    })
+    .unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(
+        dispatched.0.lock().unwrap().is_empty(),
+        "nothing has told the worker of the run yet"
+    );
+    e.store().may_listen.store(true, Ordering::SeqCst);
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while dispatched.0.lock().unwrap().is_empty() && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(
+        dispatched.0.lock().unwrap().len(),
+        1,
+        "once listening, the worker looks for what it missed"
+    );
+    let t = dispatched.0.lock().unwrap()[0].clone();
+    w.report(vec![(
+        t.run.id,
+        t.epoch,
+        Some(AttemptOutcome::Completed(None)),
+        0,
+    )]);
     w.stop();
     tokio::time::timeout(Duration::from_secs(5), looping)
         .await

@@ -166,11 +166,14 @@ pub trait Coordination {
     /// Blocks the calling thread, telling `on_change` of other processes'
     /// changes until `keep_going` returns false: `None` for "something may
     /// be claimable", a run and its claim epoch when a running run was
-    /// canceled (so the process executing it can fire its signal). A store
-    /// no one shares has nothing to tell and returns at once.
+    /// canceled (so the process executing it can fire its signal).
+    /// `on_listening` is called each time it begins to listen (at first and
+    /// after a reconnect): a change committed before then was not told. A
+    /// store no one shares has nothing to tell and returns at once.
     fn listen(
         &self,
         _keep_going: &dyn Fn() -> bool,
+        _on_listening: &dyn Fn(),
         _on_change: &dyn Fn(Option<(RunId, Option<u32>)>),
     ) -> Result<()> {
         Ok(())

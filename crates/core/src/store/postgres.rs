@@ -995,12 +995,14 @@ impl PgStore {
     pub fn listen(
         &self,
         keep_going: &dyn Fn() -> bool,
+        on_listening: &dyn Fn(),
         on_notify: &dyn Fn(Option<(RunId, Option<u32>)>),
     ) -> Result<()> {
         let mut client = connect_bounded(&self.pool.config, &self.pool.stuck, self.pool.max)?;
         client
             .batch_execute(&format!("LISTEN {}", quote_ident(&self.channel)))
             .map_err(db_err)?;
+        on_listening();
         while keep_going() {
             let mut n = client.notifications();
             let mut it = n.timeout_iter(Duration::from_millis(200));
@@ -1441,9 +1443,10 @@ impl super::Coordination for PgStore {
     fn listen(
         &self,
         keep_going: &dyn Fn() -> bool,
+        on_listening: &dyn Fn(),
         on_change: &dyn Fn(Option<(RunId, Option<u32>)>),
     ) -> Result<()> {
-        PgStore::listen(self, keep_going, on_change)
+        PgStore::listen(self, keep_going, on_listening, on_change)
     }
 
     fn listen_transitions(

@@ -529,7 +529,7 @@ forBackends('dashboard: a run waiting on a signal offers "Send signal" named aft
   t.is((await post(url, { csrf, signal: 'note', payload: '' }, { origin: base })).status, 409, 'a run that ended takes no signal');
 });
 
-test('dashboard: the signal action needs its token, the same origin and authorize(req, \'signal\'); a token wait cannot be resumed from here', async (t) => {
+test('dashboard: the signal action needs its token, the same origin and authorize(req, \'signal\')', async (t) => {
   const o = manual({ multiTenant: true });
   o.registerHandler('dash.sig', {}, async (ctx: JobContext<unknown>) => ({ got: await ctx.waitForSignal('go') }));
   o.registerHandler('dash.tok', {}, async (ctx: JobContext<unknown>) => ({ got: await ctx.waitForToken('t', () => undefined) }));
@@ -566,12 +566,77 @@ test('dashboard: the signal action needs its token, the same origin and authoriz
   t.is((await o.getRun(run.id, 'a'))?.status, 'pending');
 
   const tokenPage = await get(`${base}/runs/${tok.id}`);
-  t.true(tokenPage.body.includes('waits on a resume token'), 'says why it cannot resume');
+  t.true(tokenPage.body.includes('Resume with its token'), 'a token wait offers the resume form');
   t.false(tokenPage.body.includes('Send signal'));
 
   // Read-only (no authorize): no form, and the action is refused.
   const ro = await serve(t, o);
   t.false((await get(`${ro}/runs/${theirs.id}?tenant=b`)).body.includes('Send signal'));
   t.is((await post(`${ro}/runs/${theirs.id}/signal?tenant=b`, form, { origin: ro })).status, 403);
+  t.is((await o.getRun(theirs.id, 'b'))?.status, 'waiting');
+});
+
+forBackends('dashboard: a run waiting on a token is resumed from its page with the pasted token and a JSON payload; a wrong, used or other tenant\'s token changes nothing', async (t, make) => {
+  const o = await make({ multiTenant: true });
+  const tokens = new Map<string, string>();
+  o.registerHandler('dash.tok', {}, async (ctx: JobContext<unknown>) => ({
+    got: await ctx.waitForToken('approval', (token) => void tokens.set(ctx.run.id, token)),
+  }));
+  const mine = await o.start('dash.tok', {}, { tenantId: 'a' });
+  const theirs = await o.start('dash.tok', {}, { tenantId: 'b' });
+  for (let i = 0; i < 2; i++) {
+    const c = await o.claimNext('batch');
+    await o.tick(c!.id);
+  }
+  t.is((await o.getRun(mine.id, 'a'))?.status, 'waiting');
+  const asked: string[] = [];
+  const base = await serve(t, o, {
+    authorize: (req, action) => {
+      asked.push(action);
+      if (action === 'resume' && req.headers['x-user'] === 'viewer') return false;
+      return { tenantId: 'a' };
+    },
+  });
+  const page = await get(`${base}/runs/${mine.id}`);
+  t.true(page.body.includes('Resume with its token'));
+  t.true(page.body.includes('<button type="submit" class="act act-resume">Resume</button>'));
+  const csrf = csrfOf(page.body);
+  const url = `${base}/runs/${mine.id}/resume`;
+  const token = tokens.get(mine.id)!;
+  const form = { csrf, token, payload: '{"approved": true}' };
+  t.is((await post(url, { ...form, csrf: 'forged' }, { origin: base })).status, 403, 'a wrong form token');
+  t.is((await post(url, form, { origin: 'https://evil.example' })).status, 403, 'another origin');
+  t.is((await post(url, form, { origin: base, 'x-user': 'viewer' })).status, 403, 'authorize said no to resume');
+  t.is((await post(url, { csrf, token: '  ', payload: '' }, { origin: base })).status, 400, 'no token');
+  t.is((await post(url, { ...form, payload: '{nope' }, { origin: base })).status, 400, 'a payload that is not JSON');
+  const wrong = await post(url, { ...form, token: `${token.slice(0, -4)}0000` }, { origin: base });
+  t.is(wrong.status, 400, 'a token that is not the wait\'s');
+  const why = await wrong.text();
+  t.true(why.includes('resume token refused'), why);
+  // Pinned to tenant a: tenant b's token is refused, its run left waiting.
+  t.is((await post(url, { ...form, token: tokens.get(theirs.id)! }, { origin: base })).status, 400, 'another tenant\'s token');
+  t.is((await o.getRun(theirs.id, 'b'))?.status, 'waiting');
+  t.is((await o.getRun(mine.id, 'a'))?.status, 'waiting', 'nothing refused changed the run');
+  t.true(asked.includes('resume'));
+
+  const ok = await post(url, { ...form, token: `  ${token}\n` }, { origin: base });
+  t.is(ok.status, 303);
+  t.is(ok.headers.get('location'), `/runs/${mine.id}?resumed=1&tenant=a`);
+  t.true((await get(`${base}${ok.headers.get('location')}`)).body.includes('The token was taken'));
+  t.is((await o.getRun(mine.id, 'a'))?.status, 'pending');
+  t.is((await post(url, form, { origin: base })).status, 400, 'a used token');
+  const c = await o.claimNext('batch');
+  await o.tick(c!.id);
+  const done = await o.getRun(mine.id, 'a');
+  t.is(done?.status, 'completed');
+  t.deepEqual(done?.output, { got: { approved: true } });
+  t.false((await get(`${base}/runs/${mine.id}`)).body.includes('Resume with its token'), 'no form once the run ended');
+
+  // Read-only (no authorize): a note instead of the form, and the action is refused.
+  const ro = await serve(t, o);
+  const roPage = await get(`${ro}/runs/${theirs.id}?tenant=b`);
+  t.false(roPage.body.includes('Resume with its token'));
+  t.true(roPage.body.includes('whoever holds it calls'));
+  t.is((await post(`${ro}/runs/${theirs.id}/resume?tenant=b`, { csrf, token: tokens.get(theirs.id)!, payload: '' }, { origin: ro })).status, 403);
   t.is((await o.getRun(theirs.id, 'b'))?.status, 'waiting');
 });

@@ -12,7 +12,7 @@ const USAGE = `usage: jobforge migrate [--url <postgres url>] [--schema <name>]
   --schema   schema holding jobforge's tables (default: public)
   --port     dashboard: port to listen on (default 4000)
   --host     dashboard: address to listen on (default 127.0.0.1)
-  --actions  dashboard: allow cancel, replay and signal (from loopback
+  --actions  dashboard: allow cancel, replay, signal and resume (from loopback
              requests only); without it the dashboard is read-only
   --multi-tenant  dashboard: the database's runs belong to tenants; each page
              shows one tenant's, picked with ?tenant=<id> (none: the runs

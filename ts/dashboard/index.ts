@@ -25,7 +25,7 @@ import type { JobOrchestrator } from '../orchestrator';
 import type { JobRun, JobRunStatus, JobStep, JobThroughputMinute, RunTreeNode } from '../rows';
 import { esc, Html, html, json, when } from './html';
 
-export type DashboardAction = 'read' | 'cancel' | 'replay' | 'signal';
+export type DashboardAction = 'read' | 'cancel' | 'replay' | 'signal' | 'resume';
 
 /** The actions a run's page posts (each asks `authorize` under its name). */
 type RunAction = Exclude<DashboardAction, 'read'>;
@@ -272,10 +272,17 @@ ${pageOf.nextCursor ? html`<p><a class="next" href="${link('/runs', { ...filters
 <label>payload (JSON; empty: null) <textarea name="payload" rows="4"></textarea></label>
 <button type="submit" class="act act-signal">Send signal</button></form></section>`
         : '';
-    const tokenNote =
-      r.waitKind === 'token' && !TERMINAL.has(r.status)
-        ? html`<p class="note">This run waits on a resume token. Only its hash is stored, so the dashboard cannot resume it: whoever holds the token calls <code>resume(token, payload)</code>.</p>`
-        : '';
+    const resumed = url.searchParams.get('resumed') === '1' ? html`<p class="note">The token was taken: its wait resolved with the payload and the run resumes.</p>` : '';
+    // Only a token's hash is stored: the form takes the token from whoever holds it.
+    const tokenWait = !TERMINAL.has(r.status) && (r.waitKind === 'token' || hasOpenTokenWait(steps));
+    const tokenForm = !tokenWait
+      ? ''
+      : a.canAct
+        ? html`<section><h2>Resume with its token</h2><p class="note">The run waits on a resume token. Only its hash is stored: paste the token <code>ctx.waitForToken</code> handed out.</p><form class="resume" method="post" action="${actionUrl('resume')}"><input type="hidden" name="csrf" value="${csrf}">
+<label>token <input name="token" required autocomplete="off" spellcheck="false"></label>
+<label>payload (JSON; empty: null) <textarea name="payload" rows="4"></textarea></label>
+<button type="submit" class="act act-resume">Resume</button></form></section>`
+        : html`<p class="note">This run waits on a resume token: whoever holds it calls <code>resume(token, payload)</code>.</p>`;
     const field = (k: string, v: unknown): Html => html`<dt>${k}</dt><dd>${v}</dd>`;
     const body = html`<div class="actions">${actions}</div>
 <dl class="row">${[
@@ -297,7 +304,7 @@ ${pageOf.nextCursor ? html`<p><a class="next" href="${link('/runs', { ...filters
       field('started', when(r.startedAt)),
       field('finished', when(r.finishedAt)),
     ]}</dl>
-${signalNote}${tokenNote}${signalForm}
+${signalNote}${resumed}${signalForm}${tokenForm}
 ${r.error ? html`<section><h2>Error</h2><pre class="err">${r.error.message}${r.error.stack ? `\n\n${r.error.stack}` : ''}</pre></section>` : ''}
 <section><h2>Input</h2><pre>${json(r.input)}</pre></section>
 ${r.output !== null && r.output !== undefined ? html`<section><h2>Output</h2><pre>${json(r.output)}</pre></section>` : ''}
@@ -413,28 +420,36 @@ ${list.map((s) => html`<tr><td>${s.name}</td><td>${s.jobType}</td><td>${s.cron ?
   async function act(req: IncomingMessage, res: ServerResponse, url: URL, id: string, action: RunAction): Promise<void> {
     const a = await access(req, action, url);
     if (!sameOrigin(req)) throw new HttpError(403, 'cross-origin request refused');
-    const form = await readForm(req, action === 'signal' ? MAX_SIGNAL_FORM : MAX_FORM);
+    const form = await readForm(req, action === 'signal' || action === 'resume' ? MAX_SIGNAL_FORM : MAX_FORM);
     const token = Buffer.from(form.get('csrf') ?? '');
     const want = Buffer.from(csrf);
     if (token.length !== want.length || !timingSafeEqual(token, want)) throw new HttpError(403, 'missing or stale form token (reload the page)');
     if (!UUID.test(id)) throw new HttpError(404, `run ${id} not found`);
     const tenant = { tenantId: a.tenantId };
     const back: Record<string, string> = {};
+    let target = id;
     if (action === 'cancel') {
       // Only a run this request may see (cancel of another tenant's run is a no-op anyway).
       if (!(await o.getRun(id, a.tenantId))) throw new HttpError(404, `run ${id} not found`);
       await o.cancel(id, { cascade: true, reason: 'dashboard', ...tenant });
     } else if (action === 'replay') {
       await o.replay(id, tenant);
-    } else {
+    } else if (action === 'signal') {
       const name = form.get('signal') ?? '';
       if (name === '') throw new HttpError(400, 'the signal needs a name');
       const payload = parsePayload(form.get('payload') ?? '');
       const { delivered } = await o.signal(id, name, payload, tenant);
       back.signal = delivered ? 'delivered' : 'inbox';
+    } else {
+      const token = (form.get('token') ?? '').trim();
+      if (token === '') throw new HttpError(400, 'paste the resume token');
+      const payload = parsePayload(form.get('payload') ?? '');
+      // The token names its run: the page shown next is that run's.
+      target = (await o.resume(token, payload, tenant)).runId;
+      back.resumed = '1';
     }
     res.statusCode = 303;
-    res.setHeader('Location', link(`/runs/${encodeURIComponent(id)}`, back, a));
+    res.setHeader('Location', link(`/runs/${encodeURIComponent(target)}`, back, a));
     res.end();
   }
 
@@ -444,7 +459,7 @@ ${list.map((s) => html`<tr><td>${s.name}</td><td>${s.jobType}</td><td>${s.cron ?
     // Plain `http`: the whole path; Express/Nest mounted: the path under the mount.
     if (base !== '' && (path === base || path.startsWith(`${base}/`))) path = path.slice(base.length);
     if (path === '') path = '/';
-    const runAction = /^\/runs\/([^/]+)\/(cancel|replay|signal)$/.exec(path);
+    const runAction = /^\/runs\/([^/]+)\/(cancel|replay|signal|resume)$/.exec(path);
     if (runAction) {
       if (req.method !== 'POST') throw new HttpError(405, 'use POST');
       await act(req, res, url, decodeURIComponent(runAction[1]!), runAction[2] as RunAction);
@@ -504,7 +519,7 @@ ${list.map((s) => html`<tr><td>${s.name}</td><td>${s.jobType}</td><td>${s.cron ?
             ? e.status
             : codeOf === 'JOB_RUN_NOT_FOUND'
               ? 404
-              : codeOf === 'JOB_INPUT_INVALID' || codeOf === 'MISSING_TENANT_ID'
+              : codeOf === 'JOB_INPUT_INVALID' || codeOf === 'MISSING_TENANT_ID' || codeOf === 'JOB_RESUME_TOKEN'
                 ? 400
                 : codeOf === 'JOB_RUN_STATE'
                   ? 409
@@ -524,6 +539,11 @@ function openSignalWaits(steps: JobStep[]): string[] {
     if (wait?.wait === 'signal' && typeof wait.signal === 'string' && !names.includes(wait.signal)) names.push(wait.signal);
   }
   return names;
+}
+
+/** Whether a run has an open `waitForToken` step (it may wait on a token beside other waits). */
+function hasOpenTokenWait(steps: JobStep[]): boolean {
+  return steps.some((s) => s.kind === 'wait' && s.status === 'running' && s.input?.wait === 'token');
 }
 
 /** A signal's payload from its form: empty is none (the wait resolves with null); other text must be JSON. */

@@ -124,8 +124,17 @@ fn setup(
     tag: &str,
     connect_timeout_s: u32,
 ) -> Option<(Engine<PgStore>, Proxy, postgres::Client, String)> {
+    setup_on(&url(), tag, connect_timeout_s)
+}
+
+/// `setup` on the server at `url`.
+fn setup_on(
+    url: &str,
+    tag: &str,
+    connect_timeout_s: u32,
+) -> Option<(Engine<PgStore>, Proxy, postgres::Client, String)> {
     let schema = format!("jf_rs_co_{tag}_{}", std::process::id());
-    let mut direct = match postgres::Client::connect(&url(), postgres::NoTls) {
+    let mut direct = match postgres::Client::connect(url, postgres::NoTls) {
         Ok(c) => c,
         Err(e) => {
             if std::env::var("JOBFORGE_REQUIRE_PG").is_ok_and(|v| v == "1") {
@@ -138,7 +147,7 @@ fn setup(
     direct
         .batch_execute(&format!("DROP SCHEMA IF EXISTS \"{schema}\" CASCADE"))
         .unwrap();
-    let cfg: postgres::Config = url().parse().unwrap();
+    let cfg: postgres::Config = url.parse().unwrap();
     let host = match &cfg.get_hosts()[0] {
         postgres::config::Host::Tcp(h) => h.clone(),
         #[allow(unreachable_patterns)]
@@ -430,4 +439,164 @@ fn a_claim_whose_outcome_stayed_unknown_is_released_after_the_next_write_not_lef
     direct
         .batch_execute(&format!("DROP SCHEMA \"{schema}\" CASCADE"))
         .unwrap();
+}
+
+// ── across a server restart ────────────────────────────────────────────
+
+/// A PostgreSQL cluster of this test's own, which it may crash: Debian's
+/// `pg_createcluster` as root, on a port of its own, dropped when this
+/// drops. `None`, with the reason printed, where that cannot be done (CI
+/// runs as root with postgresql-common: there it runs).
+struct CrashableCluster {
+    version: String,
+    name: String,
+    port: u16,
+}
+
+impl CrashableCluster {
+    fn create() -> Option<CrashableCluster> {
+        let skip = |why: &str| {
+            eprintln!("skipping the server-restart test: it {why}");
+            None
+        };
+        let uid = std::process::Command::new("id").arg("-u").output();
+        if !uid.is_ok_and(|o| String::from_utf8_lossy(&o.stdout).trim() == "0") {
+            return skip("needs root (pg_createcluster / pg_ctlcluster)");
+        }
+        let Ok(dirs) = std::fs::read_dir("/usr/lib/postgresql") else {
+            return skip("needs a PostgreSQL server under /usr/lib/postgresql");
+        };
+        let Some(version) = dirs
+            .flatten()
+            .filter_map(|d| d.file_name().to_str()?.parse::<u32>().ok())
+            .max()
+        else {
+            return skip("needs a PostgreSQL server under /usr/lib/postgresql");
+        };
+        let c = CrashableCluster {
+            version: version.to_string(),
+            name: format!("jf_rs_restart_{}", std::process::id()),
+            port: 40000 + (std::process::id() % 20000) as u16,
+        };
+        let port = c.port.to_string();
+        let created = std::process::Command::new("pg_createcluster")
+            .args([
+                &c.version,
+                &c.name,
+                "-p",
+                &port,
+                "--start",
+                "--",
+                "--auth=trust",
+            ])
+            .output();
+        match created {
+            Ok(o) if o.status.success() => Some(c),
+            Ok(o) => panic!(
+                "pg_createcluster failed: {}{}",
+                String::from_utf8_lossy(&o.stderr),
+                String::from_utf8_lossy(&o.stdout)
+            ),
+            Err(_) => skip("needs Debian's postgresql-common (pg_createcluster)"),
+        }
+    }
+
+    fn url(&self) -> String {
+        format!("postgres://postgres@127.0.0.1:{}/postgres", self.port)
+    }
+
+    /// Crashes the server (`stop -m immediate`: no checkpoint, recovery at
+    /// the next start) and starts it again; returns once it accepts
+    /// connections.
+    fn crash_and_restart(&self) {
+        for args in [&["stop", "-m", "immediate"][..], &["start"][..]] {
+            let o = std::process::Command::new("pg_ctlcluster")
+                .args([&self.version, &self.name])
+                .args(args)
+                .output()
+                .expect("pg_ctlcluster");
+            assert!(
+                o.status.success(),
+                "pg_ctlcluster {args:?}: {}",
+                String::from_utf8_lossy(&o.stderr)
+            );
+        }
+    }
+}
+
+impl Drop for CrashableCluster {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("pg_dropcluster")
+            .args([&self.version, &self.name, "--stop"])
+            .output();
+    }
+}
+
+#[test]
+fn a_claim_whose_outcome_stayed_unknown_across_a_server_crash_is_released_by_its_rows_not_left_to_its_lease(
+) {
+    let Some(cluster) = CrashableCluster::create() else {
+        return;
+    };
+    let Some((e, proxy, direct, schema)) = setup_on(&cluster.url(), "restart", 1) else {
+        return;
+    };
+    drop(direct);
+    let connect = || postgres::Client::connect(&cluster.url(), postgres::NoTls).unwrap();
+    let stored_claim = |id: &RunId| -> (String, i32) {
+        let r = connect()
+            .query_one(
+                &format!("SELECT status, claim_epoch FROM \"{schema}\".job_run WHERE id = $1"),
+                &[id],
+            )
+            .unwrap();
+        (r.get(0), r.get(1))
+    };
+    let row = e.start(start_req(r#"{"n":1}"#)).unwrap();
+
+    // The claim lands, its answer is lost, the server stays out of reach
+    // past the connect timeout; then it crashes and comes back (its
+    // transaction ids may now name other transactions).
+    proxy.arm(Mode::LoseAnswer, Mode::Refuse);
+    let err = e
+        .claim_attempts(&row.pool, 5)
+        .expect_err("the outcome cannot be told");
+    assert_unknown(&err);
+    assert_eq!(stored_claim(&row.id), ("running".to_owned(), 1));
+    cluster.crash_and_restart();
+    assert_eq!(
+        stored_claim(&row.id),
+        ("running".to_owned(), 1),
+        "the claim's commit survived the crash"
+    );
+    *proxy.mode.lock().unwrap() = Mode::Pass;
+
+    // The first write that succeeds after it: the row is still as the
+    // claim left it, so it is released (its 30 s lease is far off) and
+    // claimed again, in its place, under a new epoch.
+    let other = e.start(start_req(r#"{"n":2}"#)).unwrap();
+    assert_eq!(stored_claim(&row.id), ("pending".to_owned(), 1));
+    assert!(!e.store().has_orphans(), "resolved");
+    let tickets = e.claim_attempts(&row.pool, 1).expect("claims again");
+    assert_eq!(claims(&tickets), vec![(row.id, 2)]);
+
+    // A claim whose COMMIT never reached the server, then a crash: the
+    // rows it would have claimed read otherwise, so nothing is released —
+    // not the held run, not the run another claim took since.
+    proxy.arm(Mode::LoseCommit, Mode::Refuse);
+    let err = e
+        .claim_attempts(&row.pool, 5)
+        .expect_err("the outcome cannot be told");
+    assert_unknown(&err);
+    cluster.crash_and_restart();
+    *proxy.mode.lock().unwrap() = Mode::Pass;
+    let tickets = e.claim_attempts(&row.pool, 5).expect("claims");
+    assert_eq!(
+        claims(&tickets),
+        vec![(other.id, 1)],
+        "the rolled-back claim left the run pending; the held one is untouched"
+    );
+    assert!(!e.store().has_orphans(), "resolved");
+    assert_eq!(stored_claim(&row.id), ("running".to_owned(), 2));
+    assert_eq!(stored_claim(&other.id), ("running".to_owned(), 1));
 }

@@ -2454,9 +2454,21 @@ impl StoreTx for PgTx<'_> {
         let here = self.conn.borrow().incarnation.clone();
         let (mut out, mut keep) = (Vec::new(), Vec::new());
         for o in pending {
-            if o.was != here || o.at.elapsed() > ORPHAN_MAX_AGE {
-                // Across a restart the id may name another transaction:
-                // its claims, if any, wait for their lease.
+            if o.at.elapsed() > ORPHAN_MAX_AGE {
+                continue;
+            }
+            if o.was != here {
+                // Across a restart the id may name another transaction (an
+                // id whose WAL was lost is handed out again), so its status
+                // proves nothing: the rows decide. `release_orphans_in`
+                // releases only a row still exactly as the claim left it
+                // (running under its epoch, its claim time to the
+                // millisecond, not made executing since); a claim that did
+                // not land left no such row, unless another process claimed
+                // the same run under the same epoch in the same millisecond
+                // (then it runs twice, as after a lost lease).
+                out.extend(o.claims.iter().copied());
+                self.taken_orphans.push(o);
                 continue;
             }
             let rows = self.query(SQL_TXID_STATUS, &[&o.xid], None);

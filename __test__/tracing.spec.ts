@@ -307,3 +307,61 @@ test('tracing: without the package, or with tracing off, nothing of it is loaded
   t.is(r.status, 0, r.stderr);
   t.deepEqual(JSON.parse(r.stdout.trim()), { status: 'completed', tags: {}, loaded: true }, 'on, but no provider registered: nothing stamped');
 });
+
+test('tracing: options given as a class instance (getters) keep every field under an active span; a caller’s own tracestate keeps both tags out', async (t) => {
+  const o = manual();
+  o.registerHandler('tr.opts', {}, () => ({}));
+  class Opts {
+    get pool(): string {
+      return 'other';
+    }
+    get priority(): number {
+      return 5;
+    }
+    get tags(): Record<string, string> {
+      return { team: 'a' };
+    }
+  }
+  const { run, outer } = await inSpan('with class options', async (span) => ({ run: await o.start('tr.opts', {}, new Opts()), outer: span }));
+  t.is(run.pool, 'other', 'a getter is read, not dropped by the trace tags');
+  t.is(run.priority, 5);
+  t.deepEqual(run.tags, { team: 'a', traceparent: traceparentOf(outer) });
+  const inherited = await inSpan('inherited options', () => o.start('tr.opts', {}, Object.create({ priority: 3 }) as { priority: number }));
+  const untraced = await o.start('tr.opts', {}, Object.create({ priority: 3 }) as { priority: number });
+  t.is(inherited.priority, untraced.priority, 'options built on a prototype read the same with a span active');
+  t.is(inherited.priority, 3);
+  const [many] = await inSpan('startMany', () => o.startMany([{ type: 'tr.opts', input: {}, opts: new Opts() }]));
+  t.is(many!.pool, 'other');
+  t.is(many!.tags.team, 'a');
+  t.truthy(many!.tags.traceparent);
+  // The caller carried a tracestate of its own: neither tag is added (a pair from two contexts would be wrong).
+  const own = await inSpan('own state', () => o.start('tr.opts', {}, { tags: { tracestate: 'vendor=1' } }));
+  t.deepEqual(own.tags, { tracestate: 'vendor=1' });
+});
+
+test('tracing: a tracer provider that throws breaks nothing: starts resolve, the worker completes the runs, tick too', (t) => {
+  const dist = path.join(__dirname, '..', 'dist');
+  const script = `
+    const { trace } = require('@opentelemetry/api');
+    trace.setGlobalTracerProvider({ getTracer() { throw new Error('broken SDK'); } });
+    const { JobOrchestrator } = require(${JSON.stringify(dist)});
+    process.on('uncaughtException', (e) => { console.error('uncaught', e); process.exit(3); });
+    process.on('unhandledRejection', (e) => { console.error('unhandled', e); process.exit(4); });
+    (async () => {
+      const o = new JobOrchestrator({ clock: 'manual' });
+      o.registerHandler('x', {}, async (ctx) => { await ctx.step('s', () => 1); return { ok: true }; });
+      const ticked = await o.start('x', {});
+      await o.claimNext('batch');
+      await o.tick(ticked.id);
+      const w = new JobOrchestrator({});
+      w.registerHandler('x', {}, async (ctx) => { await ctx.step('s', () => 1); return { ok: true }; });
+      const worker = w.startWorker({ pools: { batch: { concurrency: 2 } } });
+      const runs = await Promise.all([1, 2, 3].map(() => w.start('x', {})));
+      const done = await Promise.all(runs.map((r) => w.waitForRun(r.id, { timeoutMs: 5000 })));
+      await worker.stop();
+      console.log(JSON.stringify([(await o.getRun(ticked.id)).status, ...done.map((r) => r.status)]));
+    })().catch((e) => { console.error(e); process.exit(1); });`;
+  const r = spawnSync(process.execPath, ['-e', script], { encoding: 'utf8', timeout: 20_000 });
+  t.is(r.status, 0, r.stderr);
+  t.deepEqual(JSON.parse(r.stdout.trim()), ['completed', 'completed', 'completed', 'completed']);
+});

@@ -349,8 +349,7 @@ export class JobOrchestrator<Jobs extends JobMap = AnyJobs> {
       // The untyped signature: the child's type and input were checked
       // against the job map where ctx.spawnChild was called.
       start: (type, input, opts) => (this as JobOrchestrator).start(type, input, opts),
-      prepare: (type, input, opts) =>
-        prepareStart(type, input, tracing === null ? opts : (tracing.stamp(opts) as StartOptionsInput), this.handlers.get(type)),
+      prepare: (type, input, opts) => prepareStart(type, input, opts, this.handlers.get(type), tracing === null ? null : tracing.activeTags()),
     });
   }
 
@@ -444,12 +443,12 @@ export class JobOrchestrator<Jobs extends JobMap = AnyJobs> {
   start(type: string, input?: unknown, opts?: StartOptions, tx?: unknown): Promise<JobRun> {
     void tx;
     // Before any wait: the active span is the caller's only until it awaits.
-    if (this.tracing !== null) opts = this.tracing.stamp(opts) as StartOptions | undefined;
+    const trace = this.tracing === null ? null : this.tracing.activeTags();
     const wait = this.store.ready();
-    if (wait !== null) return wait.then(() => this.store.start(prepareStart(type, input, opts, this.handlers.get(type))));
+    if (wait !== null) return wait.then(() => this.store.start(prepareStart(type, input, opts, this.handlers.get(type), trace)));
     // The hot path: no closure, no extra promise.
     try {
-      return this.store.start(prepareStart(type, input, opts, this.handlers.get(type)));
+      return this.store.start(prepareStart(type, input, opts, this.handlers.get(type), trace));
     } catch (e) {
       return Promise.reject(e);
     }
@@ -470,9 +469,9 @@ export class JobOrchestrator<Jobs extends JobMap = AnyJobs> {
    * `[]`. On PostgreSQL the new rows go in with one multi-row insert.
    */
   startMany(entries: StartEntry<Jobs>[]): Promise<JobRun[]> {
-    if (this.tracing !== null) entries = this.tracing.stampMany(entries) as StartEntry<Jobs>[];
+    const trace = this.tracing === null ? null : this.tracing.activeTags();
     const run = (): Promise<JobRun[]> => {
-      const prepared = prepareMany(entries, (type) => this.handlers.get(type));
+      const prepared = prepareMany(entries, (type) => this.handlers.get(type), trace);
       return prepared.length === 0 ? Promise.resolve([]) : this.store.startMany(prepared);
     };
     const wait = this.store.ready();

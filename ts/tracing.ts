@@ -101,20 +101,6 @@ export function parseTraceparent(text: string, state: string | undefined, api: P
   return sc;
 }
 
-/**
- * `opts` with `tags` added, unless its tags already hold a `traceparent`
- * (the caller's own context wins). Options or tags of the wrong shape are
- * returned as given, for `start`'s checks to refuse.
- */
-function stampWith(opts: unknown, added: Record<string, string>): unknown {
-  if (opts !== undefined && (opts === null || typeof opts !== 'object' || Array.isArray(opts))) return opts;
-  const o = opts as { tags?: unknown } | undefined;
-  const tags = o?.tags;
-  if (tags !== undefined && tags !== null && (typeof tags !== 'object' || Array.isArray(tags))) return opts;
-  if (tags && Object.prototype.hasOwnProperty.call(tags, 'traceparent')) return opts;
-  return { ...o, tags: { ...(tags as Record<string, string> | null | undefined), ...added } };
-}
-
 /** Loads `@opentelemetry/api` if it is installed (once per process). */
 let loaded: OtelApi | null | undefined;
 function loadApi(): OtelApi | null {
@@ -145,16 +131,24 @@ export class Tracing {
     return api === null ? null : new Tracing(api);
   }
 
-  /** The tracer of the registered provider, or null while none is (nothing to record). */
+  /**
+   * The tracer of the registered provider, or null while none is (nothing
+   * to record) or the provider throws (a broken SDK must not fail a start
+   * or an attempt).
+   */
   private live(): Tracer | null {
-    const p = this.api.trace.getTracerProvider();
-    const d = p instanceof this.api.ProxyTracerProvider ? p.getDelegate() : p;
-    if (d === this.noop) return null;
-    if (this.tracerOf !== d || this.tracer === null) {
-      this.tracer = d.getTracer(TRACER_NAME);
-      this.tracerOf = d;
+    try {
+      const p = this.api.trace.getTracerProvider();
+      const d = p instanceof this.api.ProxyTracerProvider ? p.getDelegate() : p;
+      if (d === this.noop) return null;
+      if (this.tracerOf !== d || this.tracer === null) {
+        this.tracer = d.getTracer(TRACER_NAME);
+        this.tracerOf = d;
+      }
+      return this.tracer;
+    } catch {
+      return null;
     }
-    return this.tracer;
   }
 
   /**
@@ -164,32 +158,18 @@ export class Tracing {
    */
   activeTags(): Record<string, string> | null {
     if (this.live() === null) return null;
-    const span = this.api.trace.getSpan(this.api.context.active());
-    if (span === undefined) return null;
-    const sc = span.spanContext();
-    if (!this.api.isSpanContextValid(sc)) return null;
-    const tags: Record<string, string> = { traceparent: formatTraceparent(sc) };
-    const state = sc.traceState?.serialize();
-    if (state) tags.tracestate = state;
-    return tags;
-  }
-
-  /** `start`'s options with the active span's context in their tags (see `stampWith`). */
-  stamp(opts: unknown): unknown {
-    const tags = this.activeTags();
-    return tags === null ? opts : stampWith(opts, tags);
-  }
-
-  /** `startMany`'s entries, each stamped as `start` stamps its options. */
-  stampMany(entries: unknown): unknown {
-    const tags = this.activeTags();
-    if (tags === null || !Array.isArray(entries)) return entries;
-    return entries.map((e: unknown) => {
-      if (e === null || typeof e !== 'object' || Array.isArray(e)) return e;
-      const entry = e as { opts?: unknown };
-      const opts = stampWith(entry.opts, tags);
-      return opts === entry.opts ? e : { ...entry, opts };
-    });
+    try {
+      const span = this.api.trace.getSpan(this.api.context.active());
+      if (span === undefined) return null;
+      const sc = span.spanContext();
+      if (!this.api.isSpanContextValid(sc)) return null;
+      const tags: Record<string, string> = { traceparent: formatTraceparent(sc) };
+      const state = sc.traceState?.serialize();
+      if (state) tags.tracestate = state;
+      return tags;
+    } catch {
+      return null;
+    }
   }
 
   /** The span of one attempt of `ticket`'s run, or null while nothing records. */

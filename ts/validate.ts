@@ -499,7 +499,18 @@ export function recordStepRequest(input: unknown): Record<string, unknown> {
  * `thrown`: the engine's earlier checks (tenant gate, job type) still come
  * first.
  */
-export function prepareStart(type: unknown, input: unknown, opts: StartOptionsInput | undefined, reg: HandlerRegistration | undefined): PreparedStart {
+/**
+ * A start checked and ready for the engine. `trace`: the tags carrying the
+ * caller's active span (`Tracing.activeTags`), added to the checked tags
+ * unless they hold a trace context of their own (the caller's wins).
+ */
+export function prepareStart(
+  type: unknown,
+  input: unknown,
+  opts: StartOptionsInput | undefined,
+  reg: HandlerRegistration | undefined,
+  trace: Record<string, string> | null = null,
+): PreparedStart {
   if (typeof type !== 'string') throw new JobInputInvalidError('job type must be a string');
   const payload = input === undefined || input === null ? {} : input;
   let inputText: string;
@@ -520,10 +531,13 @@ export function prepareStart(type: unknown, input: unknown, opts: StartOptionsIn
   const m = reg?.meta;
   const fromScope = m?.scope !== undefined && opts?.scope === undefined;
   const needsJs = m !== undefined && (typeof m.concurrency?.key === 'function' || typeof m.dedupe?.key === 'function' || fromScope);
-  if (opts === undefined && !needsJs) {
+  if (opts === undefined && !needsJs && trace === null) {
     return { type, inputText, inputCopy, opts: null, thrown: null, tenant: undefined, hasParent: false };
   }
   const o = startOptions(opts);
+  if (trace !== null && !(o.tags !== undefined && (own(o.tags, 'traceparent') || own(o.tags, 'tracestate')))) {
+    o.tags = o.tags === undefined ? trace : { ...o.tags, ...trace };
+  }
   let thrown: { error: unknown } | null = null;
   if (needsJs && m !== undefined) {
     try {
@@ -552,7 +566,11 @@ export function atEntry(e: unknown, i: number): unknown {
  * (`JobInputInvalidError`, the thrown error as its `cause`): a batch
  * stores all of its entries or none.
  */
-export function prepareMany(entries: unknown, registration: (type: string) => HandlerRegistration | undefined): PreparedStart[] {
+export function prepareMany(
+  entries: unknown,
+  registration: (type: string) => HandlerRegistration | undefined,
+  trace: Record<string, string> | null = null,
+): PreparedStart[] {
   if (!Array.isArray(entries)) throw new JobInputInvalidError('startMany takes an array of { type, input?, opts? }');
   const out: PreparedStart[] = new Array<PreparedStart>(entries.length);
   for (let i = 0; i < entries.length; i++) {
@@ -561,7 +579,7 @@ export function prepareMany(entries: unknown, registration: (type: string) => Ha
       if (e === null || typeof e !== 'object' || Array.isArray(e)) throw new JobInputInvalidError('an entry must be an object { type, input?, opts? }');
       checkKeys(e, ENTRY_KEYS, 'a startMany entry');
       const { type, input, opts } = e as { type?: unknown; input?: unknown; opts?: StartOptionsInput };
-      const p = prepareStart(type, input, opts, typeof type === 'string' ? registration(type) : undefined);
+      const p = prepareStart(type, input, opts, typeof type === 'string' ? registration(type) : undefined, trace);
       if (p.thrown !== null) {
         const thrown = p.thrown.error;
         const said = thrown instanceof Error ? thrown.message : String(thrown);

@@ -343,6 +343,29 @@ test('dashboard: mounted in Express with app.use(path, handler), as in a Nest ma
   t.is((await get(`${base}/elsewhere`)).status, 418);
 });
 
+test('dashboard: mounted in Express under a name that is one of its pages (/runs), every page is served', async (t) => {
+  // eslint-disable-next-line @typescript-eslint/no-require-imports
+  const express = require('express') as () => { use: (...a: unknown[]) => void; listen: (p: number, h: string, cb: () => void) => import('node:http').Server };
+  const o = manual();
+  o.registerHandler('dash.x', {}, async () => ({}));
+  const run = await o.start('dash.x', {});
+  const app = express();
+  app.use('/runs', createDashboard(o, { basePath: '/runs' }));
+  const server = await new Promise<import('node:http').Server>((r) => {
+    const s = app.listen(0, '127.0.0.1', () => r(s));
+  });
+  t.teardown(() => new Promise<void>((r) => server.close(() => r())));
+  const base = `http://127.0.0.1:${(server.address() as AddressInfo).port}`;
+  const overview = await get(`${base}/runs`);
+  t.is(overview.status, 200);
+  t.true(overview.body.includes('<title>Overview'), 'the mount itself is the overview');
+  const runs = await get(`${base}/runs/runs`);
+  t.true(runs.body.includes('<title>Runs'), 'the runs page under the mount');
+  t.true(runs.body.includes(`href="/runs/runs/${run.id}"`));
+  t.is((await get(`${base}/runs/runs/${run.id}`)).status, 200);
+  t.is((await get(`${base}/runs/schedules`)).status, 200);
+});
+
 test('dashboard: without authorize, a loopback request by another name is refused (DNS rebinding)', async (t) => {
   const o = manual();
   const base = await serve(t, o);
@@ -572,7 +595,9 @@ test('dashboard: the signal action needs its token, the same origin and authoriz
   // Read-only (no authorize): no form, and the action is refused.
   const ro = await serve(t, o);
   t.false((await get(`${ro}/runs/${theirs.id}?tenant=b`)).body.includes('Send signal'));
-  t.is((await post(`${ro}/runs/${theirs.id}/signal?tenant=b`, form, { origin: ro })).status, 403);
+  const refused = await post(`${ro}/runs/${theirs.id}/signal?tenant=b`, form, { origin: ro });
+  t.is(refused.status, 403);
+  t.regex(await refused.text(), /read-only/, 'refused as read-only (before its form token is looked at)');
   t.is((await o.getRun(theirs.id, 'b'))?.status, 'waiting');
 });
 
@@ -637,6 +662,8 @@ forBackends('dashboard: a run waiting on a token is resumed from its page with t
   const roPage = await get(`${ro}/runs/${theirs.id}?tenant=b`);
   t.false(roPage.body.includes('Resume with its token'));
   t.true(roPage.body.includes('whoever holds it calls'));
-  t.is((await post(`${ro}/runs/${theirs.id}/resume?tenant=b`, { csrf, token: tokens.get(theirs.id)!, payload: '' }, { origin: ro })).status, 403);
+  const refused = await post(`${ro}/runs/${theirs.id}/resume?tenant=b`, { csrf, token: tokens.get(theirs.id)!, payload: '' }, { origin: ro });
+  t.is(refused.status, 403);
+  t.regex(await refused.text(), /read-only/, 'refused as read-only (before its form token is looked at)');
   t.is((await o.getRun(theirs.id, 'b'))?.status, 'waiting');
 });

@@ -78,7 +78,9 @@ test('nest dashboard: without authorize it answers loopback reads and refuses ac
   const page = await fetch(`${url}/jobs/runs/${run.id}`);
   t.is(page.status, 200);
   t.regex(await page.text(), /Read-only/);
-  t.is((await post(`${url}/jobs/runs/${run.id}/cancel`, { csrf: 'x' }, url)).status, 403);
+  const refused = await post(`${url}/jobs/runs/${run.id}/cancel`, { csrf: 'x' }, url);
+  t.is(refused.status, 403);
+  t.regex(await refused.text(), /read-only/, 'refused as read-only (before its form token is looked at)');
   t.is((await o.getRun(run.id))?.status, 'pending');
 });
 

@@ -456,8 +456,13 @@ ${list.map((s) => html`<tr><td>${s.name}</td><td>${s.jobType}</td><td>${s.cron ?
   async function serve(req: IncomingMessage, res: ServerResponse): Promise<boolean> {
     const url = new URL(req.url ?? '/', 'http://dashboard.invalid');
     let path = url.pathname;
-    // Plain `http`: the whole path; Express/Nest mounted: the path under the mount.
-    if (base !== '' && (path === base || path.startsWith(`${base}/`))) path = path.slice(base.length);
+    // Mounted by Express/Nest (`app.use(path, …)`), `req.url` is already the
+    // path under the mount (`req.baseUrl` the mount): stripping the base
+    // again would break a mount whose name is one of the pages ('/runs').
+    // Plain `http` (or an unmounted `app.use`): the whole path.
+    const mount = (req as { baseUrl?: unknown }).baseUrl;
+    const stripped = typeof mount === 'string' && mount !== '';
+    if (!stripped && base !== '' && (path === base || path.startsWith(`${base}/`))) path = path.slice(base.length);
     if (path === '') path = '/';
     const runAction = /^\/runs\/([^/]+)\/(cancel|replay|signal|resume)$/.exec(path);
     if (runAction) {

@@ -2080,7 +2080,12 @@ impl Harness {
                     out.extend(rows.iter().map(|r| r.id));
                     match next {
                         Some(c) => {
-                            ensure!(!rows.is_empty(), "empty page with a next cursor");
+                            // Only a walk that used its budget (a job-type
+                            // filter) may come back empty with a cursor.
+                            ensure!(
+                                !rows.is_empty() || q.job_type.is_some(),
+                                "empty page with a next cursor"
+                            );
                             q.cursor = Some(c);
                         }
                         None => return Ok(out),

@@ -170,7 +170,10 @@ fn type_walk_stops_at_its_budget<S: Store>(e: &Engine<S>) {
     assert!(got.iter().all(|p| p.0.is_empty()));
     assert_eq!(got.len(), 2, "{} examined per page", PAGE_WALK_BUDGET);
 
-    // With a status: the walk is over that status's runs only.
+    // With a status: only that status's runs of the type come out. (The
+    // walk may count only that status's runs, as memory's per-status sets
+    // do, or every run of the tenant, as PostgreSQL's index does: then
+    // the rows come over more pages, each walk still bounded.)
     e.cancel(&old[1].id.to_string(), false, &TenantArg::Missing)
         .unwrap();
     let got = pages(
@@ -181,7 +184,9 @@ fn type_walk_stops_at_its_budget<S: Store>(e: &Engine<S>) {
             ..q.clone()
         },
     );
-    assert_eq!(got, vec![(vec![old[1].id], false)]);
+    let all: Vec<RunId> = got.iter().flat_map(|p| p.0.clone()).collect();
+    assert_eq!(all, vec![old[1].id]);
+    assert!(got.len() <= 2, "{got:?}");
     let got = pages(
         e,
         &TenantArg::Missing,

@@ -1851,17 +1851,20 @@ const SQL_PAGE: &str = "SELECT {R} FROM {S}.job_run WHERE {T} AND ($2::text IS N
     AND ($3::text[] IS NULL OR status = ANY($3)) AND created_at >= $4 \
     AND (created_at, id) < ($5, $6::uuid) \
     ORDER BY tenant_id, created_at DESC, id DESC LIMIT $7";
-/// `SQL_PAGE` with a job type checked per row, over at most $8 rows of the
-/// index (the walk, `PageQuery::budget`): each row says how far into the
-/// walk it is and whether the index holds a row after it, and the last row
-/// of a walk that used its budget comes out whatever its type (it is where
-/// the next page starts). The plan is an index scan under the window and
-/// the limits: it reads rows only until the page is full.
+/// `SQL_PAGE` with the job type (and pool and status) checked per row,
+/// over at most $8 rows of the index (the walk, `PageQuery::budget`): each
+/// row says how far into the walk it is and whether the index holds a row
+/// after it, and the last row of a walk that used its budget comes out
+/// whatever it is (it is where the next page starts). The plan is an index
+/// scan under the window and the limits: it reads at most $8 + 1 index
+/// rows. Pool and status are checked in `hit`, not in the scan's `WHERE`:
+/// there, a rare pool or status would make the walk read every row of the
+/// tenant between two of its own, however small the budget.
 const SQL_PAGE_TYPE: &str =
-    "SELECT {R}, walked, more, hit FROM (SELECT {R}, job_type = $9 AS hit, \
+    "SELECT {R}, walked, more, hit FROM (SELECT {R}, (job_type = $9 AND ($2::text IS NULL OR pool = $2) \
+    AND ($3::text[] IS NULL OR status = ANY($3))) AS hit, \
     row_number() OVER w AS walked, lead(id) OVER w IS NOT NULL AS more FROM {S}.job_run \
-    WHERE {T} AND ($2::text IS NULL OR pool = $2) AND ($3::text[] IS NULL OR status = ANY($3)) \
-    AND created_at >= $4 AND (created_at, id) < ($5, $6::uuid) \
+    WHERE {T} AND created_at >= $4 AND (created_at, id) < ($5, $6::uuid) \
     WINDOW w AS (ORDER BY tenant_id, created_at DESC, id DESC) \
     ORDER BY tenant_id, created_at DESC, id DESC LIMIT $8) walk \
     WHERE hit OR (walked = $8 AND more) ORDER BY tenant_id, created_at DESC, id DESC LIMIT $7";

@@ -221,14 +221,16 @@ impl<S: Store> Engine<S> {
     /// of the next page (`None` on the last).
     ///
     /// The page walks the narrowest index the filters name: the run tree
-    /// (`rootRunId`: O(tree)), else the scope's runs (memory: a binary
-    /// search of the scope's list, O(log r + walked), each millisecond's
-    /// runs sorted by id as the walk reaches them; PostgreSQL:
-    /// `job_run_scope_idx`, the scope's r rows, O(r log k)), else the
-    /// tenant's (pool, status) sets (O(log n + walked)). A filter no index
-    /// holds — the job type (an index of it would cost every start, and a
-    /// per-run entry the memory store's footprint) — is checked per row,
-    /// and such a walk examines at most [`PAGE_WALK_BUDGET`] rows: when the
+    /// (`rootRunId`: O(tree)), else the tenant's runs of the scope (memory:
+    /// a binary search of the scope's list, O(log r + walked), each
+    /// millisecond's runs sorted by id as the walk reaches them;
+    /// PostgreSQL: `job_run_scope_page_idx`, O(log n + walked)), else the
+    /// tenant's (pool, status) sets (memory; PostgreSQL: its runs by
+    /// `job_run_created_idx`), O(log n + walked). A filter the walked index
+    /// does not hold — the job type (an index of it would cost every start,
+    /// and a per-run entry the memory store's footprint), and beside a scope
+    /// the pool and status — is checked per row, and such a walk examines
+    /// at most [`PAGE_WALK_BUDGET`] rows: when the
     /// budget runs out before the page is full, the page holds what it
     /// found (possibly nothing) and its cursor is the last row examined, so
     /// every call is O(log n + budget) and paging on finds every match

@@ -1650,7 +1650,9 @@ fn parse_transition(entry: &str) -> Option<Transition> {
 
 // ── SQL ────────────────────────────────────────────────────────────────
 // `{S}` = schema, `{R}` = run columns, `{P}` = step columns,
-// `{T}` = tenant predicate on `$1` (two prepared variants: null / value).
+// `{T}` = tenant predicate on `$1` (two prepared variants: null / value);
+// `{TO}` = `tenant_id, ` in the null variant's `ORDER BY`, nothing in the
+// other (see `SQL_PAGE_TYPE`).
 
 const SQL_RUN: &str = "SELECT {R} FROM {S}.job_run WHERE id = $1";
 const SQL_RUN_LOCK: &str = "SELECT {R} FROM {S}.job_run WHERE id = $1 FOR UPDATE";
@@ -1857,9 +1859,15 @@ const SQL_PAGE: &str = "SELECT {R} FROM {S}.job_run WHERE {T} AND ($2::text IS N
 /// after it, and the last row of a walk that used its budget comes out
 /// whatever it is (it is where the next page starts). The plan is an index
 /// scan under the window and the limits: it reads at most $8 + 1 index
-/// rows. Pool and status are checked in `hit`, not in the scan's `WHERE`:
-/// there, a rare pool or status would make the walk read every row of the
-/// tenant between two of its own, however small the budget.
+/// rows, and only until the page is full. Pool and status are checked in
+/// `hit`, not in the scan's `WHERE`: there, a rare pool or status would
+/// make the walk read every row of the tenant between two of its own,
+/// however small the budget. The outer `ORDER BY` names only the keys the
+/// walk's order does not hold constant (`{TO}`: `tenant_id` leads under
+/// `tenant_id IS NULL`, which is no equality to the planner, and not under
+/// `tenant_id = $1`): with a constant key in it the planner sorts the
+/// whole walk (its budget's rows read every page) instead of reading the
+/// index only until the page is full.
 const SQL_PAGE_TYPE: &str =
     "SELECT {R}, walked, more, hit FROM (SELECT {R}, (job_type = $9 AND ($2::text IS NULL OR pool = $2) \
     AND ($3::text[] IS NULL OR status = ANY($3))) AS hit, \
@@ -1867,17 +1875,20 @@ const SQL_PAGE_TYPE: &str =
     WHERE {T} AND created_at >= $4 AND (created_at, id) < ($5, $6::uuid) \
     WINDOW w AS (ORDER BY tenant_id, created_at DESC, id DESC) \
     ORDER BY tenant_id, created_at DESC, id DESC LIMIT $8) walk \
-    WHERE hit OR (walked = $8 AND more) ORDER BY tenant_id, created_at DESC, id DESC LIMIT $7";
-/// A page of a scope's runs: `job_run_scope_idx` gives the scope's rows
-/// (materialized, so no condition of the page is pushed down for the
-/// planner to read another index for), checked and ordered here: O(r log k)
-/// for the scope's r runs; no index orders a scope by `(createdAt, id)`.
-const SQL_PAGE_SCOPE: &str = "WITH s AS MATERIALIZED (SELECT id, created_at, tenant_id, pool, status, \
-    job_type FROM {S}.job_run WHERE scope_entity_type = $8 AND scope_entity_id = $9) \
-    SELECT {R} FROM {S}.job_run WHERE id IN (SELECT id FROM s WHERE {T} AND ($2::text IS NULL OR pool = $2) \
-    AND ($3::text[] IS NULL OR status = ANY($3)) AND ($10::text IS NULL OR job_type = $10) \
+    WHERE hit OR (walked = $8 AND more) ORDER BY {TO}created_at DESC, id DESC LIMIT $7";
+/// A page of a scope's runs: the walk of `SQL_PAGE_TYPE` over the tenant's
+/// runs of the scope in `job_run_scope_page_idx` (its order), pool, status
+/// and job type checked per row, at most $11 + 1 index rows read: another
+/// tenant's runs of the scope, or a big scope, cost a page nothing.
+const SQL_PAGE_SCOPE: &str = "SELECT {R}, walked, more, hit FROM (SELECT {R}, \
+    (($2::text IS NULL OR pool = $2) AND ($3::text[] IS NULL OR status = ANY($3)) \
+    AND ($10::text IS NULL OR job_type = $10)) AS hit, \
+    row_number() OVER w AS walked, lead(id) OVER w IS NOT NULL AS more FROM {S}.job_run \
+    WHERE {T} AND scope_entity_type = $8 AND scope_entity_id = $9 \
     AND created_at >= $4 AND (created_at, id) < ($5, $6::uuid) \
-    ORDER BY created_at DESC, id DESC LIMIT $7) ORDER BY created_at DESC, id DESC";
+    WINDOW w AS (ORDER BY tenant_id, scope_entity_type, scope_entity_id, created_at DESC, id DESC) \
+    ORDER BY tenant_id, scope_entity_type, scope_entity_id, created_at DESC, id DESC LIMIT $11) walk \
+    WHERE hit OR (walked = $11 AND more) ORDER BY {TO}created_at DESC, id DESC LIMIT $7";
 const SQL_PAGE_ROOT: &str = "SELECT {R} FROM {S}.job_run WHERE {T} AND root_run_id = $8 \
     AND ($2::text IS NULL OR pool = $2) AND ($3::text[] IS NULL OR status = ANY($3)) AND created_at >= $4 \
     AND (created_at, id) < ($5, $6::uuid) AND ($9::text IS NULL OR job_type = $9) \
@@ -1992,14 +2003,15 @@ pub struct PgTx<'a> {
 
 impl PgTx<'_> {
     fn sql(&self, tpl: &'static str, tenant_null: Option<bool>) -> String {
-        let t = match tenant_null {
-            Some(true) => "(tenant_id IS NULL AND $1::text IS NULL)",
-            _ => "tenant_id = $1",
+        let (t, order) = match tenant_null {
+            Some(true) => ("(tenant_id IS NULL AND $1::text IS NULL)", "tenant_id, "),
+            _ => ("tenant_id = $1", ""),
         };
         tpl.replace("{S}", &self.store.schema_sql)
             .replace("{R}", RUN_COLS)
             .replace("{P}", STEP_COLS)
             .replace("{T}", t)
+            .replace("{TO}", order)
     }
 
     fn statement(&self, tpl: &'static str, tenant_null: Option<bool>) -> Option<Statement> {
@@ -2981,16 +2993,17 @@ impl StoreTx for PgTx<'_> {
             let extra: &[&(dyn ToSql + Sync)] = &[root, &q.job_type, &scope_type, &scope_id];
             return ids(&self.query(SQL_PAGE_ROOT, &[page, extra].concat(), tn));
         }
-        if q.scope.is_some() {
-            let extra: &[&(dyn ToSql + Sync)] = &[&scope_type, &scope_id, &q.job_type];
-            return ids(&self.query(SQL_PAGE_SCOPE, &[page, extra].concat(), tn));
-        }
-        let Some(job_type) = q.job_type else {
-            return ids(&self.query(SQL_PAGE, page, tn));
-        };
         let budget = q.budget.min(i64::MAX as usize) as i64;
-        let extra: &[&(dyn ToSql + Sync)] = &[&budget, &job_type];
-        let rows = self.query(SQL_PAGE_TYPE, &[page, extra].concat(), tn);
+        let rows = if q.scope.is_some() {
+            let extra: &[&(dyn ToSql + Sync)] = &[&scope_type, &scope_id, &q.job_type, &budget];
+            self.query(SQL_PAGE_SCOPE, &[page, extra].concat(), tn)
+        } else {
+            let Some(job_type) = q.job_type else {
+                return ids(&self.query(SQL_PAGE, page, tn));
+            };
+            let extra: &[&(dyn ToSql + Sync)] = &[&budget, &job_type];
+            self.query(SQL_PAGE_TYPE, &[page, extra].concat(), tn)
+        };
         // Each row's place in the walk follows its run columns.
         let at = RUN_COLS.split(',').count();
         let mut out = RunPage::default();

@@ -199,3 +199,13 @@ CREATE TABLE IF NOT EXISTS {S}.job_event (
 CREATE INDEX IF NOT EXISTS job_run_waiting_idx ON {S}.job_run (pool)
   WHERE status = 'waiting' AND wait_deadline IS NULL;
 INSERT INTO {S}.jobforge_migration (version) VALUES (4) ON CONFLICT DO NOTHING;
+
+-- jobforge, version 5: a page of a scope's runs (listJobRuns with a scope)
+-- walks the tenant's runs of the scope newest first, reading only as many
+-- index rows as the page needs (job_run_scope_idx holds every tenant's runs
+-- of a scope in start order: a page had to read and sort all of them).
+-- Only scoped runs have an entry.
+CREATE INDEX IF NOT EXISTS job_run_scope_page_idx ON {S}.job_run
+  (tenant_id, scope_entity_type, scope_entity_id, created_at DESC, id DESC)
+  WHERE scope_entity_type IS NOT NULL;
+INSERT INTO {S}.jobforge_migration (version) VALUES (5) ON CONFLICT DO NOTHING;

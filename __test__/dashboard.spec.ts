@@ -609,7 +609,8 @@ forBackends('dashboard: a run waiting on a token is resumed from its page with t
   }));
   const mine = await o.start('dash.tok', {}, { tenantId: 'a' });
   const theirs = await o.start('dash.tok', {}, { tenantId: 'b' });
-  for (let i = 0; i < 2; i++) {
+  const sibling = await o.start('dash.tok', {}, { tenantId: 'a' });
+  for (let i = 0; i < 3; i++) {
     const c = await o.claimNext('batch');
     await o.tick(c!.id);
   }
@@ -641,6 +642,9 @@ forBackends('dashboard: a run waiting on a token is resumed from its page with t
   // Pinned to tenant a: tenant b's token is refused, its run left waiting.
   t.is((await post(url, { ...form, token: tokens.get(theirs.id)! }, { origin: base })).status, 400, 'another tenant\'s token');
   t.is((await o.getRun(theirs.id, 'b'))?.status, 'waiting');
+  // Authorize saw this page's run: another run's token (of the same tenant) is refused here.
+  t.is((await post(url, { ...form, token: tokens.get(sibling.id)! }, { origin: base })).status, 400, 'another run\'s token');
+  t.is((await o.getRun(sibling.id, 'a'))?.status, 'waiting');
   t.is((await o.getRun(mine.id, 'a'))?.status, 'waiting', 'nothing refused changed the run');
   t.true(asked.includes('resume'));
 

@@ -481,6 +481,26 @@ forBackends('tenant gate: signal needs the run tenant; resume refuses another te
   t.deepEqual(await o.signal(r.id, 's', 1, { tenantId: 'acme' }), { delivered: true });
 });
 
+forBackends('resume with { runId }: the token must be that run\'s; another run\'s, or a bad runId, changes nothing', async (t, make) => {
+  const o = await make.manual();
+  const tokens = new Map<string, string>();
+  o.registerHandler('tw', {}, async (ctx: JobContext<unknown>) => ({
+    got: await ctx.waitForToken('t', (tok) => void tokens.set(ctx.run.id, tok)),
+  }));
+  const a = await o.start('tw', {});
+  const b = await o.start('tw', {});
+  await tickRun(o, a.id, 'batch');
+  await tickRun(o, b.id, 'batch');
+  await rejects(t, () => o.resume(tokens.get(b.id)!, 1, { runId: a.id }), JobResumeTokenError, 'JOB_RESUME_TOKEN', 'another run\'s token');
+  await rejects(t, () => o.resume(tokens.get(a.id)!, 1, { runId: 'not-a-run' }), JobResumeTokenError, 'JOB_RESUME_TOKEN', 'no run\'s id');
+  await rejects(t, () => o.resume(tokens.get(a.id)!, 1, { runId: 7 as unknown as string }), JobInputInvalidError, 'JOB_INPUT_INVALID', 'runId not a string');
+  await rejects(t, () => o.resume(tokens.get(a.id)!, 1, { run: a.id } as never), JobInputInvalidError, 'JOB_INPUT_INVALID', 'an unknown option');
+  t.is((await get(o, a.id)).status, 'waiting');
+  t.is((await get(o, b.id)).status, 'waiting', 'nothing refused changed a run');
+  t.deepEqual(await o.resume(tokens.get(a.id)!, 1, { runId: a.id }), { runId: a.id });
+  t.is((await get(o, a.id)).status, 'pending');
+});
+
 forBackends('the worker resumes sleeps on time and frees the slot while a run waits', async (t, make) => {
   const o = await make.system();
   const order: string[] = [];

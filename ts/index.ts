@@ -28,6 +28,7 @@ export type {
   RunTreeNode,
   ScheduleOptions,
   SignalResult,
+  ResumeOptions,
   ResumeResult,
   StartEntry,
   StartOptions,

@@ -130,6 +130,11 @@ export interface TenantOptions {
   tenantId?: string | null | undefined;
 }
 
+export interface ResumeOptions extends TenantOptions {
+  /** The token must be this run's (another run's token is `JobResumeTokenError`, nothing changed). */
+  runId?: string | undefined;
+}
+
 /**
  * A recurring start of `jobType` (see `JobOrchestrator.schedule`): exactly
  * one of `cron` and `everyMs`.
@@ -505,15 +510,20 @@ export class JobOrchestrator<Jobs extends JobMap = AnyJobs> {
   /**
    * Resumes the `ctx.waitForToken` that made `token`, which resolves with
    * `payload`. The token alone names its run; `tenantId`, when given, must
-   * be the run's. A malformed, unknown, used or expired token (or one of a
-   * run that ended) is `JobResumeTokenError`, with nothing changed.
+   * be the run's, and `runId`, when given, the token's run (a caller that
+   * authorized one run resumes no other). A malformed, unknown, used or
+   * expired token (or one of a run that ended, or of another run than
+   * `runId`) is `JobResumeTokenError`, with nothing changed.
    */
-  resume(token: string, payload?: unknown, opts?: TenantOptions): Promise<ResumeResult> {
+  resume(token: string, payload?: unknown, opts?: ResumeOptions): Promise<ResumeResult> {
     return settled(() => {
-      const tenant = callTenant(opts, 'resume');
+      checkOptions(opts, CALL_OPTION_KEYS.resume, 'resume');
+      const tenant = tenantOf(opts);
+      const runId = opts?.runId;
+      if (runId !== undefined && typeof runId !== 'string') throw new JobInputInvalidError('resume options: runId must be a string');
       if (typeof token !== 'string') throw new JobResumeTokenError('the token must be a string');
       const text = payloadText(payload, 'resume payload');
-      return this.whenReady(() => this.store.resume(token, text, tenant)).then((runId) => ({ runId }));
+      return this.whenReady(() => this.store.resume(token, text, tenant, runId)).then((id) => ({ runId: id }));
     });
   }
 

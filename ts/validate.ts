@@ -87,6 +87,7 @@ function unknownKey(k: string, known: Iterable<string>, what: string): never {
  */
 export const CALL_OPTION_KEYS = {
   tenant: new Set(['tenantId']),
+  resume: new Set(['tenantId', 'runId']),
   cancel: new Set(['cascade', 'reason', 'tenantId']),
   waitForRun: new Set(['timeoutMs', 'tenantId']),
   listForScope: new Set(['status', 'jobType', 'limit', 'offset', 'orderBy', 'tenantId']),

@@ -112,8 +112,11 @@ export async function orchestratorCalls(jobs: JobOrchestrator<AppJobs>, multi: J
   same<ResumeResult, { runId: string }>(true);
   await jobs.resume('jft_…');
   await jobs.resume('jft_…', null, { tenantId: 'acme' });
-  // @ts-expect-error resume takes only a tenantId option
-  await jobs.resume('jft_…', 1, { runId: 'x' });
+  await jobs.resume('jft_…', 1, { tenantId: 'acme', runId: 'x' });
+  // @ts-expect-error resume takes only tenantId and runId options
+  await jobs.resume('jft_…', 1, { run: 'x' });
+  // @ts-expect-error runId is a string
+  await jobs.resume('jft_…', 1, { runId: 7 });
 }
 
 /** A run's wait fields. */

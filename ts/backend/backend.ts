@@ -136,7 +136,8 @@ export interface Backend extends StepStore {
   fireDueSchedules(): Promise<number>;
   // durable waits (what `ctx` calls is in `StepStore`)
   signal(runId: string, name: string, payloadText: string | undefined, tenant: Tenant): Promise<boolean>;
-  resume(token: string, payloadText: string | undefined, tenant: Tenant): Promise<string>;
+  /** `runId`: the token must be that run's. */
+  resume(token: string, payloadText: string | undefined, tenant: Tenant, runId?: string): Promise<string>;
 
   // ── worker ──
   startWorker(pools: { name: string; concurrency: number }[], onBatch: (text: string) => void, link: WorkerLink): void;
@@ -368,9 +369,10 @@ export abstract class NativeBackend implements Partial<Backend> {
     return this.mutate('signal', req, (t) => t === 'true');
   }
 
-  resume(token: string, payloadText: string | undefined, tenant: Tenant): Promise<string> {
+  resume(token: string, payloadText: string | undefined, tenant: Tenant, runId?: string): Promise<string> {
     const payload = payloadText === undefined ? '' : `,"payload":${payloadText}`;
-    const req = `{"token":${requestJson(token)}${payload}${tenantField(tenant)}}`;
+    const run = runId === undefined ? '' : `,"runId":${requestJson(runId)}`;
+    const req = `{"token":${requestJson(token)}${payload}${tenantField(tenant)}${run}}`;
     return this.mutate('resume', req, (t) => JSON.parse(t) as string);
   }
 

@@ -427,7 +427,6 @@ ${list.map((s) => html`<tr><td>${s.name}</td><td>${s.jobType}</td><td>${s.cron ?
     if (!UUID.test(id)) throw new HttpError(404, `run ${id} not found`);
     const tenant = { tenantId: a.tenantId };
     const back: Record<string, string> = {};
-    let target = id;
     if (action === 'cancel') {
       // Only a run this request may see (cancel of another tenant's run is a no-op anyway).
       if (!(await o.getRun(id, a.tenantId))) throw new HttpError(404, `run ${id} not found`);
@@ -444,12 +443,12 @@ ${list.map((s) => html`<tr><td>${s.name}</td><td>${s.jobType}</td><td>${s.cron ?
       const token = (form.get('token') ?? '').trim();
       if (token === '') throw new HttpError(400, 'paste the resume token');
       const payload = parsePayload(form.get('payload') ?? '');
-      // The token names its run: the page shown next is that run's.
-      target = (await o.resume(token, payload, tenant)).runId;
+      // Only this page's run: another run's token is refused (authorize saw this one).
+      await o.resume(token, payload, { ...tenant, runId: id });
       back.resumed = '1';
     }
     res.statusCode = 303;
-    res.setHeader('Location', link(`/runs/${encodeURIComponent(target)}`, back, a));
+    res.setHeader('Location', link(`/runs/${encodeURIComponent(id)}`, back, a));
     res.end();
   }
 

@@ -124,7 +124,7 @@ fn setup(
     tag: &str,
     connect_timeout_s: u32,
 ) -> Option<(Engine<PgStore>, Proxy, postgres::Client, String)> {
-    setup_on(&url(), tag, connect_timeout_s)
+    setup_on(&url(), tag, connect_timeout_s, ClockKind::System)
 }
 
 /// `setup` on the server at `url`.
@@ -132,6 +132,7 @@ fn setup_on(
     url: &str,
     tag: &str,
     connect_timeout_s: u32,
+    clock: ClockKind,
 ) -> Option<(Engine<PgStore>, Proxy, postgres::Client, String)> {
     let schema = format!("jf_rs_co_{tag}_{}", std::process::id());
     let mut direct = match postgres::Client::connect(url, postgres::NoTls) {
@@ -169,7 +170,7 @@ fn setup_on(
         store,
         EngineOptions {
             multi_tenant: false,
-            clock: ClockKind::System,
+            clock,
             retention: Default::default(),
         },
     );
@@ -538,7 +539,9 @@ fn a_claim_whose_outcome_stayed_unknown_across_a_server_crash_is_released_by_its
     let Some(cluster) = CrashableCluster::create() else {
         return;
     };
-    let Some((e, proxy, direct, schema)) = setup_on(&cluster.url(), "restart", 1) else {
+    let Some((e, proxy, direct, schema)) =
+        setup_on(&cluster.url(), "restart", 1, ClockKind::System)
+    else {
         return;
     };
     drop(direct);
@@ -599,4 +602,45 @@ fn a_claim_whose_outcome_stayed_unknown_across_a_server_crash_is_released_by_its
     assert!(!e.store().has_orphans(), "resolved");
     assert_eq!(stored_claim(&row.id), ("running".to_owned(), 2));
     assert_eq!(stored_claim(&other.id), ("running".to_owned(), 1));
+}
+
+/// A manual clock stands still: a claim after the restart may carry the
+/// claim time of the orphan's, so a claim not known to have landed is left
+/// to its lease there (released only by the sweeper, never by its row).
+#[test]
+fn under_a_manual_clock_a_claim_unknown_across_a_server_crash_is_left_to_its_lease() {
+    let Some(cluster) = CrashableCluster::create() else {
+        return;
+    };
+    let Some((e, proxy, direct, schema)) =
+        setup_on(&cluster.url(), "restart_manual", 1, ClockKind::Manual)
+    else {
+        return;
+    };
+    drop(direct);
+    let row = e.start(start_req(r#"{"n":1}"#)).unwrap();
+    proxy.arm(Mode::LoseAnswer, Mode::Refuse);
+    let err = e
+        .claim_attempts(&row.pool, 5)
+        .expect_err("the outcome cannot be told");
+    assert_unknown(&err);
+    cluster.crash_and_restart();
+    *proxy.mode.lock().unwrap() = Mode::Pass;
+    e.start(start_req(r#"{"n":2}"#)).unwrap();
+    let status: String = postgres::Client::connect(&cluster.url(), postgres::NoTls)
+        .unwrap()
+        .query_one(
+            &format!("SELECT status FROM \"{schema}\".job_run WHERE id = $1"),
+            &[&row.id],
+        )
+        .unwrap()
+        .get(0);
+    assert_eq!(
+        status, "running",
+        "not released by its row under a manual clock"
+    );
+    assert!(
+        !e.store().has_orphans(),
+        "looked at once, then left to the lease"
+    );
 }

@@ -2081,9 +2081,10 @@ impl Harness {
                     match next {
                         Some(c) => {
                             // Only a walk that used its budget (a job-type
-                            // filter) may come back empty with a cursor.
+                            // filter, or a scope page's filters) may come
+                            // back empty with a cursor.
                             ensure!(
-                                !rows.is_empty() || q.job_type.is_some(),
+                                !rows.is_empty() || q.job_type.is_some() || q.scope.is_some(),
                                 "empty page with a next cursor"
                             );
                             q.cursor = Some(c);

@@ -388,25 +388,16 @@ fn big_scope_finds_every_match<S: Store>(e: &Engine<S>) {
     );
     let all: Vec<RunId> = got.iter().flat_map(|p| p.0.clone()).collect();
     assert_eq!(all, newest_first(&rare.iter().collect::<Vec<_>>()));
+    // The walk of the scope's runs is bounded: the first page ran out of
+    // its budget on the common runs, found nothing, and says where it
+    // stopped.
+    assert!(got[0].0.is_empty() && got[0].1, "{got:?}");
 }
 
 #[test]
 fn memory_big_scope_finds_every_match() {
     let e = memory(false);
     big_scope_finds_every_match(&e);
-    // Memory walks the scope's list: its first page ran out of budget.
-    let (rows, next) = e
-        .list_job_runs(
-            &TenantArg::Missing,
-            &JobRunQuery {
-                scope: Some(("acct".to_owned(), "9".to_owned())),
-                job_type: Some("rare".to_owned()),
-                limit: 2,
-                ..JobRunQuery::default()
-            },
-        )
-        .unwrap();
-    assert!(rows.is_empty() && next.is_some());
 }
 
 #[test]

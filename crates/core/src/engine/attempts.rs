@@ -573,7 +573,11 @@ impl<S: Store> Engine<S> {
         let mine: Vec<(RunId, u32, Option<Millis>)> = orphans
             .iter()
             .filter(|o| {
-                !self.attempt_open(&o.run, o.epoch)
+                // A claim not known to have landed is told apart from a
+                // later claim of the run by its claim time alone, which a
+                // manual clock (standing still) does not separate.
+                (o.landed || self.clock.kind() != crate::ClockKind::Manual)
+                    && !self.attempt_open(&o.run, o.epoch)
                     && tx.run(&o.run).is_some_and(|r| {
                         r.status == RunStatus::Running
                             && r.claim_epoch == o.epoch

@@ -274,6 +274,10 @@ pub struct OrphanClaim {
     pub epoch: u32,
     pub claimed_at: Option<Millis>,
     pub executing: bool,
+    /// Whether the store knows the claim landed (its transaction
+    /// committed); otherwise only the row can tell (see
+    /// `Engine::release_orphans_in`).
+    pub landed: bool,
 }
 
 pub trait StoreTx {

@@ -2493,7 +2493,7 @@ impl StoreTx for PgTx<'_> {
                 .flatten();
             match status.as_deref() {
                 Some("committed") => {
-                    out.extend(o.claims.iter().copied());
+                    out.extend(o.claims.iter().map(|c| OrphanClaim { landed: true, ..*c }));
                     self.taken_orphans.push(o);
                 }
                 // Its backend is still ending it, or the question failed
@@ -2555,6 +2555,7 @@ impl StoreTx for PgTx<'_> {
                 epoch: row.claim_epoch,
                 claimed_at: row.claimed_at.get(),
                 executing: row.executing,
+                landed: false,
             });
         }
         let wakes = (row.status == RunStatus::Pending && before_status != RunStatus::Pending)

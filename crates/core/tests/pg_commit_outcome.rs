@@ -455,7 +455,9 @@ struct CrashableCluster {
 }
 
 impl CrashableCluster {
-    fn create() -> Option<CrashableCluster> {
+    /// `slot`: a number of its own per test (tests run in parallel: the
+    /// cluster's name and port must differ).
+    fn create(slot: u16) -> Option<CrashableCluster> {
         let skip = |why: &str| {
             eprintln!("skipping the server-restart test: it {why}");
             None
@@ -476,8 +478,8 @@ impl CrashableCluster {
         };
         let c = CrashableCluster {
             version: version.to_string(),
-            name: format!("jf_rs_restart_{}", std::process::id()),
-            port: 40000 + (std::process::id() % 20000) as u16,
+            name: format!("jf_rs_restart_{}_{slot}", std::process::id()),
+            port: 40000 + (std::process::id() % 10000) as u16 * 2 + slot,
         };
         let port = c.port.to_string();
         let created = std::process::Command::new("pg_createcluster")
@@ -536,7 +538,7 @@ impl Drop for CrashableCluster {
 #[test]
 fn a_claim_whose_outcome_stayed_unknown_across_a_server_crash_is_released_by_its_rows_not_left_to_its_lease(
 ) {
-    let Some(cluster) = CrashableCluster::create() else {
+    let Some(cluster) = CrashableCluster::create(0) else {
         return;
     };
     let Some((e, proxy, direct, schema)) =
@@ -609,7 +611,7 @@ fn a_claim_whose_outcome_stayed_unknown_across_a_server_crash_is_released_by_its
 /// to its lease there (released only by the sweeper, never by its row).
 #[test]
 fn under_a_manual_clock_a_claim_unknown_across_a_server_crash_is_left_to_its_lease() {
-    let Some(cluster) = CrashableCluster::create() else {
+    let Some(cluster) = CrashableCluster::create(1) else {
         return;
     };
     let Some((e, proxy, direct, schema)) =

@@ -535,6 +535,16 @@ impl Drop for CrashableCluster {
     }
 }
 
+/// A claim of `pool`'s runs whose COMMIT meets `at_commit`, the server then
+/// out of reach past the connect timeout: its outcome is unknown.
+fn lose_claim(e: &Engine<PgStore>, proxy: &Proxy, at_commit: Mode, pool: &str) {
+    proxy.arm(at_commit, Mode::Refuse);
+    let err = e
+        .claim_attempts(pool, 5)
+        .expect_err("the outcome cannot be told");
+    assert_unknown(&err);
+}
+
 #[test]
 fn a_claim_whose_outcome_stayed_unknown_across_a_server_crash_is_released_by_its_rows_not_left_to_its_lease(
 ) {
@@ -562,11 +572,7 @@ fn a_claim_whose_outcome_stayed_unknown_across_a_server_crash_is_released_by_its
     // The claim lands, its answer is lost, the server stays out of reach
     // past the connect timeout; then it crashes and comes back (its
     // transaction ids may now name other transactions).
-    proxy.arm(Mode::LoseAnswer, Mode::Refuse);
-    let err = e
-        .claim_attempts(&row.pool, 5)
-        .expect_err("the outcome cannot be told");
-    assert_unknown(&err);
+    lose_claim(&e, &proxy, Mode::LoseAnswer, &row.pool);
     assert_eq!(stored_claim(&row.id), ("running".to_owned(), 1));
     cluster.crash_and_restart();
     assert_eq!(
@@ -588,11 +594,7 @@ fn a_claim_whose_outcome_stayed_unknown_across_a_server_crash_is_released_by_its
     // A claim whose COMMIT never reached the server, then a crash: the
     // rows it would have claimed read otherwise, so nothing is released —
     // not the held run, not the run another claim took since.
-    proxy.arm(Mode::LoseCommit, Mode::Refuse);
-    let err = e
-        .claim_attempts(&row.pool, 5)
-        .expect_err("the outcome cannot be told");
-    assert_unknown(&err);
+    lose_claim(&e, &proxy, Mode::LoseCommit, &row.pool);
     cluster.crash_and_restart();
     *proxy.mode.lock().unwrap() = Mode::Pass;
     let tickets = e.claim_attempts(&row.pool, 5).expect("claims");
@@ -621,11 +623,7 @@ fn under_a_manual_clock_a_claim_unknown_across_a_server_crash_is_left_to_its_lea
     };
     drop(direct);
     let row = e.start(start_req(r#"{"n":1}"#)).unwrap();
-    proxy.arm(Mode::LoseAnswer, Mode::Refuse);
-    let err = e
-        .claim_attempts(&row.pool, 5)
-        .expect_err("the outcome cannot be told");
-    assert_unknown(&err);
+    lose_claim(&e, &proxy, Mode::LoseAnswer, &row.pool);
     cluster.crash_and_restart();
     *proxy.mode.lock().unwrap() = Mode::Pass;
     e.start(start_req(r#"{"n":2}"#)).unwrap();

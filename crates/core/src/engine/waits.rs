@@ -697,17 +697,17 @@ impl<S: Store> Engine<S> {
 
     /// `resume`, and when `run` is given the token must be that run's (a
     /// caller that authorized one run, as the dashboard's run page does,
-    /// resumes no other): another run's token is `JobResumeToken`, with
-    /// nothing changed.
+    /// resumes no other): another run's token, or a `run` that is no run id,
+    /// is `JobResumeToken`, with nothing changed.
     pub fn resume_run(
         &self,
         token: &str,
         payload: Option<Box<RawValue>>,
         tenant: &TenantArg,
-        run: Option<&RunId>,
+        run: Option<&str>,
     ) -> Result<RunId> {
         let id = token_run(token).ok_or_else(|| bad_token("not a resume token"))?;
-        if run.is_some_and(|r| *r != id) {
+        if run.is_some_and(|r| r.parse::<RunId>().ok() != Some(id)) {
             return Err(bad_token("the token is another run's"));
         }
         let hash = token_hash(token);

@@ -368,6 +368,58 @@ fn cancel_replay_and_record_step_whose_answers_were_lost_answer_with_what_they_s
 }
 
 /// The runs and epochs a claim took.
+#[test]
+fn start_many_and_signal_whose_answers_were_lost_answer_with_what_they_stored_once() {
+    let Some((e, proxy, mut direct, schema)) = setup("many", 10) else {
+        return;
+    };
+    let count = |direct: &mut postgres::Client, sql: &str| -> i64 {
+        direct
+            .query_one(&sql.replace("{S}", &format!("\"{schema}\"")), &[])
+            .unwrap()
+            .get(0)
+    };
+
+    proxy.arm(Mode::LoseAnswer, Mode::Pass);
+    let runs = e
+        .start_many(vec![start_req(r#"{"m":1}"#), start_req(r#"{"m":2}"#)])
+        .expect("the batch landed");
+    assert_eq!(*proxy.mode.lock().unwrap(), Mode::Pass, "the cut happened");
+    assert_eq!(runs.len(), 2);
+    assert_eq!(
+        count(
+            &mut direct,
+            "SELECT count(*) FROM {S}.job_run WHERE input ? 'm'"
+        ),
+        2,
+        "stored once, with the ids it answered"
+    );
+    for r in &runs {
+        assert!(e.run_row(&r.id).is_some());
+    }
+
+    let id = runs[0].id.to_string();
+    proxy.arm(Mode::LoseAnswer, Mode::Pass);
+    let delivered = e
+        .signal(
+            &id,
+            "go",
+            Some(RawValue::from_string("1".to_owned()).unwrap()),
+            &TenantArg::Missing,
+        )
+        .expect("the signal landed");
+    assert_eq!(*proxy.mode.lock().unwrap(), Mode::Pass, "the cut happened");
+    assert!(!delivered, "no wait took it: kept in the inbox");
+    assert_eq!(
+        count(&mut direct, "SELECT count(*) FROM {S}.job_signal"),
+        1,
+        "kept once, not sent again"
+    );
+    direct
+        .batch_execute(&format!("DROP SCHEMA \"{schema}\" CASCADE"))
+        .unwrap();
+}
+
 fn claims(tickets: &[AttemptTicket]) -> Vec<(RunId, u32)> {
     tickets.iter().map(|t| (t.run.id, t.epoch)).collect()
 }

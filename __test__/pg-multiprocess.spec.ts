@@ -569,12 +569,13 @@ postgresOnly('multiprocess: runs of a SIGKILLed worker with a backlog execute, o
   t.deepEqual(unrun.map((id) => ({ id, ranByVictim: victimRan.has(id) })), [], 'the survivor executed every run the victim held');
   const lastOrphan = Math.max(...orphans.map((id) => at.get(id) ?? Infinity));
   const ahead = behind.filter((id) => (at.get(id) ?? Infinity) < lastOrphan);
-  // Its first claim may race its own sweep (both begin when the worker
-  // starts): at most a run or two of its one slot, and its prefetch queue
-  // claimed in that race. Before the fix every run of the backlog went
-  // first (the sweep made their due time "now").
+  // A worker sweeps before its first claim, and a sweep keeps the runs'
+  // own due times: none of the backlog goes first. (Before, its first
+  // claims raced its first sweep, and under load up to six runs of the
+  // backlog went first; before that, every one did: the sweep made their
+  // due time "now".)
   t.true(
-    ahead.length <= 3 + SURVIVOR_PREFETCH,
+    ahead.length === 0,
     `runs queued behind the orphans executed before them: ${ahead.length} of ${behind.length} (${orphans.length} orphans, the last at position ${lastOrphan} of the survivor's ${mine.length} executions)`,
   );
   t.log(

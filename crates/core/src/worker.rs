@@ -848,6 +848,11 @@ impl<S: Store + Coordination> Worker<S> {
         let mut tasks = vec![tokio::spawn(self.clone().fire_schedules())];
         if self.shared {
             self.spawn_listener(listening.clone());
+            // Recover before taking new work: the runs of a process that
+            // died are returned first (with their own due times), so the
+            // first claim takes them in their place in the queue, not the
+            // runs queued behind them. One round trip at start.
+            self.sweep_once().await;
             tasks.push(tokio::spawn(self.clone().maintain()));
         }
         let activity = self.engine.activity();
@@ -1316,19 +1321,24 @@ impl<S: Store + Coordination> Worker<S> {
         }
     }
 
-    /// Heartbeat and sweeper (a shared store), until aborted.
+    /// Returns the runs of expired leases to `pending` (see `sweep`).
+    async fn sweep_once(&self) {
+        let lease = self.timings.lease_ms;
+        match self.on_store(move |e| sweep_in(e, lease)).await {
+            Some(Err((kind, e))) => self.record_error(kind, &e),
+            Some(Ok(swept)) => self.record_success(swept.kind),
+            None => {}
+        }
+    }
+
+    /// Heartbeat and sweeper (a shared store), until aborted. The first
+    /// sweep is `run`'s, before the first claim.
     async fn maintain(self: Arc<Self>) {
         let every = Duration::from_millis((self.timings.lease_ms / 3).max(50) as u64);
-        let mut ticks: u64 = 0;
+        let mut ticks: u64 = 1;
         loop {
-            // Sweep first (a restarted process recovers what it lost).
             if ticks.is_multiple_of(2) {
-                let lease = self.timings.lease_ms;
-                match self.on_store(move |e| sweep_in(e, lease)).await {
-                    Some(Err((kind, e))) => self.record_error(kind, &e),
-                    Some(Ok(swept)) => self.record_success(swept.kind),
-                    None => {}
-                }
+                self.sweep_once().await;
             }
             tokio::time::sleep(every).await;
             ticks += 1;

@@ -583,12 +583,12 @@ pub fn registered_text<S: jobforge_core::Store>(
 
 // ── attempts ───────────────────────────────────────────────────────────
 
-/// An attempt ticket for JS: `header \0 input \0 row`. The header is
+/// An attempt ticket for JS: `header \0 input \0 memo \0 row`. The header is
 /// `<id><epoch>,<timeoutMs or nothing>,` (the engine enforces the timeout;
 /// JS keeps a `tick` alive for it) then the job type and the pool,
 /// each as `<UTF-16 length>:<text>`, so any character may appear in them.
-/// Input and row are JSON, in which serde_json escapes NUL, so the
-/// separators are unambiguous. The row is left empty unless `with_row`:
+/// Input, memo (`write_memo`) and row are JSON, in which serde_json escapes
+/// NUL, so the separators are unambiguous. The row is left empty unless `with_row`:
 /// serialising it costs more than the rest of a worker's per-run native
 /// work, and most handlers never read `ctx.run` (JS fetches it with
 /// `claimedRun` if so). Read by `TicketReader` in `ts/wire.ts`.
@@ -621,6 +621,25 @@ pub fn write_ticket(out: &mut String, t: &AttemptTicket) {
         utf16_len(pool),
         t.run.input.get()
     );
+    write_memo(out, &t.memo);
+    out.push('\0');
+}
+
+/// The ticket's memo: nothing when the run has no completed step (most
+/// runs), else `[[<step id>,<1: a wait, 0: a step>,<output>],…]` (JSON).
+fn write_memo(out: &mut String, memo: &[jobforge_core::MemoStep]) {
+    for (i, m) in memo.iter().enumerate() {
+        out.push(if i == 0 { '[' } else { ',' });
+        out.push('[');
+        // A string always serialises.
+        out.push_str(&serde_json::to_string(&*m.step_id).unwrap_or_default());
+        out.push_str(if m.wait { ",1," } else { ",0," });
+        out.push_str(m.output.as_deref().map_or("null", RawValue::get));
+        out.push(']');
+    }
+    if !memo.is_empty() {
+        out.push(']');
+    }
 }
 
 /// Length in UTF-16 units (what JS string lengths count).

@@ -584,10 +584,10 @@ function digits(s: string, from: number, to: number): number {
 }
 
 /**
- * One attempt handed to JS by the engine: `header \0 input \0 row` (see
- * `ticket_text` in Rust). The header and input are parsed at once; the run
- * row only when a handler reads `ctx.run` (most never do, and it is the
- * largest part).
+ * One attempt handed to JS by the engine: `header \0 input \0 memo \0 row`
+ * (see `ticket_text` in Rust). The header and input are parsed at once; the
+ * memo when a `ctx` call first looks in it; the run row only when a handler
+ * reads `ctx.run` (most never do, and it is the largest part).
  */
 export class Ticket {
   constructor(
@@ -600,9 +600,32 @@ export class Ticket {
     private readonly rowText: string,
     /** Where the row comes from when the ticket carries none. */
     private readonly readRow: ((runId: string) => string | null) | undefined,
+    /** The run's completed steps and waits at the claim (`write_memo`), or ''. */
+    private memoText = '',
   ) {}
 
   private row?: JobRun;
+  private memo?: Map<string, [number, unknown]>;
+
+  /**
+   * The stored output of the completed step (`wait`: durable wait) named
+   * `stepId`, as the engine would answer its memoized call — taken once:
+   * a second call of the same id in this execution asks the engine, so no
+   * two calls share one parsed value. Undefined when the ticket does not
+   * have it (the engine then answers, and decides any conflict).
+   */
+  takeMemo(stepId: string, wait: boolean): { value: unknown } | undefined {
+    if (this.memoText.length === 0 && this.memo === undefined) return undefined;
+    if (this.memo === undefined) {
+      this.memo = new Map();
+      for (const [id, kind, value] of JSON.parse(this.memoText) as [string, number, unknown][]) this.memo.set(id, [kind, value]);
+      this.memoText = '';
+    }
+    const m = this.memo.get(stepId);
+    if (m === undefined || (m[0] === 1) !== wait) return undefined;
+    this.memo.delete(stepId);
+    return { value: m[1] };
+  }
 
   get run(): JobRun {
     if (this.row) return this.row;
@@ -629,7 +652,7 @@ export class TicketReader {
   constructor(private readonly readRow?: (runId: string) => string | null) {}
 
   read(line: string): Ticket {
-    // `<id><epoch>,<timeoutMs?>,<n>:<jobType><m>:<pool>\0<input>\0<row>`
+    // `<id><epoch>,<timeoutMs?>,<n>:<jobType><m>:<pool>\0<input>\0<memo>\0<row>`
     // (lengths in UTF-16 units); parsed by hand, it is on every run's path.
     const id = line.slice(0, 36);
     const a = line.indexOf(',', 36);
@@ -658,8 +681,10 @@ export class TicketReader {
       this.lastPool = pool;
     }
     const e = line.indexOf('\0', poolEnd + 1);
-    if (e < 0) throw new Error(`unreadable ticket: ${line.slice(0, 80)}`);
+    const f = e < 0 ? -1 : line.indexOf('\0', e + 1);
+    if (f < 0) throw new Error(`unreadable ticket: ${line.slice(0, 80)}`);
     const input: unknown = JSON.parse(line.slice(poolEnd + 1, e));
-    return new Ticket(id, epoch, timeoutMs, jobType, pool, input, line.slice(e + 1), this.readRow);
+    const memo = f === e + 1 ? '' : line.slice(e + 1, f);
+    return new Ticket(id, epoch, timeoutMs, jobType, pool, input, line.slice(f + 1), this.readRow, memo);
   }
 }

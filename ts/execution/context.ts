@@ -188,14 +188,15 @@ class Waits {
       if (typeof ms !== 'number' || !Number.isSafeInteger(ms) || ms < 0) {
         throw new JobInputInvalidError(`sleep '${stepId}': ms must be a non-negative integer, got ${String(ms)}`);
       }
-      return `{"kind":"sleep","until":${this.host.clock.now() + ms}}`;
+      // The clock is read only when the engine is asked (not for a memoized sleep).
+      return () => `{"kind":"sleep","until":${this.host.clock.now() + ms}}`;
     }).then(() => undefined);
 
   readonly sleepUntil = (stepId: string, date: Date): Promise<void> =>
     this.ask(stepId, () => {
       const at = dateMs(date);
       if (at === null) throw new JobInputInvalidError(`sleepUntil '${stepId}': needs a valid Date`);
-      return `{"kind":"sleep","until":${at}}`;
+      return () => `{"kind":"sleep","until":${at}}`;
     }).then(() => undefined);
 
   readonly waitForSignal = <T = unknown>(stepId: string, opts?: WaitForSignalOptions): Promise<T> =>
@@ -205,7 +206,8 @@ class Waits {
       if (typeof signal !== 'string' || signal.length === 0) {
         throw new JobInputInvalidError(`waitForSignal '${stepId}': signal must be a non-empty string`);
       }
-      return `{"kind":"signal","signal":${JSON.stringify(signal)}${timeoutField(opts?.timeoutMs)}}`;
+      const text = `{"kind":"signal","signal":${JSON.stringify(signal)}${timeoutField(opts?.timeoutMs)}}`;
+      return () => text;
     }) as Promise<T>;
 
   readonly waitForToken = <T = unknown>(stepId: string, deliver: (token: string) => unknown, opts?: WaitForTokenOptions): Promise<T> =>
@@ -214,7 +216,8 @@ class Waits {
       () => {
         if (typeof deliver !== 'function') throw new JobInputInvalidError(`waitForToken '${stepId}' needs a deliver function`);
         checkWaitOptions(opts, 'token', stepId);
-        return `{"kind":"token"${timeoutField(opts?.timeoutMs)}}`;
+        const text = `{"kind":"token"${timeoutField(opts?.timeoutMs)}}`;
+        return () => text;
       },
       deliver,
     ) as Promise<T>;
@@ -226,25 +229,31 @@ class Waits {
       const p = this.host.prepare(type, input, childStart(id, opts));
       if (p.thrown !== null) throw p.thrown.error;
       const o = p.opts === null ? '' : `,"opts":${p.opts.json()}`;
-      return `{"kind":"child","type":${JSON.stringify(p.type)},"input":${p.inputText}${o}${timeoutField(opts?.timeoutMs)}}`;
+      const text = `{"kind":"child","type":${JSON.stringify(p.type)},"input":${p.inputText}${o}${timeoutField(opts?.timeoutMs)}}`;
+      return () => text;
     }) as Promise<O>;
 
   /**
-   * One wait: asks the engine, and answers its stored value, throws its
-   * stored error, or parks on it. `deliver` (a token wait) runs once, as a
-   * step does: its throw fails the wait and is rethrown.
+   * One wait: answers its stored value (from the ticket's memo when the
+   * wait completed before this execution, else from the engine), throws its
+   * stored error, or parks on it. `wire` checks the call's arguments, the
+   * same whether or not the wait is memoized, and gives what writes the
+   * request. `deliver` (a token wait) runs once, as a step does: its throw
+   * fails the wait and is rethrown.
    */
-  private async ask(stepId: string, wire: () => string, deliver?: (token: string) => unknown): Promise<unknown> {
+  private async ask(stepId: string, wire: () => () => string, deliver?: (token: string) => unknown): Promise<unknown> {
     checkStepId(stepId);
-    const waitText = wire();
+    const request = wire();
     const { store } = this.host;
     const { id: runId, epoch } = this.ticket;
     const a = this.attempt;
     a.checkNotReturned(runId, `wait '${stepId}'`);
+    const memo = this.ticket.takeMemo(stepId, true);
+    if (memo !== undefined) return memo.value;
     let answer: WaitAnswer;
     a.waitCalls++;
     try {
-      answer = await store.waitBegin(runId, epoch, stepId, waitText);
+      answer = await store.waitBegin(runId, epoch, stepId, request());
     } finally {
       // Whatever the answer (a throw too): other open waits may now park.
       a.waitCalls--;
@@ -298,7 +307,7 @@ async function runStep<T>(
   fn: () => Promise<T> | T,
   opts: StepOptions | undefined,
 ): Promise<T> {
-  const { id: runId, epoch } = ticket;
+  const runId = ticket.id;
   if (typeof stepId !== 'string' || stepId.length === 0) {
     throw new JobInputInvalidError('step id must be a non-empty string');
   }
@@ -317,8 +326,8 @@ async function runStep<T>(
   attempt.stepsRunning++;
   try {
     const trace = attempt.trace;
-    if (trace === null) return await stepLoop(store, clock, runId, epoch, attempt, stepId, fn, timeoutMs, policyText, null);
-    return await trace.step(stepId, (st) => stepLoop(store, clock, runId, epoch, attempt, stepId, fn, timeoutMs, policyText, st));
+    if (trace === null) return await stepLoop(store, clock, ticket, attempt, stepId, fn, timeoutMs, policyText, null);
+    return await trace.step(stepId, (st) => stepLoop(store, clock, ticket, attempt, stepId, fn, timeoutMs, policyText, st));
   } finally {
     attempt.stepsRunning--;
     attempt.considerPark();
@@ -328,8 +337,7 @@ async function runStep<T>(
 async function stepLoop<T>(
   store: StepStore,
   clock: EngineClock,
-  runId: string,
-  epoch: number,
+  ticket: Ticket,
   attempt: Attempt,
   stepId: string,
   fn: () => Promise<T> | T,
@@ -337,6 +345,14 @@ async function stepLoop<T>(
   policyText: string | null,
   trace: StepTrace | null,
 ): Promise<T> {
+  const { id: runId, epoch } = ticket;
+  // Completed before this execution: the ticket holds its output, as the
+  // engine would answer it.
+  const memo = ticket.takeMemo(stepId, false);
+  if (memo !== undefined) {
+    trace?.memoized();
+    return memo.value as T;
+  }
   for (;;) {
     const begin = await store.stepBegin(runId, epoch, stepId);
     if (begin.memoized) {

@@ -46,7 +46,7 @@ pub mod worker;
 
 pub use clock::{Clock, ClockKind};
 pub use engine::{
-    AttemptEnd, AttemptTicket, Engine, EngineObserver, EngineOptions, Settled, StepBegin,
+    AttemptEnd, AttemptTicket, Engine, EngineObserver, EngineOptions, MemoStep, Settled, StepBegin,
 };
 pub use error::{JobError, Result, StoreOutcome};
 pub use model::*;

@@ -389,3 +389,55 @@ fn a_released_resumed_run_keeps_the_start_of_its_first_execution() {
         .unwrap();
     assert_eq!(back.started_at.get(), None, "never started");
 }
+
+#[test]
+fn a_claim_hands_out_the_runs_completed_steps_and_completes_its_sleeps_that_are_over() {
+    let e = engine();
+    register(&e, "s", None);
+    let run = start(&e, "s", "{}");
+    let first = e.claim_attempts("batch", 1).unwrap().remove(0);
+    assert!(first.memo.is_empty(), "a fresh run has nothing memoized");
+    let (id, epoch) = (run.id.to_string(), first.epoch);
+    e.step_begin(&id, epoch, "a").unwrap();
+    e.step_complete(&id, epoch, "a", Some(raw(r#"{"x":1}"#)))
+        .unwrap();
+    let now = e.now();
+    let nap = |until| WaitRequest::Sleep { until };
+    assert!(matches!(
+        e.wait_begin(&id, epoch, "nap", nap(now + 100)).unwrap(),
+        WaitBegin::Open
+    ));
+    assert!(matches!(
+        e.wait_begin(&id, epoch, "long", nap(now + 1_000)).unwrap(),
+        WaitBegin::Open
+    ));
+    let parked = e
+        .finish_attempt(&run.id, epoch, AttemptOutcome::Parked)
+        .unwrap()
+        .unwrap();
+    assert_eq!(parked.status, RunStatus::Waiting);
+    // Resumed at the first deadline: "nap" is over, "long" is not.
+    e.advance_time(100);
+    let second = e.claim_attempts("batch", 1).unwrap().remove(0);
+    let memo: Vec<(&str, bool, Option<&str>)> = second
+        .memo
+        .iter()
+        .map(|m| (&*m.step_id, m.wait, m.output.as_deref().map(RawValue::get)))
+        .collect();
+    assert_eq!(
+        memo,
+        vec![("a", false, Some(r#"{"x":1}"#)), ("nap", true, None)]
+    );
+    // The sleep that is over is stored completed by the claim, as the
+    // rerun's call would have; the other is still open, for the rerun to ask.
+    let steps = e.list_steps(&id, &TenantArg::Missing).unwrap();
+    let status = |s: &str| steps.iter().find(|r| &*r.step_id == s).map(|r| r.status);
+    assert_eq!(status("nap"), Some(StepStatus::Completed));
+    assert_eq!(status("long"), Some(StepStatus::Running));
+    assert!(matches!(
+        e.wait_begin(&id, second.epoch, "nap", nap(now + 100))
+            .unwrap(),
+        WaitBegin::Done(None)
+    ));
+    e.store().verify_indexes().unwrap();
+}

@@ -19,6 +19,20 @@ pub struct AttemptTicket {
     /// Claim epoch: step calls of this attempt must present it.
     pub epoch: u32,
     pub timeout_ms: Option<i64>,
+    /// The run's completed steps and waits, when the store had them at hand
+    /// at the claim (`StoreTx::steps_at_hand`, `claim_memo`): a resumed handler's
+    /// memoized calls answer from here instead of asking the engine again.
+    /// Empty for a run with none, or a store that left them out.
+    pub memo: Vec<MemoStep>,
+}
+
+/// A completed step or wait of a run, as its memoized call answers it.
+#[derive(Debug, Clone)]
+pub struct MemoStep {
+    pub step_id: Box<str>,
+    /// A durable wait (`kind = 'wait'`), not a `ctx.step`.
+    pub wait: bool,
+    pub output: Option<Box<serde_json::value::RawValue>>,
 }
 
 /// One finished attempt, as a worker reports it to [`Engine::settle`].
@@ -152,10 +166,12 @@ impl<S: Store> Engine<S> {
                     run: r.clone(),
                     epoch: r.claim_epoch,
                     timeout_ms: None,
+                    memo: Vec::new(),
                 });
             });
             if let Some(mut t) = ticket {
                 t.timeout_ms = tx.definition(&t.run.job_type).and_then(|d| d.timeout_ms);
+                t.memo = super::waits::claim_memo(tx, &id, t.run.attempts + 1, now);
                 self.note(tx, &id, EventKind::Started, now, t.run.attempts + 1, || {
                     None
                 });
@@ -194,9 +210,12 @@ impl<S: Store> Engine<S> {
                     run: r.clone(),
                     epoch: r.claim_epoch,
                     timeout_ms,
+                    memo: Vec::new(),
                 });
             });
-            ticket.ok_or_else(not_found)
+            let mut ticket = ticket.ok_or_else(not_found)?;
+            ticket.memo = super::waits::claim_memo(tx, &id, ticket.run.attempts + 1, self.now());
+            Ok(ticket)
         })?;
         self.open_attempts(std::slice::from_ref(&ticket), true);
         Ok(ticket)

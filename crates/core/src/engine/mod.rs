@@ -37,7 +37,7 @@ mod timeouts;
 mod waits;
 mod wakeups;
 
-pub use attempts::{AttemptEnd, AttemptTicket, Settled};
+pub use attempts::{AttemptEnd, AttemptTicket, MemoStep, Settled};
 pub use queries::{JobRunQuery, PageCursor, ScopeOrder, ScopeQuery, PAGE_WALK_BUDGET};
 pub use start::{BatchError, Started, START_MANY_MAX};
 pub use steps::{RecordStep, StepBegin};

@@ -23,7 +23,7 @@
 //! after the deadline finds the wait expired and does not resolve it.
 
 use super::timeline::CancelCause;
-use super::{parse_run_id, Effects, Engine};
+use super::{parse_run_id, Effects, Engine, MemoStep};
 use crate::clock::clamp_time;
 use crate::error::{JobError, Result};
 use crate::model::*;
@@ -430,7 +430,7 @@ impl<S: Store> Engine<S> {
         now: Millis,
         fx: &mut Effects,
     ) -> Result<WaitBegin> {
-        if spec.deadline().is_some_and(|d| d <= now) {
+        if wait_over(&spec, now) {
             return Ok(self.expire_wait(tx, s, &spec, now, fx));
         }
         s.epoch = epoch;
@@ -869,6 +869,53 @@ fn finish_wait<T: StoreTx>(
 }
 
 /// Completes a wait with `value`.
+/// What the memoized calls of a claimed run's next execution (its
+/// attempt `attempt`) answer, for the ticket: every completed step and
+/// wait, which `step_begin` and `wait_begin` answer with its output
+/// whatever the attempt (a completed step never changes until a replay,
+/// which starts a new attempt); and every sleep whose time has come, which
+/// is completed here as `rejoin_wait` would complete it when the rerun asks
+/// again. O(steps of the run); nothing for a store that has no steps at
+/// hand (`StoreTx::steps_at_hand`).
+pub(super) fn claim_memo<T: StoreTx>(
+    tx: &mut T,
+    run: &RunId,
+    attempt: u32,
+    now: Millis,
+) -> Vec<MemoStep> {
+    let mut memo = Vec::new();
+    let mut slept = Vec::new();
+    tx.steps_at_hand(run, &mut |s| {
+        if s.status == StepStatus::Completed {
+            memo.push(MemoStep {
+                step_id: s.step_id.clone(),
+                wait: s.kind == "wait",
+                output: s.output.clone(),
+            });
+        } else if s.is_open_wait()
+            && matches!(WaitSpec::of_step(s), Some(spec @ WaitSpec::Sleep { .. }) if wait_over(&spec, now))
+        {
+            slept.push(s.clone());
+        }
+    });
+    for mut s in slept {
+        memo.push(MemoStep {
+            step_id: s.step_id.clone(),
+            wait: true,
+            output: None,
+        });
+        s.attempts = attempt;
+        complete(tx, s, None, now);
+    }
+    memo
+}
+
+/// A wait's deadline has come (a sleep's is its `until`): it resolves
+/// (`expire_wait`) whenever it is next looked at.
+fn wait_over(spec: &WaitSpec, now: Millis) -> bool {
+    spec.deadline().is_some_and(|d| d <= now)
+}
+
 fn complete<T: StoreTx>(tx: &mut T, mut s: StepRow, value: Option<Box<RawValue>>, now: Millis) {
     s.status = StepStatus::Completed;
     s.output = value;

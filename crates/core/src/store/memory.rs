@@ -1279,6 +1279,14 @@ impl StoreTx for MemoryTx<'_> {
         rows
     }
 
+    fn steps_at_hand(&self, run: &RunId, f: &mut dyn FnMut(&StepRow)) {
+        let s = &*self.0;
+        let Some(steps) = s.handle(run).and_then(|h| s.steps.get(&h)) else {
+            return;
+        };
+        steps.rows.iter().for_each(f);
+    }
+
     fn max_step_seq(&self, run: &RunId) -> u32 {
         let s = &*self.0;
         s.handle(run)

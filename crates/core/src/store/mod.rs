@@ -379,6 +379,11 @@ pub trait StoreTx {
     fn put_step(&mut self, row: StepRow);
     /// Rows of a run in `seq` order.
     fn steps(&self, run: &RunId) -> Vec<StepRow>;
+    /// Calls `f` with each step of a run, when the store holds them at hand
+    /// (no round trip): a claim puts the completed ones in the attempt's
+    /// ticket. A store that would have to read them calls nothing, and the
+    /// handler's memoized calls ask one by one, as they would anyway.
+    fn steps_at_hand(&self, _run: &RunId, _f: &mut dyn FnMut(&StepRow)) {}
     fn max_step_seq(&self, run: &RunId) -> u32;
     /// Deletes a run's steps: all of them, or only the non-completed ones.
     fn delete_steps(&mut self, run: &RunId, keep_completed: bool);

@@ -684,7 +684,6 @@ export class TicketReader {
     const f = e < 0 ? -1 : line.indexOf('\0', e + 1);
     if (f < 0) throw new Error(`unreadable ticket: ${line.slice(0, 80)}`);
     const input: unknown = JSON.parse(line.slice(poolEnd + 1, e));
-    const memo = f === e + 1 ? '' : line.slice(e + 1, f);
-    return new Ticket(id, epoch, timeoutMs, jobType, pool, input, line.slice(f + 1), this.readRow, memo);
+    return new Ticket(id, epoch, timeoutMs, jobType, pool, input, line.slice(f + 1), this.readRow, line.slice(e + 1, f));
   }
 }

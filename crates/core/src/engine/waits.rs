@@ -868,7 +868,6 @@ fn finish_wait<T: StoreTx>(
     tx.put_step(s);
 }
 
-/// Completes a wait with `value`.
 /// What the memoized calls of a claimed run's next execution (its
 /// attempt `attempt`) answer, for the ticket: every completed step and
 /// wait, which `step_begin` and `wait_begin` answer with its output
@@ -916,6 +915,7 @@ fn wait_over(spec: &WaitSpec, now: Millis) -> bool {
     spec.deadline().is_some_and(|d| d <= now)
 }
 
+/// Completes a wait with `value`.
 fn complete<T: StoreTx>(tx: &mut T, mut s: StepRow, value: Option<Box<RawValue>>, now: Millis) {
     s.status = StepStatus::Completed;
     s.output = value;

@@ -547,7 +547,8 @@ forBackends('the worker resumes sleeps on time and frees the slot while a run wa
   const order: string[] = [];
   o.registerHandler('sleepy', {}, async (ctx: JobContext<unknown>) => {
     order.push('sleepy-start');
-    await ctx.sleep('s', 150);
+    // Long enough that a loaded machine's poll below still sees it waiting.
+    await ctx.sleep('s', 1_000);
     order.push('sleepy-end');
   });
   o.registerHandler('quick', {}, async () => {
@@ -562,7 +563,7 @@ forBackends('the worker resumes sleeps on time and frees the slot while a run wa
     const done = await o.waitForRun(a.id, { timeoutMs: 5_000 });
     t.is(done.status, 'completed');
     t.deepEqual(order, ['sleepy-start', 'quick', 'sleepy-start', 'sleepy-end']);
-    t.true(done.finishedAt!.getTime() - done.createdAt.getTime() >= 150);
+    t.true(done.finishedAt!.getTime() - done.createdAt.getTime() >= 1_000);
   } finally {
     await w.stop();
   }

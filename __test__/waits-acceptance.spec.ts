@@ -4,7 +4,7 @@
  * `closePolicy: 'abandon'` and the options of `ctx.invoke`, replay from
  * scratch / last_checkpoint across a finished sleep, a timed-out child,
  * bad wait input, the manual clock with a worker, `cancelForScope` of a
- * waiting run, `sleepUntil`, and the
+ * waiting run, `sleepUntil`, waits across PostgreSQL processes, and the
  * priority and timeout of resumed runs. Store-independent points run on
  * both stores; deterministic ones on the manual clock.
  */
@@ -16,8 +16,8 @@ import {
   JobOrchestrator,
 } from '../dist';
 import type { JobContext, JobRun } from '../dist';
-import { forBackends } from './backends';
-import { claimAll, deferred, get, hanging, realSleep, rejects, stepsById, waitFor } from './helpers';
+import { forBackends, postgresOnly } from './backends';
+import { claimAll, deferred, get, hanging, realSleep, rejects, silentLogger, stepsById, waitFor } from './helpers';
 
 /** Claims the run `id` (it must be the next of `pool`) and executes it once. */
 async function tickRun(o: JobOrchestrator, id: string, pool = 'batch', tenantId?: string | null): Promise<JobRun> {
@@ -374,6 +374,88 @@ forBackends('sleepUntil(futureDate) parks with waitDeadline at that date and res
   t.is(done.output as unknown, 'rang');
   t.is(entered, 2);
   t.is((await stepsById(o, r.id)).alarm?.kind, 'wait');
+});
+
+// ── 10. PostgreSQL: waits across orchestrators on one database ──────────
+
+// Several orchestrators sharing one schema: only a database store has that.
+postgresOnly('a resume() from another orchestrator wakes the waiting run at once (NOTIFY, not the poll)', async (t, make) => {
+  const base = make.options({ loggerFactory: () => silentLogger, logger: silentLogger });
+  // A poll far slower than the bound below: only a notification can meet it.
+  const full = { ...base, postgres: { ...base.postgres!, pollMs: 5_000 } };
+  const a = new JobOrchestrator(full);
+  const b = new JobOrchestrator(full);
+  t.teardown(async () => {
+    await a.close();
+    await b.close();
+  });
+  await a.migrate();
+  let token = '';
+  a.registerHandler('approve', {}, async (ctx: JobContext<unknown>) => ({
+    got: await ctx.waitForToken('ok', (tok) => {
+      token = tok;
+    }),
+  }));
+  const w = a.startWorker({ pools: { batch: { concurrency: 2 } } });
+  try {
+    const run = await a.start('approve', {});
+    await waitFor(async () => (await get(a, run.id)).status === 'waiting', 'parked', 5_000);
+    const t0 = Date.now();
+    t.deepEqual(await b.resume(token, 'yes'), { runId: run.id });
+    const done = await a.waitForRun(run.id, { timeoutMs: 5_000 });
+    const took = Date.now() - t0;
+    t.is(done.status, 'completed');
+    t.deepEqual(done.output, { got: 'yes' });
+    t.true(took < 1_500, `resumed in ${took} ms (the poll interval is 5 s)`);
+  } finally {
+    await w.stop();
+  }
+});
+
+// Several orchestrators sharing one schema: only a database store has that.
+postgresOnly('a token wait survives closing its orchestrator: a new one on the database resumes it and its worker finishes the run', async (t, make) => {
+  const full = make.options({ loggerFactory: () => silentLogger, logger: silentLogger });
+  const made: JobOrchestrator[] = [];
+  t.teardown(async () => {
+    for (const x of made) await x.close();
+  });
+  const delivered: string[] = [];
+  let entered = 0;
+  const orchestrator = (): JobOrchestrator => {
+    const o = new JobOrchestrator(full);
+    made.push(o);
+    o.registerHandler('durable-token', {}, async (ctx: JobContext<unknown>) => {
+      entered++;
+      const before = await ctx.step('before', () => 'b');
+      const answer = await ctx.waitForToken<{ ok: boolean }>('approve', (tok) => void delivered.push(tok));
+      return { before, answer };
+    });
+    return o;
+  };
+  const a = orchestrator();
+  await a.migrate();
+  const wa = a.startWorker({ pools: { batch: { concurrency: 2 } } });
+  const run = await a.start('durable-token', {});
+  await waitFor(async () => (await get(a, run.id)).waitKind === 'token', 'parked on its token', 5_000);
+  await wa.stop();
+  await a.close();
+  t.is(delivered.length, 1);
+
+  const c = orchestrator();
+  const wc = c.startWorker({ pools: { batch: { concurrency: 2 } } });
+  try {
+    t.is((await get(c, run.id)).status, 'waiting', 'still waiting after its orchestrator closed');
+    t.deepEqual(await c.resume(delivered[0]!, { ok: true }), { runId: run.id });
+    const done = await c.waitForRun(run.id, { timeoutMs: 10_000 });
+    t.is(done.status, 'completed');
+    t.deepEqual(done.output, { before: 'b', answer: { ok: true } });
+    t.is(done.attempts, 1);
+    t.is(entered, 2);
+    t.is(delivered.length, 1, 'deliver was not called again');
+    await rejects(t, () => c.resume(delivered[0]!, { ok: false }), JobResumeTokenError, 'JOB_RESUME_TOKEN', 'the used token');
+  } finally {
+    await wc.stop();
+  }
 });
 
 // ── 11. resumed runs: priority and timeout ──────────────────────────────

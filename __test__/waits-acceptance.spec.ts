@@ -169,7 +169,8 @@ forBackends("replay of a run that completed after a finished sleep: 'scratch' sl
     o.registerHandler(`nap.${from}`, { replayFrom: from }, async (ctx: JobContext<unknown>) => {
       entered[from]++;
       await ctx.sleep('nap', 1_000);
-      return { from, n: entered[from] };
+      const said = from === 'last_checkpoint' ? await ctx.waitForSignal('say') : null;
+      return { from, n: entered[from], said };
     });
   }
   const s = await o.start('nap.scratch', {});
@@ -178,9 +179,10 @@ forBackends("replay of a run that completed after a finished sleep: 'scratch' sl
     t.is((await tickRun(o, r.id)).status, 'waiting');
   }
   o.advanceTime(1_000);
-  for (const r of [s, c]) {
-    t.is((await tickRun(o, r.id)).status, 'completed');
-  }
+  t.is((await tickRun(o, s.id)).status, 'completed');
+  t.is((await tickRun(o, c.id)).waitKind, 'signal');
+  t.deepEqual(await o.signal(c.id, 'say', 'hi'), { delivered: true });
+  t.is((await tickRun(o, c.id)).status, 'completed');
 
   await o.replay(s.id);
   const t1 = o.now().getTime();
@@ -193,13 +195,15 @@ forBackends("replay of a run that completed after a finished sleep: 'scratch' sl
   o.advanceTime(1);
   const sDone = await tickRun(o, s.id);
   t.is(sDone.status, 'completed');
-  t.deepEqual(sDone.output, { from: 'scratch', n: 4 });
+  t.deepEqual(sDone.output, { from: 'scratch', n: 4, said: null });
 
   await o.replay(c.id);
   const cDone = await tickRun(o, c.id);
-  t.is(cDone.status, 'completed', 'the kept sleep answered at once: no park');
-  t.deepEqual(cDone.output, { from: 'last_checkpoint', n: 3 });
-  t.is((await stepsById(o, c.id)).nap?.status, 'completed');
+  t.is(cDone.status, 'completed', 'the kept sleep and signal wait answered at once: no park');
+  t.deepEqual(cDone.output, { from: 'last_checkpoint', n: 4, said: 'hi' });
+  const kept = await stepsById(o, c.id);
+  t.is(kept.nap?.status, 'completed');
+  t.is(kept.say?.status, 'completed');
 });
 
 // ── 5. a timed-out child ────────────────────────────────────────────────
@@ -259,6 +263,9 @@ forBackends('bad wait input: a timeoutMs that is not a positive integer, or an u
   calls.push(['signal unknown key', (ctx) => ctx.waitForSignal('sig key', { timeout: 5 } as never)]);
   calls.push(['token unknown key', (ctx) => ctx.waitForToken('tok key', deliver, { signal: 'x' } as never)]);
   calls.push(['invoke unknown key', (ctx) => ctx.invoke('inv key', 'kid', {}, { close: 'abandon' } as never)]);
+  calls.push(['invoke fractional priority', (ctx) => ctx.invoke('inv prio', 'kid', {}, { priority: 1.5 })]);
+  calls.push(['invoke invalid runAt', (ctx) => ctx.invoke('inv runAt', 'kid', {}, { runAt: new Date('nope') })]);
+  calls.push(['invoke bad close policy', (ctx) => ctx.invoke('inv policy', 'kid', {}, { closePolicy: 'sometimes' as never })]);
   calls.push(['invoke bigint input', (ctx) => ctx.invoke('inv bigint', 'kid', { n: 10n })]);
   calls.push(['invoke function input', (ctx) => ctx.invoke('inv fn', 'kid', { f: () => 1 })]);
   calls.push(['invoke cyclic input', (ctx) => {
@@ -346,6 +353,64 @@ forBackends('cancelForScope ends a waiting run canceled: its wait is gone (no de
   t.is((await get(o, other.id)).status, 'pending');
   t.is((await o.claimNext('batch'))?.id, other.id, 'only the other scope\'s run is claimable');
   t.is(entered, 2, 'the canceled run never ran again');
+});
+
+forBackends("cancelForScope of a run waiting on invoked children cascades to them, except a closePolicy 'abandon' one", async (t, make) => {
+  const o = await make.manual();
+  o.registerHandler('scoped-kid', { pool: 'kids' }, async () => 'x');
+  o.registerHandler('scoped-parent', {}, async (ctx: JobContext<unknown>) =>
+    Promise.all([ctx.invoke('bound', 'scoped-kid', { k: 'bound' }), ctx.invoke('free', 'scoped-kid', { k: 'free' }, { closePolicy: 'abandon' })]),
+  );
+  const p = await o.start('scoped-parent', {}, { scope: { entityType: 'trip', entityId: 't-1' } });
+  t.is((await tickRun(o, p.id)).waitKind, 'child');
+  const kids = (await o.getRunTree(p.id))!.children.map((c) => c.run);
+  const bound = kids.find((k) => (k.input as { k: string }).k === 'bound')!;
+  const free = kids.find((k) => (k.input as { k: string }).k === 'free')!;
+  t.truthy(bound && free);
+  t.true((await o.cancelForScope('trip', 't-1')) >= 1);
+  t.is((await get(o, p.id)).status, 'canceled');
+  t.is((await get(o, bound.id)).status, 'canceled', 'the cascade reached the invoked child');
+  t.is((await get(o, free.id)).status, 'pending', 'the abandoned child is left alone');
+});
+
+// ── 1b. deliver counts as a running step ──────────────────────────────
+
+forBackends('no park while a token deliver runs: a slow deliver next to a sleep keeps the run running; it parks once deliver returned', async (t, make) => {
+  const o = await make.manual();
+  const release = deferred();
+  const inDeliver = deferred();
+  let token = '';
+  let delivers = 0;
+  o.registerHandler('slow-deliver', {}, async (ctx: JobContext<unknown>) => {
+    const [answer] = await Promise.all([
+      ctx.waitForToken<string>('t', async (tok) => {
+        delivers++;
+        inDeliver.resolve();
+        await release.promise;
+        token = tok;
+      }),
+      ctx.sleep('z', 1_000),
+    ]);
+    return { answer };
+  });
+  const r = await o.start('slow-deliver', {});
+  t.is((await o.claimNext('batch'))?.id, r.id);
+  const tick = o.tick(r.id);
+  await inDeliver.promise;
+  await realSleep(50);
+  t.is((await get(o, r.id)).status, 'running', 'not waiting while deliver runs');
+  release.resolve();
+  await tick;
+  const parked = await get(o, r.id);
+  t.is(parked.status, 'waiting');
+  t.is(parked.waitKind, 'token', 'the first open wait');
+  t.deepEqual(await o.resume(token, 'ok'), { runId: r.id });
+  // The sleep is still open: the resumed execution parks on it.
+  t.is((await tickRun(o, r.id)).waitKind, 'sleep');
+  o.advanceTime(1_000);
+  const done = await tickRun(o, r.id);
+  t.deepEqual(done.output, { answer: 'ok' });
+  t.is(delivers, 1);
 });
 
 // ── 9. sleepUntil ───────────────────────────────────────────────────────

@@ -134,6 +134,52 @@ fn main() {
         "start_batch of {{ priority }} starts into 1k: {:?}/run",
         total / (rounds * 1000)
     );
+
+    // The other option shapes of the start bench: `{ scope }` (100 scopes)
+    // and `{ runAt }` (1 s ahead).
+    for (label, shape) in [("scope", Shape::Scope), ("runAt", Shape::RunAt)] {
+        let mut total = std::time::Duration::ZERO;
+        for _ in 0..rounds {
+            let e = engine();
+            let at = e.now();
+            let batches: Vec<Vec<BufferedStart>> =
+                (0..4).map(|_| shaped_batch(at, shape)).collect();
+            let t0 = Instant::now();
+            for b in batches {
+                std::hint::black_box(e.start_batch(b, false).unwrap());
+            }
+            total += t0.elapsed();
+        }
+        println!(
+            "start_batch of {{ {label} }} starts into 1k: {:?}/run",
+            total / (rounds * 1000)
+        );
+    }
+}
+
+#[derive(Clone, Copy)]
+enum Shape {
+    Scope,
+    RunAt,
+}
+
+fn shaped_batch(at: i64, shape: Shape) -> Vec<BufferedStart<'static>> {
+    (0..250)
+        .map(|i| {
+            let mut req = StartRequest {
+                job_type: "t".into(),
+                input: RawValue::from_string(format!("{{\"i\":{i}}}")).unwrap(),
+                preset: Some((uuid::Uuid::new_v4(), at)),
+                tenant: TenantArg::Missing,
+                ..StartRequest::default()
+            };
+            match shape {
+                Shape::Scope => req.scope = Some(("order".into(), format!("o{}", i % 100))),
+                Shape::RunAt => req.run_at = Some(at + 1_000),
+            }
+            BufferedStart::WithOptions(Box::new(req))
+        })
+        .collect()
 }
 
 /// 250 buffered starts with `{ priority }` (what JS hands over for a start

@@ -80,6 +80,26 @@ async function countStatus(o, status) {
   return (await o.countByPoolAndStatus()).filter((c) => c.status === status).reduce((a, c) => a + c.count, 0);
 }
 
+/**
+ * Whether any run still waits with a deadline. Memory: the orchestrator's
+ * count. PostgreSQL: one probe of `job_run_wait_deadline_idx` (about a
+ * millisecond), so the poll does not blur what it measures.
+ */
+async function waitingProbe(o, backend) {
+  if (backend !== 'postgres') {
+    const probe = async () => (await countStatus(o, 'waiting')) > 0;
+    probe.close = async () => {};
+    return probe;
+  }
+  const { Client } = require('pg');
+  const c = new Client({ connectionString: process.env.JOBFORGE_PG_URL || DEFAULT_URL });
+  await c.connect();
+  const sql = `SELECT 1 FROM jf_wbench_${process.pid}.job_run WHERE status = 'waiting' AND wait_deadline IS NOT NULL LIMIT 1`;
+  const probe = async () => (await c.query(sql)).rowCount > 0;
+  probe.close = () => c.end();
+  return probe;
+}
+
 async function until(cond, limitMs) {
   const end = Date.now() + limitMs;
   while (!(await cond())) {
@@ -177,8 +197,13 @@ const scenarios = {
     // waiting count sees it: the resumer's own lateness, without the time
     // the workers then take to run them all.
     await until(async () => Date.now() >= base + spread, lead + spread + 60_000);
-    await until(async () => (await countStatus(o, 'waiting')) === 0, 120_000);
+    // On PostgreSQL a grouped count takes ~30 ms under this load, as long
+    // as the resumption it times: ask the deadline index instead (a
+    // waiting run with a deadline left?), on a connection of its own.
+    const stillWaiting = await waitingProbe(o, backend);
+    await until(async () => !(await stillWaiting()), 120_000);
     const allResumedMs = Date.now() - (base + spread);
+    await stillWaiting.close();
     await until(() => late.length === n, lead + spread + 120_000);
     await w.stop();
     await drop(o, backend);
@@ -394,7 +419,7 @@ function writeDocs(r, { n, pgN, latN }) {
   }
   if (p && !p.skipped) {
     lines.push(
-      `| resume lateness, PostgreSQL, ${int(latN)} sleepers due together: every one resumed (pending) | **${int(p.late.allResumedMs)} ms** after the deadline (a poll of the waiting count, ±5 ms) | ≤ 250 ms | ${ok(p.late.allResumedMs <= 250)} |`,
+      `| resume lateness, PostgreSQL, ${int(latN)} sleepers due together: every one resumed (pending) | **${int(p.late.allResumedMs)} ms** after the deadline (a probe of the deadline index every 2 ms, ~1 ms each) | ≤ 250 ms | ${ok(p.late.allResumedMs <= 250)} |`,
       `| … and each handler continuing past its sleep (includes running all ${int(latN)} again on one worker, concurrency 64) | p50 ${f1(p.late.p50)} ms, **p99 ${f1(p.late.p99)} ms** | p99 ≤ 250 ms | ${ok(p.late.p99 <= 250)} |`,
       `| idle CPU, PostgreSQL, ${int(pgN)} far-off sleepers (this process) | **${p.idle.cpuPercent.toFixed(2)} %** of a core | < 1 % | ${ok(p.idle.cpuPercent < 1)} |`,
       `| signal round trip, PostgreSQL | **p50 ${f1(p.sig.p50)} ms**, p99 ${f1(p.sig.p99)} ms | (report) | |`,

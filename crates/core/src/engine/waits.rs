@@ -36,9 +36,6 @@ use uuid::Uuid;
 /// Signals a run's inbox holds at most: a sender that outpaces the run's
 /// waits gets `JobInputInvalid` rather than growing the store without end.
 pub const MAX_INBOX: usize = 1000;
-/// Waiting runs resumed per transaction when many fall due together (a
-/// networked store resumes them in one statement).
-const RESUME_BATCH: usize = 5_000;
 const TOKEN_PREFIX: &str = "jft_";
 
 /// What a wait asks for (`wait_begin`).
@@ -789,20 +786,21 @@ impl<S: Store> Engine<S> {
 
     /// Resumes every waiting run whose deadline passed (they turn pending,
     /// due now), and answers how many and when the next deadline falls.
-    /// O(log n) per run, in batches of [`RESUME_BATCH`] per transaction.
+    /// O(log n) per run, in batches of `Store::resume_batch` per transaction.
     pub fn resume_due_waits_then_next(&self) -> Result<(usize, Option<Millis>)> {
         let now = self.now();
+        let batch = self.store.resume_batch().max(1);
         let mut resumed = 0;
         let next = loop {
             let (n, more, next) = self.write(|tx| {
-                let due = tx.resume_due(now, RESUME_BATCH);
+                let due = tx.resume_due(now, batch);
                 for (id, attempts) in &due {
                     self.note(tx, id, EventKind::Resumed, now, attempts + 1, || {
                         Some(json!({ "by": "deadline" }))
                     });
                 }
                 let n = due.len();
-                let more = n == RESUME_BATCH;
+                let more = n == batch;
                 let next = if more { None } else { tx.next_wait_deadline() };
                 Ok((n, more, next))
             })?;

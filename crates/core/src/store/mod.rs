@@ -98,6 +98,15 @@ pub trait Store: Send + Sync + 'static {
     /// Memory keeps any text.
     fn storable_text(&self, _text: &mut String) {}
 
+    /// Waiting runs one transaction resumes when many fall due together
+    /// (`Engine::resume_due_waits_then_next`). The in-memory store holds
+    /// the caller's thread, the JS thread included, for a batch: a few
+    /// thousand. A networked store resumes a batch in one statement; see
+    /// its override for why its batches are larger.
+    fn resume_batch(&self) -> usize {
+        5_000
+    }
+
     /// Whether a claim can fire due schedules first at no real cost (the
     /// in-memory store: a peek at the earliest next fire). A networked
     /// store fires them from the worker's own loop instead.

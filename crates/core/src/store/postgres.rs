@@ -1476,6 +1476,14 @@ impl super::StoreAdmin for PgStore {
 impl Store for PgStore {
     type Tx<'a> = PgTx<'a>;
 
+    /// Each commit's notification sets every worker claiming while the
+    /// next batch is still being written, and the two compete for the
+    /// database: 10,000 due together in batches of 5,000 had the first
+    /// half resumed 150 ms after the deadline, the second at 560 ms.
+    fn resume_batch(&self) -> usize {
+        50_000
+    }
+
     fn json_problem(&self, json: &str) -> Option<&'static str> {
         jsonb_problem(json)
     }

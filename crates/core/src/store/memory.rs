@@ -73,6 +73,12 @@ impl RunSteps {
         if let Some(m) = &mut self.by_id {
             m.insert(row.step_id.clone(), i);
         }
+        // Room for one: a first push would make room for four (608 B),
+        // and most runs with steps have one (a parked wait, a single
+        // `ctx.step`). Later pushes grow as usual (1, 4, 8, …).
+        if self.rows.capacity() == 0 {
+            self.rows.reserve_exact(1);
+        }
         self.rows.push(row);
         if self.by_id.is_none() && self.rows.len() > INDEXED_STEPS {
             self.reindex();

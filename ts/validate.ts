@@ -8,7 +8,7 @@ import type { PreparedStart } from './backend/backend';
 import { JobInputInvalidError } from './errors';
 import type { HandlerRegistration, JobHandler, JobHandlerMeta } from './handler';
 import { flatSnapshot, toJsonText } from './json';
-import { StartWire } from './wire';
+import { newStartWire, type StartWire } from './wire';
 
 /** A real, valid Date (not a look-alike built on Date.prototype): its ms, or null. */
 export function dateMs(d: unknown): number | null {
@@ -149,7 +149,7 @@ function optionText(k: string, v: unknown): string | undefined {
  * `priorty`) is refused, not silently ignored.
  */
 export function startOptions(opts: StartOptionsInput | undefined): StartWire {
-  const out = new StartWire();
+  const out = newStartWire();
   if (opts === undefined) return out;
   if (opts === null || typeof opts !== 'object') throw new JobInputInvalidError('start options must be an object');
   const o = plainOptions(opts as Record<string, unknown>);

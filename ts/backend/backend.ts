@@ -26,6 +26,7 @@ import {
   parseWait,
   requestJson,
   startRequest,
+  startWireJson,
   type Notices,
   type StartWire,
   type Ticket,
@@ -280,7 +281,7 @@ export abstract class NativeBackend implements Partial<Backend> {
 
   /** The engine's `start`: the row of the new run or of the dedupe hit. */
   protected startInEngine(p: PreparedStart): Promise<JobRun> {
-    const opts = p.opts === null ? null : p.opts.json();
+    const opts = p.opts === null ? null : startWireJson(p.opts);
     return this.mutate('start', startRequest(p.type, p.inputText, opts), parseRun);
   }
 
@@ -290,7 +291,7 @@ export abstract class NativeBackend implements Partial<Backend> {
     for (let i = 0; i < entries.length; i++) {
       const p = entries[i]!;
       if (i > 0) text += ',';
-      text += startRequest(p.type, p.inputText, p.opts === null ? null : p.opts.json());
+      text += startRequest(p.type, p.inputText, p.opts === null ? null : startWireJson(p.opts));
     }
     return text + (grouped ? '],"grouped":true}' : ']}');
   }

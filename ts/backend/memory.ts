@@ -18,6 +18,7 @@ import {
   startLine,
   startLineType,
   startRequest,
+  startWireJson,
   TicketReader,
 } from '../wire';
 import { NativeBackend, noticeCallback, type Backend, type NoticeSink, type PreparedStart, type WorkerLink } from './backend';
@@ -160,7 +161,7 @@ export class MemoryBackend extends NativeBackend implements Backend {
 
   /** The engine's `start`, answered the short way (it holds the type's template). */
   private startShort(p: PreparedStart, info: TypeInfo): Promise<JobRun> {
-    const optsText = p.opts === null ? null : p.opts.json();
+    const optsText = p.opts === null ? null : startWireJson(p.opts);
     const req = startRequest(p.type, p.inputText, optsText, true);
     return this.mutate('start', req, (text) => {
       const answer = parseStarted(text);
@@ -185,7 +186,7 @@ export class MemoryBackend extends NativeBackend implements Backend {
       else this.lastStartAt = at;
     }
     const pool = p.opts?.pool ?? info.template.pool;
-    this.startBuf += startLine(id, at, info.wire, p.inputText, p.opts === null ? null : p.opts.json());
+    this.startBuf += startLine(id, at, info.wire, p.inputText, p.opts === null ? null : startWireJson(p.opts));
     this.startCount++;
     const w = this.worker;
     if (this.startCount >= START_BATCH_MAX || (w !== null && w.running && !w.busy && w.hasIdleSlot(pool))) {

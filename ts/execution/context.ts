@@ -13,7 +13,7 @@ import type { JobRun, JobRunError } from '../rows';
 import type { EngineClock } from '../clock';
 import type { PreparedStart } from '../backend/backend';
 import { checkRetryPolicy, checkSpawnOptions, checkStepOptions, checkWaitOptions, dateMs, retryPolicyWire, type StartOptionsInput } from '../validate';
-import { describeFailure, type Ticket, type WaitAnswer } from '../wire';
+import { describeFailure, startWireJson, type Ticket, type WaitAnswer } from '../wire';
 import { ABORTED_STATUS, type Attempt } from './attempt';
 import type { StepTrace, Tracing } from '../tracing';
 
@@ -228,7 +228,7 @@ class Waits {
       const { id } = this.ticket;
       const p = this.host.prepare(type, input, childStart(id, opts));
       if (p.thrown !== null) throw p.thrown.error;
-      const o = p.opts === null ? '' : `,"opts":${p.opts.json()}`;
+      const o = p.opts === null ? '' : `,"opts":${startWireJson(p.opts)}`;
       const text = `{"kind":"child","type":${JSON.stringify(p.type)},"input":${p.inputText}${o}${timeoutField(opts?.timeoutMs)}}`;
       return () => text;
     }) as Promise<O>;

@@ -209,3 +209,23 @@ export function memoryOnly(title: string, impl: BackendTest): void {
 export function postgresOnly(title: string, impl: BackendTest): void {
   register('postgres', title, impl);
 }
+
+/**
+ * Two orchestrators on one fresh schema (as two processes sharing a
+ * database would be), closed at teardown; the first has migrated it.
+ */
+export async function pair(
+  t: ExecutionContext,
+  make: Make,
+  opts: JobOrchestratorOptions = {},
+): Promise<[JobOrchestrator, JobOrchestrator]> {
+  const full = make.options({ loggerFactory: () => silentLogger, ...opts });
+  const a = new JobOrchestrator(full);
+  const b = new JobOrchestrator(full);
+  t.teardown(async () => {
+    await a.close();
+    await b.close();
+  });
+  await a.migrate();
+  return [a, b];
+}

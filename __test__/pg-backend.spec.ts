@@ -9,28 +9,10 @@ import { spawnSync } from 'node:child_process';
 import * as path from 'node:path';
 import { JobInputInvalidError, JobOrchestrator, JobStoreError } from '../dist';
 import type { JobOrchestratorOptions } from '../dist';
-import { PG_URL, postgresOnly } from './backends';
-import type { Make } from './backends';
+import { pair, PG_URL, postgresOnly } from './backends';
 import { silentLogger } from './helpers';
 
 const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
-
-/** Two orchestrators on one fresh schema, closed at teardown. */
-async function pair(
-  t: ExecutionContext,
-  make: Make,
-  opts: JobOrchestratorOptions = {},
-): Promise<[JobOrchestrator, JobOrchestrator]> {
-  const full = make.options({ loggerFactory: () => silentLogger, ...opts });
-  const a = new JobOrchestrator(full);
-  const b = new JobOrchestrator(full);
-  t.teardown(async () => {
-    await a.close();
-    await b.close();
-  });
-  await a.migrate();
-  return [a, b];
-}
 
 /** A client of its own on the test server (closed at teardown), to change tables behind jobforge's back. */
 async function adminClient(t: ExecutionContext): Promise<import('pg').Client> {

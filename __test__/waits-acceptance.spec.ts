@@ -16,7 +16,7 @@ import {
   JobOrchestrator,
 } from '../dist';
 import type { JobContext, JobRun } from '../dist';
-import { forBackends, postgresOnly } from './backends';
+import { forBackends, pair, PG_URL, postgresOnly } from './backends';
 import { claimAll, deferred, get, hanging, realSleep, rejects, silentLogger, stepsById, waitFor } from './helpers';
 
 /** Claims the run `id` (it must be the next of `pool`) and executes it once. */
@@ -445,16 +445,8 @@ forBackends('sleepUntil(futureDate) parks with waitDeadline at that date and res
 
 // Several orchestrators sharing one schema: only a database store has that.
 postgresOnly('a resume() from another orchestrator wakes the waiting run at once (NOTIFY, not the poll)', async (t, make) => {
-  const base = make.options({ loggerFactory: () => silentLogger, logger: silentLogger });
   // A poll far slower than the bound below: only a notification can meet it.
-  const full = { ...base, postgres: { ...base.postgres!, pollMs: 5_000 } };
-  const a = new JobOrchestrator(full);
-  const b = new JobOrchestrator(full);
-  t.teardown(async () => {
-    await a.close();
-    await b.close();
-  });
-  await a.migrate();
+  const [a, b] = await pair(t, make, { logger: silentLogger, postgres: { url: PG_URL, pollMs: 5_000 } });
   let token = '';
   a.registerHandler('approve', {}, async (ctx: JobContext<unknown>) => ({
     got: await ctx.waitForToken('ok', (tok) => {

@@ -19,7 +19,7 @@ import {
 import { JobOrchestrator } from '../dist';
 import type { JobContext, JobRun } from '../dist';
 import { silentLogger } from './helpers';
-import { forBackends, postgresOnly } from './backends';
+import { forBackends, pair, PG_URL, postgresOnly } from './backends';
 import { get, rejects, stepsById, waitFor } from './helpers';
 
 /** Claims the run `id` (it must be the next of `pool`) and executes it once. */
@@ -638,16 +638,8 @@ postgresOnly('waits survive a restart of every process: a run parked by one orch
 });
 
 postgresOnly('a signal from another process wakes a waiting run at once (NOTIFY, not the poll)', async (t, make) => {
-  const base = make.options({ loggerFactory: () => silentLogger, logger: silentLogger });
   // A poll far slower than the bound below: only a notification can meet it.
-  const full = { ...base, postgres: { ...base.postgres!, pollMs: 5_000 } };
-  const a = new JobOrchestrator(full);
-  const b = new JobOrchestrator(full);
-  t.teardown(async () => {
-    await a.close();
-    await b.close();
-  });
-  await a.migrate();
+  const [a, b] = await pair(t, make, { logger: silentLogger, postgres: { url: PG_URL, pollMs: 5_000 } });
   a.registerHandler('ping', {}, async (ctx: JobContext<unknown>) => ctx.waitForSignal('go'));
   const w = a.startWorker({ pools: { batch: { concurrency: 2 } } });
   try {

@@ -525,7 +525,8 @@ fn quick_start_opts(text: &str) -> Option<StartOpts> {
     if text == "{}" {
         return Some(o);
     }
-    let mut seen = 0u16;
+    // Every option starts unset: one already set was given twice, which
+    // serde refuses, so it reads this text.
     let mut i = 1;
     loop {
         let (key, next) = json_str(text, i)?;
@@ -533,46 +534,52 @@ fn quick_start_opts(text: &str) -> Option<StartOpts> {
             return None;
         }
         i = next + 1;
-        let (bit, value_end) = match &*key {
-            "tenant" if text[i..].starts_with("null") => {
-                o.tenant = TenantArg::Null;
-                (0, i + 4)
-            }
+        i = match &*key {
             "tenant" => {
-                let (t, n) = json_str(text, i)?;
-                o.tenant = TenantArg::Id(t.into_owned());
-                (0, n)
+                if o.tenant != TenantArg::Missing {
+                    return None;
+                }
+                if text[i..].starts_with("null") {
+                    o.tenant = TenantArg::Null;
+                    i + 4
+                } else {
+                    let (t, n) = json_str(text, i)?;
+                    o.tenant = TenantArg::Id(t.into_owned());
+                    n
+                }
             }
             "scope" => {
                 let rest = text[i..].strip_prefix("{\"entityType\":")?;
                 let (entity_type, n) = json_str(text, text.len() - rest.len())?;
                 let rest = text[n..].strip_prefix(",\"entityId\":")?;
                 let (entity_id, n) = json_str(text, text.len() - rest.len())?;
-                if b.get(n) != Some(&b'}') {
+                if b.get(n) != Some(&b'}') || o.scope.is_some() {
                     return None;
                 }
                 o.scope = Some(ScopeWire {
                     entity_type: entity_type.into_owned(),
                     entity_id: entity_id.into_owned(),
                 });
-                (1, n + 1)
+                n + 1
             }
             "runAt" | "priority" => {
-                let (v, n) = json_number(text, i)?;
-                if &*key == "runAt" {
-                    o.run_at = Some(v);
-                    (2, n)
+                let slot = if &*key == "runAt" {
+                    &mut o.run_at
                 } else {
-                    o.priority = Some(v);
-                    (3, n)
+                    &mut o.priority
+                };
+                let (v, n) = json_number(text, i)?;
+                if slot.replace(v).is_some() {
+                    return None;
                 }
+                n
             }
             "tags" => {
                 // `{"k":"v",…}`: its text is kept, `apply` checks it.
-                let mut j = i + 1;
-                if b.get(i) != Some(&b'{') {
+                if b.get(i) != Some(&b'{') || o.tags.is_some() {
                     return None;
                 }
+                let mut j = i + 1;
                 if b.get(j) != Some(&b'}') {
                     loop {
                         let (_, n) = json_str(text, j)?;
@@ -591,55 +598,27 @@ fn quick_start_opts(text: &str) -> Option<StartOpts> {
                     }
                 }
                 o.tags = Some(RawValue::from_string(text[i..=j].to_owned()).ok()?);
-                (4, j + 1)
+                j + 1
             }
             _ => {
-                let (v, n) = json_str(text, i)?;
-                let v = Some(v.into_owned());
-                let bit = match &*key {
-                    "scopeEntityIdFromMeta" => {
-                        o.scope_entity_id_from_meta = v;
-                        5
-                    }
-                    "pool" => {
-                        o.pool = v;
-                        6
-                    }
-                    "triggerSource" => {
-                        o.trigger_source = v;
-                        7
-                    }
-                    "triggerRef" => {
-                        o.trigger_ref = v;
-                        8
-                    }
-                    "parentClosePolicy" => {
-                        o.parent_close_policy = v;
-                        9
-                    }
-                    "parentRunId" => {
-                        o.parent_run_id = v;
-                        10
-                    }
-                    "concurrencyKey" => {
-                        o.concurrency_key = v;
-                        11
-                    }
-                    "dedupeKey" => {
-                        o.dedupe_key = v;
-                        12
-                    }
+                let slot = match &*key {
+                    "scopeEntityIdFromMeta" => &mut o.scope_entity_id_from_meta,
+                    "pool" => &mut o.pool,
+                    "triggerSource" => &mut o.trigger_source,
+                    "triggerRef" => &mut o.trigger_ref,
+                    "parentClosePolicy" => &mut o.parent_close_policy,
+                    "parentRunId" => &mut o.parent_run_id,
+                    "concurrencyKey" => &mut o.concurrency_key,
+                    "dedupeKey" => &mut o.dedupe_key,
                     _ => return None,
                 };
-                (bit, n)
+                let (v, n) = json_str(text, i)?;
+                if slot.replace(v.into_owned()).is_some() {
+                    return None;
+                }
+                n
             }
         };
-        // A key given twice: serde refuses it, so it reads this text.
-        if seen & (1 << bit) != 0 {
-            return None;
-        }
-        seen |= 1 << bit;
-        i = value_end;
         match b.get(i) {
             Some(b',') => i += 1,
             Some(b'}') if i + 1 == b.len() => return Some(o),

@@ -44,6 +44,14 @@ fn engine(timeline: bool) -> Engine<MemoryStore> {
     e
 }
 
+/// Where each run of a measurement ends up.
+#[derive(Clone, Copy)]
+enum End {
+    Pending,
+    Parked,
+    Completed,
+}
+
 fn main() {
     let n = 100_000usize;
     println!(
@@ -97,7 +105,7 @@ fn main() {
         );
     }
     for timeline in [false, true] {
-        for park in [false, true] {
+        for end in [End::Pending, End::Parked, End::Completed] {
             let e = engine(timeline);
             let before = LIVE.load(Ordering::Relaxed);
             for _ in 0..n {
@@ -108,20 +116,32 @@ fn main() {
                         ..StartRequest::default()
                     })
                     .unwrap();
-                if park {
-                    let c = e.claim_next("batch").unwrap().unwrap();
-                    let id = c.id.to_string();
-                    let until = e.now() + 3_600_000;
-                    e.wait_begin(&id, c.claim_epoch, "s", WaitRequest::Sleep { until })
-                        .unwrap();
-                    e.finish_attempt(&r.id, c.claim_epoch, AttemptOutcome::Parked)
-                        .unwrap();
+                match end {
+                    End::Pending => {}
+                    End::Parked => {
+                        let c = e.claim_next("batch").unwrap().unwrap();
+                        let id = c.id.to_string();
+                        let until = e.now() + 3_600_000;
+                        e.wait_begin(&id, c.claim_epoch, "s", WaitRequest::Sleep { until })
+                            .unwrap();
+                        e.finish_attempt(&r.id, c.claim_epoch, AttemptOutcome::Parked)
+                            .unwrap();
+                    }
+                    End::Completed => {
+                        let c = e.claim_next("batch").unwrap().unwrap();
+                        e.finish_attempt(&r.id, c.claim_epoch, AttemptOutcome::Completed(None))
+                            .unwrap();
+                    }
                 }
             }
             let bytes = LIVE.load(Ordering::Relaxed) - before;
+            let what = match end {
+                End::Pending => "pending",
+                End::Parked => "parked in a sleep",
+                End::Completed => "completed",
+            };
             println!(
-                "timeline {timeline}, {}: {} B a run",
-                if park { "parked in a sleep" } else { "pending" },
+                "timeline {timeline}, {what}: {} B a run",
                 bytes / n as isize
             );
         }

@@ -69,6 +69,10 @@ string_enum!(
     Backoff { Fixed = "fixed", Linear = "linear", Exponential = "exponential" }
 );
 string_enum!(ReplayFrom { Scratch = "scratch", LastStep = "last_step", LastCheckpoint = "last_checkpoint" });
+string_enum!(
+    /// A step row's kind: a memoized `ctx.step` or a durable wait.
+    StepKind { Task = "task", Wait = "wait" }
+);
 string_enum!(StepStatus { Pending = "pending", Running = "running", Completed = "completed", Failed = "failed", Skipped = "skipped" });
 string_enum!(
     /// How much of a retry's delay is drawn at random, so runs that failed
@@ -660,15 +664,17 @@ pub struct StepRow {
     pub id: Uuid,
     pub job_run_id: RunId,
     pub step_id: Box<str>,
-    pub kind: &'static str,
+    pub kind: StepKind,
     pub seq: u32,
     pub status: StepStatus,
     pub input: Option<Box<RawValue>>,
     pub output: Option<Box<RawValue>>,
     pub error: Option<Box<RunError>>,
     pub attempts: u32,
-    pub started_at: Option<Millis>,
-    pub finished_at: Option<Millis>,
+    // An enum and 8-byte instants: a parked run's wait row is most of what
+    // it holds beyond a pending run (152 → 120 bytes a row).
+    pub started_at: OptMillis,
+    pub finished_at: OptMillis,
     /// Claim epoch of the attempt that last started the step.
     #[serde(skip)]
     pub epoch: u32,
@@ -784,7 +790,7 @@ impl WaitSpec {
 
     /// The wait a step row holds, if it is a wait step.
     pub fn of_step(step: &StepRow) -> Option<WaitSpec> {
-        if step.kind != "wait" {
+        if step.kind != StepKind::Wait {
             return None;
         }
         serde_json::from_str(step.input.as_deref()?.get()).ok()
@@ -799,7 +805,8 @@ impl StepRow {
     /// A wait step not resolved yet: open (`running`), or a token being
     /// delivered (`pending`).
     pub fn is_open_wait(&self) -> bool {
-        self.kind == "wait" && matches!(self.status, StepStatus::Pending | StepStatus::Running)
+        self.kind == StepKind::Wait
+            && matches!(self.status, StepStatus::Pending | StepStatus::Running)
     }
 }
 

@@ -1183,15 +1183,15 @@ fn wait_fields_awaited_by_and_step_kinds_are_stored_and_read_back() {
         id: RunId::new_v4(),
         job_run_id: parent.id,
         step_id: step_id.into(),
-        kind,
+        kind: StepKind::parse(kind).expect("a step kind"),
         seq,
         status: StepStatus::Running,
         input: Some(spec.to_raw()),
         output: None,
         error: None,
         attempts: 1,
-        started_at: Some(at),
-        finished_at: None,
+        started_at: at.into(),
+        finished_at: OptMillis::NONE,
         epoch: 1,
     };
     e.store()
@@ -1204,7 +1204,7 @@ fn wait_fields_awaited_by_and_step_kinds_are_stored_and_read_back() {
         e.list_steps(&parent.id.to_string(), &TenantArg::Missing)
             .unwrap()
             .into_iter()
-            .map(|s| (s.step_id.to_string(), s.kind))
+            .map(|s| (s.step_id.to_string(), s.kind.as_str()))
             .collect()
     };
     assert_eq!(kinds(&e), [("s1".to_owned(), "task")]);
@@ -1311,15 +1311,15 @@ fn the_inbox_is_fifo_per_name_and_goes_with_its_purged_run() {
                 id: RunId::new_v4(),
                 job_run_id: other.id,
                 step_id: "s".into(),
-                kind: "wait",
+                kind: StepKind::Wait,
                 seq: 1,
                 status: StepStatus::Completed,
                 input: None,
                 output: None,
                 error: None,
                 attempts: 1,
-                started_at: None,
-                finished_at: None,
+                started_at: OptMillis::NONE,
+                finished_at: OptMillis::NONE,
                 epoch: c.claim_epoch,
             });
             Ok(())
@@ -1521,7 +1521,7 @@ fn a_database_of_schema_version_2_upgrades_in_place_to_durable_waits() {
         .list_steps(&run.id.to_string(), &TenantArg::Missing)
         .unwrap()
         .into_iter()
-        .map(|s| (s.step_id.to_string(), s.kind))
+        .map(|s| (s.step_id.to_string(), s.kind.as_str()))
         .collect();
     assert_eq!(
         steps,
@@ -1622,7 +1622,10 @@ fn a_sleep_parks_the_run_until_its_deadline_resumes_it() {
         .find_step(&TenantArg::Missing, &c.id.to_string(), "nap")
         .unwrap()
         .unwrap();
-    assert_eq!((step.kind, step.status), ("wait", StepStatus::Completed));
+    assert_eq!(
+        (step.kind.as_str(), step.status),
+        ("wait", StepStatus::Completed)
+    );
     let end = e
         .finish_attempt(&c.id, c.claim_epoch, AttemptOutcome::Completed(None))
         .unwrap()

@@ -76,7 +76,7 @@ impl<S: Store> Engine<S> {
             let existing = tx.step(&id, step_id).cloned();
             if let Some(s) = &existing {
                 // A durable wait's id is not a task's.
-                if s.kind != "task" {
+                if s.kind != StepKind::Task {
                     return Err(JobError::JobStepConflict {
                         run_id: run_id.to_owned(),
                         step_id: step_id.to_owned(),
@@ -101,15 +101,15 @@ impl<S: Store> Engine<S> {
                 id: existing.as_ref().map_or_else(Uuid::new_v4, |s| s.id),
                 job_run_id: id,
                 step_id: step_id.into(),
-                kind: "task",
+                kind: StepKind::Task,
                 seq,
                 status: StepStatus::Running,
                 input: None,
                 output: existing.as_ref().and_then(|s| s.output.clone()),
                 error: existing.as_ref().and_then(|s| s.error.clone()),
                 attempts: attempt,
-                started_at: Some(now),
-                finished_at: existing.as_ref().and_then(|s| s.finished_at),
+                started_at: now.into(),
+                finished_at: existing.as_ref().map_or(OptMillis::NONE, |s| s.finished_at),
                 epoch,
             });
             let run_attempt = super::attempts::run_attempt(tx, &id);
@@ -158,7 +158,7 @@ impl<S: Store> Engine<S> {
             s.status = StepStatus::Completed;
             s.output = output;
             s.error = None;
-            s.finished_at = Some(now);
+            s.finished_at = now.into();
             let step_attempt = s.attempts;
             tx.put_step(s);
             let run_attempt = super::attempts::run_attempt(tx, &id);
@@ -218,7 +218,7 @@ impl<S: Store> Engine<S> {
                 retryable: retry_in.is_some(),
                 attempt: s.attempts,
             }));
-            s.finished_at = Some(now);
+            s.finished_at = now.into();
             let mut data = json!({
                 "stepId": &*s.step_id,
                 "stepAttempt": s.attempts,
@@ -277,7 +277,7 @@ impl<S: Store> Engine<S> {
                 id: prev.as_ref().map_or_else(Uuid::new_v4, |p| p.id),
                 job_run_id: id,
                 step_id: rec.step_id.as_str().into(),
-                kind: prev.as_ref().map_or("task", |p| p.kind),
+                kind: prev.as_ref().map_or(StepKind::Task, |p| p.kind),
                 seq: match (&prev, rec.seq) {
                     (Some(p), _) => p.seq,
                     (None, 0) => tx.max_step_seq(&id) + 1,
@@ -301,10 +301,14 @@ impl<S: Store> Engine<S> {
                     .attempts
                     .or(prev.as_ref().map(|p| p.attempts))
                     .unwrap_or(0),
-                started_at: rec.started_at.or(prev.as_ref().and_then(|p| p.started_at)),
+                started_at: rec
+                    .started_at
+                    .or(prev.as_ref().and_then(|p| p.started_at.get()))
+                    .into(),
                 finished_at: rec
                     .finished_at
-                    .or(prev.as_ref().and_then(|p| p.finished_at)),
+                    .or(prev.as_ref().and_then(|p| p.finished_at.get()))
+                    .into(),
                 epoch,
             };
             tx.put_step(row.clone());

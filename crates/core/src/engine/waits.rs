@@ -165,13 +165,13 @@ impl<S: Store> Engine<S> {
             // A resolved wait answers without a copy of its row (the
             // common case on a resumption: every wait before the open one).
             if let Some(s) = tx.step(&id, step_id) {
-                if s.kind == "wait" && s.status == StepStatus::Completed {
+                if s.kind == StepKind::Wait && s.status == StepStatus::Completed {
                     return Ok(WaitBegin::Done(s.output.clone()));
                 }
             }
             let existing = tx.step(&id, step_id).cloned();
             if let Some(s) = &existing {
-                if s.kind != "wait" {
+                if s.kind != StepKind::Wait {
                     return Err(JobError::JobStepConflict {
                         run_id: run_id.to_owned(),
                         step_id: step_id.to_owned(),
@@ -215,15 +215,15 @@ impl<S: Store> Engine<S> {
                     id: existing.as_ref().map_or_else(Uuid::new_v4, |s| s.id),
                     job_run_id: id,
                     step_id: step_id.into(),
-                    kind: "wait",
+                    kind: StepKind::Wait,
                     seq,
                     status,
                     input: Some(spec.to_raw()),
                     output,
                     error: None,
                     attempts: attempt,
-                    started_at: Some(now),
-                    finished_at: (status == StepStatus::Completed).then_some(now),
+                    started_at: now.into(),
+                    finished_at: (status == StepStatus::Completed).then_some(now).into(),
                     epoch,
                 };
             match req {
@@ -360,7 +360,11 @@ impl<S: Store> Engine<S> {
                 run_id,
                 "the attempt that called the wait is over",
             )?;
-            let Some(mut s) = tx.step(&id, step_id).cloned().filter(|s| s.kind == "wait") else {
+            let Some(mut s) = tx
+                .step(&id, step_id)
+                .cloned()
+                .filter(|s| s.kind == StepKind::Wait)
+            else {
                 return Err(JobError::JobRunState {
                     run_id: run_id.to_owned(),
                     status: "running".to_owned(),
@@ -862,7 +866,7 @@ fn finish_wait<T: StoreTx>(
     });
     s.status = status;
     s.output = output;
-    s.finished_at = Some(now);
+    s.finished_at = now.into();
     tx.put_step(s);
 }
 
@@ -886,7 +890,7 @@ pub(super) fn claim_memo<T: StoreTx>(
         if s.status == StepStatus::Completed {
             memo.push(MemoStep {
                 step_id: s.step_id.clone(),
-                wait: s.kind == "wait",
+                wait: s.kind == StepKind::Wait,
                 output: s.output.clone(),
             });
         } else if s.is_open_wait()
@@ -918,7 +922,7 @@ fn complete<T: StoreTx>(tx: &mut T, mut s: StepRow, value: Option<Box<RawValue>>
     s.status = StepStatus::Completed;
     s.output = value;
     s.error = None;
-    s.finished_at = Some(now);
+    s.finished_at = now.into();
     tx.put_step(s);
 }
 

@@ -1392,9 +1392,12 @@ impl StoreTx for MemoryTx<'_> {
         if let Some(u) = s.undo.as_mut() {
             u.push(Undo::Event(event.run));
         }
+        // Room for two at first: most runs have exactly two (`started`
+        // and their end, or `started` and `waiting`); four cost every
+        // finished run 80 bytes it never used.
         s.events
             .entry(h)
-            .or_insert_with(|| Vec::with_capacity(4))
+            .or_insert_with(|| Vec::with_capacity(2))
             .push(StoredEvent {
                 id: s.event_seq,
                 at: event.at,

@@ -741,20 +741,17 @@ fn step_from_row(r: &Row) -> std::result::Result<StepRow, postgres::Error> {
         id: r.try_get(0)?,
         job_run_id: r.try_get(1)?,
         step_id: Box::from(r.try_get::<_, &str>(2)?),
-        // The model's kinds are static strings; a kind this version does
-        // not know (a database another system wrote) runs as a task.
-        kind: match r.try_get::<_, &str>(12)? {
-            "wait" => "wait",
-            _ => "task",
-        },
+        // A kind this version does not know (a database another system
+        // wrote) runs as a task.
+        kind: StepKind::parse(r.try_get::<_, &str>(12)?).unwrap_or(StepKind::Task),
         seq: r.try_get::<_, i32>(3)?.max(0) as u32,
         status: enum_or(status, StepStatus::parse, StepStatus::Pending),
         input: input.map(|j| j.0),
         output: output.map(|j| j.0),
         error: parse_error(error),
         attempts: r.try_get::<_, i32>(8)?.max(0) as u32,
-        started_at: r.try_get::<_, Option<Ms>>(9)?.map(|m| m.0),
-        finished_at: r.try_get::<_, Option<Ms>>(10)?.map(|m| m.0),
+        started_at: r.try_get::<_, Option<Ms>>(9)?.map(|m| m.0).into(),
+        finished_at: r.try_get::<_, Option<Ms>>(10)?.map(|m| m.0).into(),
         epoch: r.try_get::<_, i32>(11)? as u32,
     })
 }
@@ -2757,10 +2754,10 @@ impl StoreTx for PgTx<'_> {
                 &row.output.as_deref().map(|o| Jsonb(o.get())),
                 &error.as_deref().map(Jsonb),
                 &attempts,
-                &row.started_at.map(Ms),
-                &row.finished_at.map(Ms),
+                &row.started_at.get().map(Ms),
+                &row.finished_at.get().map(Ms),
                 &epoch,
-                &row.kind,
+                &row.kind.as_str(),
             ],
         );
         let key = (row.job_run_id, row.step_id.to_string());

@@ -18,8 +18,8 @@ use jobforge_core::engine::{
 use jobforge_core::worker::WorkerPool;
 use jobforge_core::{
     AbortReason, AttemptOutcome, BufferedStart, FailureInfo, JobDefinition, JobError,
-    ParentClosePolicy, PlainStart, RunId, RunRow, RunStatus, ScheduleRow, ScheduleTiming,
-    StartRequest, StepStatus, TenantArg, TriggerSource,
+    ParentClosePolicy, PlainStart, RowOptions, RunId, RunRow, RunStatus, ScheduleRow,
+    ScheduleTiming, StartRequest, StepStatus, TenantArg, TriggerSource,
 };
 use napi::{Error, Status};
 use serde::Deserialize;
@@ -399,22 +399,49 @@ fn bad(reason: impl Into<String>) -> JobError {
     }
 }
 
+/// What of `StartOpts` needs a lookup or a key of the definition: a
+/// start with any of these goes through the full `start` rules.
+#[derive(Default)]
+struct LookupOpts {
+    scope_entity_id_from_meta: Option<String>,
+    parent_run_id: Option<String>,
+    concurrency_key: Option<String>,
+    dedupe_key: Option<String>,
+}
+
+impl LookupOpts {
+    fn is_empty(&self) -> bool {
+        self.scope_entity_id_from_meta.is_none()
+            && self.parent_run_id.is_none()
+            && self.concurrency_key.is_none()
+            && self.dedupe_key.is_none()
+    }
+}
+
 impl StartOpts {
     /// Moves the options into `req`, checking each value.
     pub fn apply(self, req: &mut StartRequest) -> std::result::Result<(), JobError> {
+        let (row, look) = self.checked()?;
+        row.apply_to(req);
+        req.scope_entity_id_from_meta = look.scope_entity_id_from_meta;
+        req.parent_run_id = look.parent_run_id;
+        req.concurrency_key = look.concurrency_key;
+        req.dedupe_key = look.dedupe_key;
+        Ok(())
+    }
+
+    /// Checks each value: the options that set fields of the row, and
+    /// those that need a lookup.
+    fn checked(self) -> std::result::Result<(RowOptions, LookupOpts), JobError> {
         let o = self;
-        req.tenant = o.tenant;
-        req.scope = o.scope.map(|s| (s.entity_type, s.entity_id));
-        req.scope_entity_id_from_meta = o.scope_entity_id_from_meta;
         if matches!(&o.pool, Some(p) if p.is_empty()) {
             return Err(bad("pool must be a non-empty string"));
         }
         if matches!(&o.pool, Some(p) if p.contains('\n')) {
             return Err(bad("pool must not contain a line break"));
         }
-        req.pool = o.pool;
-        req.run_at = o.run_at.map(|t| date_ms_checked(t, "runAt")).transpose()?;
-        req.priority = match o.priority {
+        let run_at = o.run_at.map(|t| date_ms_checked(t, "runAt")).transpose()?;
+        let priority = match o.priority {
             None => None,
             Some(p) if p.fract() == 0.0 && p >= i32::MIN as f64 && p <= i32::MAX as f64 => {
                 Some(p as i32)
@@ -425,15 +452,18 @@ impl StartOpts {
                 )))
             }
         };
-        if let Some(tags) = o.tags.filter(|t| t.get() != "null") {
-            let parsed: std::result::Result<std::collections::HashMap<String, String>, _> =
-                serde_json::from_str(tags.get());
-            if parsed.is_err() {
-                return Err(bad("tags must be an object of string values"));
+        let tags = match o.tags.filter(|t| t.get() != "null") {
+            None => None,
+            Some(tags) => {
+                let parsed: std::result::Result<std::collections::HashMap<String, String>, _> =
+                    serde_json::from_str(tags.get());
+                if parsed.is_err() {
+                    return Err(bad("tags must be an object of string values"));
+                }
+                Some(tags)
             }
-            req.tags = Some(tags);
-        }
-        req.trigger_source = match o.trigger_source {
+        };
+        let trigger_source = match o.trigger_source {
             None => None,
             Some(s) => Some(TriggerSource::parse(&s).ok_or_else(|| {
                 bad(format!(
@@ -441,8 +471,7 @@ impl StartOpts {
                 ))
             })?),
         };
-        req.trigger_ref = o.trigger_ref;
-        req.parent_close_policy = match o.parent_close_policy {
+        let parent_close_policy = match o.parent_close_policy {
             None => None,
             Some(s) => Some(ParentClosePolicy::parse(&s).ok_or_else(|| {
                 bad(format!(
@@ -450,10 +479,25 @@ impl StartOpts {
                 ))
             })?),
         };
-        req.parent_run_id = o.parent_run_id;
-        req.concurrency_key = o.concurrency_key;
-        req.dedupe_key = o.dedupe_key;
-        Ok(())
+        Ok((
+            RowOptions {
+                tenant: o.tenant,
+                scope: o.scope.map(|s| (s.entity_type, s.entity_id)),
+                pool: o.pool,
+                run_at,
+                priority,
+                tags,
+                trigger_source,
+                trigger_ref: o.trigger_ref,
+                parent_close_policy,
+            },
+            LookupOpts {
+                scope_entity_id_from_meta: o.scope_entity_id_from_meta,
+                parent_run_id: o.parent_run_id,
+                concurrency_key: o.concurrency_key,
+                dedupe_key: o.dedupe_key,
+            },
+        ))
     }
 }
 
@@ -499,13 +543,27 @@ pub fn parse_start_line(line: &str) -> std::result::Result<BufferedStart<'_>, St
         Some(o) => o,
         None => serde_json::from_str(opts).map_err(|e| format!("options: {e}"))?,
     };
+    let (row, look) = opts.checked().map_err(|e| format!("options: {e}"))?;
+    let run = PlainStart {
+        id,
+        at,
+        job_type,
+        input,
+    };
+    if look.is_empty() {
+        return Ok(BufferedStart::RowOptions(run, Box::new(row)));
+    }
     let mut req = StartRequest {
         job_type: job_type.to_owned(),
-        input,
+        input: run.input,
         preset: Some((id, at)),
+        scope_entity_id_from_meta: look.scope_entity_id_from_meta,
+        parent_run_id: look.parent_run_id,
+        concurrency_key: look.concurrency_key,
+        dedupe_key: look.dedupe_key,
         ..StartRequest::default()
     };
-    opts.apply(&mut req).map_err(|e| format!("options: {e}"))?;
+    row.apply_to(&mut req);
     Ok(BufferedStart::WithOptions(Box::new(req)))
 }
 
@@ -1388,6 +1446,20 @@ mod tests {
             "{id}99,1:t{}\x01{}",
             r#"[1,"\u0001"]"#, r#"{"priority":3,"tenant":null}"#
         );
+        // Options that only set fields of the row: nothing to look up.
+        let BufferedStart::RowOptions(s, o) = parse_start_line(&line).unwrap() else {
+            panic!("expected row options");
+        };
+        assert_eq!(
+            (Some((s.id, s.at)), s.job_type, s.input.get()),
+            (Some((id, 99)), "t", r#"[1,"\u0001"]"#)
+        );
+        assert_eq!((o.priority, o.tenant.clone()), (Some(3), TenantArg::Null));
+        // Options that need a lookup (a parent, a key): the full rules.
+        let line = format!(
+            "{id}99,1:t{}\x01{}",
+            r#"[1,"\u0001"]"#, r#"{"priority":3,"tenant":null,"dedupeKey":"d"}"#
+        );
         let BufferedStart::WithOptions(r) = parse_start_line(&line).unwrap() else {
             panic!("expected options");
         };
@@ -1395,7 +1467,10 @@ mod tests {
             (r.preset, r.job_type.as_str(), r.input.get()),
             (Some((id, 99)), "t", r#"[1,"\u0001"]"#)
         );
-        assert_eq!((r.priority, r.tenant.clone()), (Some(3), TenantArg::Null));
+        assert_eq!(
+            (r.priority, r.tenant.clone(), r.dedupe_key.as_deref()),
+            (Some(3), TenantArg::Null, Some("d"))
+        );
         assert!(parse_start_line(&format!("{id}12,9:ab{{}}")).is_err());
         assert!(parse_start_line(&format!("{id}12,1:t{{}}\x01{{\"priority\":1.5}}")).is_err());
     }
@@ -1425,5 +1500,80 @@ mod tests {
             parse_outcome("garbage"),
             AttemptOutcome::Failed(_)
         ));
+    }
+}
+
+/// What a buffered start line costs the binding without Node (the parse
+/// and `Engine::start_batch`, 1,024 lines into fresh engines), by shape:
+/// `cargo test --release --lib start_line_cost -- --ignored --nocapture`.
+#[cfg(test)]
+mod start_line_cost {
+    use super::*;
+    use jobforge_core::*;
+
+    fn engine() -> Engine<MemoryStore> {
+        let e = Engine::new(
+            MemoryStore::new(),
+            EngineOptions {
+                multi_tenant: false,
+                clock: ClockKind::System,
+                retention: Default::default(),
+            },
+        );
+        e.register(DefinitionSpec {
+            job_type: "plain".into(),
+            ..DefinitionSpec::default()
+        })
+        .unwrap();
+        e
+    }
+
+    #[test]
+    #[ignore = "a measurement, not a check"]
+    fn start_line_cost() {
+        for (name, opts) in [
+            ("plain", None),
+            ("priority", Some("{\"priority\":3}")),
+            ("runAt", Some("{\"runAt\":1899999999999}")),
+            (
+                "scope",
+                Some("{\"scope\":{\"entityType\":\"order\",\"entityId\":\"o42\"}}"),
+            ),
+        ] {
+            let mut total = std::time::Duration::ZERO;
+            let rounds = 300;
+            for _ in 0..rounds {
+                let e = engine();
+                let batches: Vec<String> = (0..4)
+                    .map(|_| {
+                        let mut s = String::new();
+                        for i in 0..256 {
+                            s.push_str(&format!(
+                                "{}1765000000000,5:plain{{\"n\":{i}}}",
+                                RunId::new_v4()
+                            ));
+                            if let Some(o) = opts {
+                                s.push('\x01');
+                                s.push_str(o);
+                            }
+                            s.push('\n');
+                        }
+                        s
+                    })
+                    .collect();
+                let t0 = std::time::Instant::now();
+                for b in &batches {
+                    let reqs: Vec<_> = b
+                        .split('\n')
+                        .filter(|l| !l.is_empty())
+                        .map(|l| parse_start_line(l).unwrap())
+                        .collect();
+                    let (failed, _) = e.start_batch(reqs, false).unwrap();
+                    assert!(failed.is_empty());
+                }
+                total += t0.elapsed();
+            }
+            println!("{name}: {:?}/run", total / (rounds * 1024));
+        }
     }
 }

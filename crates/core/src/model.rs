@@ -873,11 +873,44 @@ pub struct PlainStart<'a> {
     pub input: Box<RawValue>,
 }
 
+/// Options that only set fields of the new run: nothing to look up
+/// (no parent, no key, no scope left to the definition's key function).
+/// Checked already (`StartOpts::checked` in the binding).
+#[derive(Debug, Clone, Default)]
+pub struct RowOptions {
+    pub tenant: TenantArg,
+    pub scope: Option<(String, String)>,
+    pub pool: Option<String>,
+    pub run_at: Option<Millis>,
+    pub priority: Option<i32>,
+    pub tags: Option<Box<RawValue>>,
+    pub trigger_source: Option<TriggerSource>,
+    pub trigger_ref: Option<String>,
+    pub parent_close_policy: Option<ParentClosePolicy>,
+}
+
+impl RowOptions {
+    /// Moves the options into a request (the full `start` rules then apply).
+    pub fn apply_to(self, req: &mut StartRequest) {
+        req.tenant = self.tenant;
+        req.scope = self.scope;
+        req.pool = self.pool;
+        req.run_at = self.run_at;
+        req.priority = self.priority;
+        req.tags = self.tags;
+        req.trigger_source = self.trigger_source;
+        req.trigger_ref = self.trigger_ref;
+        req.parent_close_policy = self.parent_close_policy;
+    }
+}
+
 /// A start JS answered before the engine had it (see `Engine::start_batch`):
-/// one with no options, or one with options (its `preset` set).
+/// one with no options; one whose options only set fields of its row; or
+/// one with any options (its `preset` set).
 #[derive(Debug)]
 pub enum BufferedStart<'a> {
     Plain(PlainStart<'a>),
+    RowOptions(PlainStart<'a>, Box<RowOptions>),
     WithOptions(Box<StartRequest>),
 }
 

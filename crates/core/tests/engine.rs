@@ -632,6 +632,134 @@ fn plain_batch_builds_the_row_start_builds_and_keeps_the_rules_for_other_types()
     assert_eq!(claim_id(&e, "p"), Some(ids[3]));
 }
 
+#[test]
+fn row_options_batch_builds_the_row_start_builds_and_keeps_the_rules_for_other_types() {
+    for multi_tenant in [false, true] {
+        let e = engine(multi_tenant);
+        let mut a = spec("a");
+        a.pool = Some("p".into());
+        e.register(a).unwrap();
+        let mut scoped = spec("scoped");
+        scoped.scope_entity_type = Some("order".into());
+        e.register(scoped).unwrap();
+        let mut keyed = spec("keyed");
+        keyed.dedupe_key = Some("{{k}}".into());
+        keyed.dedupe_window_ms = Some(60_000);
+        e.register(keyed).unwrap();
+        let at = e.now();
+        let tenant = || TenantArg::Id("t1".into());
+        // Every option that only sets a field of the row, alone and together.
+        let shapes: Vec<RowOptions> = vec![
+            RowOptions {
+                priority: Some(7),
+                tenant: tenant(),
+                ..RowOptions::default()
+            },
+            RowOptions {
+                run_at: Some(at + 60_000),
+                tenant: tenant(),
+                ..RowOptions::default()
+            },
+            RowOptions {
+                scope: Some(("order".into(), "o1".into())),
+                pool: Some("other".into()),
+                tags: Some(raw(r#"{"x":"y"}"#)),
+                trigger_source: Some(TriggerSource::Event),
+                trigger_ref: Some("ref".into()),
+                parent_close_policy: Some(ParentClosePolicy::Abandon),
+                tenant: tenant(),
+                ..RowOptions::default()
+            },
+            RowOptions {
+                tags: Some(raw("{}")),
+                tenant: TenantArg::Null,
+                ..RowOptions::default()
+            },
+        ];
+        for (t, o) in [("a", &shapes[..]), ("scoped", &shapes[2..3])]
+            .into_iter()
+            .flat_map(|(t, os)| os.iter().map(move |o| (t, o)))
+        {
+            let mut r = req(t, r#"{"k":1}"#);
+            r.preset = Some((RunId::new_v4(), at));
+            o.clone().apply_to(&mut r);
+            let by_start = e.start(r).unwrap();
+            let id = RunId::new_v4();
+            let run = PlainStart {
+                id,
+                at,
+                job_type: t,
+                input: raw(r#"{"k":1}"#),
+            };
+            let (failed, _) = e
+                .start_batch(
+                    vec![BufferedStart::RowOptions(run, Box::new(o.clone()))],
+                    false,
+                )
+                .unwrap();
+            assert!(failed.is_empty(), "{failed:?}");
+            let row = e.run_row(&id).expect("created");
+            assert_eq!(
+                row.to_compact_json().replace(&id.to_string(), "ID"),
+                by_start
+                    .to_compact_json()
+                    .replace(&by_start.id.to_string(), "ID"),
+                "{t} {o:?}"
+            );
+        }
+        // Other types and starts go through the rules: a keyed type is
+        // deduplicated, a type whose scope its definition names (none
+        // given) is built as `start` builds it, and a multi-tenant start
+        // that names no tenant is refused.
+        let first_keyed = e
+            .start({
+                let mut r = req("keyed", r#"{"k":1}"#);
+                r.tenant = tenant();
+                r
+            })
+            .unwrap();
+        let ids: Vec<RunId> = (0..3).map(|_| RunId::new_v4()).collect();
+        let with = |id: RunId, t: &'static str, tenant: TenantArg| {
+            let run = PlainStart {
+                id,
+                at,
+                job_type: t,
+                input: raw(r#"{"k":1}"#),
+            };
+            let o = RowOptions {
+                priority: Some(1),
+                tenant,
+                ..RowOptions::default()
+            };
+            BufferedStart::RowOptions(run, Box::new(o))
+        };
+        let (failed, _) = e
+            .start_batch(
+                vec![
+                    with(ids[0], "keyed", tenant()),
+                    with(ids[1], "scoped", tenant()),
+                    with(ids[2], "a", TenantArg::Missing),
+                ],
+                false,
+            )
+            .unwrap();
+        assert!(e.run_row(&ids[0]).is_none());
+        let keyed_row = e.run_row(&first_keyed.id).expect("kept");
+        assert_eq!(keyed_row.status, RunStatus::Pending);
+        assert_eq!(e.run_row(&ids[1]).expect("created").priority, 1);
+        if multi_tenant {
+            assert_eq!(failed.len(), 1);
+            assert_eq!(failed[0].0, 2);
+            assert!(matches!(failed[0].1, JobError::MissingTenantId { .. }));
+            assert!(e.run_row(&ids[2]).is_none());
+        } else {
+            assert!(failed.is_empty());
+            assert!(e.run_row(&ids[2]).is_some());
+        }
+        e.store().verify_indexes().unwrap();
+    }
+}
+
 // ── issue 21: replay's tenant gate ─────────────────────────────────────
 
 /// A failed run of tenant A, replayable.

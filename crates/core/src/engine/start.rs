@@ -62,6 +62,32 @@ struct RunOptions {
     parent_close_policy: Option<ParentClosePolicy>,
 }
 
+/// Tags as a row keeps them: `{}` is none.
+fn kept_tags(tags: Option<Box<RawValue>>) -> Option<Box<RawValue>> {
+    tags.filter(|t| t.get() != "{}")
+}
+
+/// What `start_batch` tells its caller, gathered run by run.
+#[derive(Default)]
+struct BatchOut {
+    failed: Vec<(usize, JobError)>,
+    /// Pools that got runs.
+    pools: Vec<Arc<str>>,
+    /// Pools that got runs due later (the scheduler must set its timer).
+    wake_later: Vec<Arc<str>>,
+}
+
+impl BatchOut {
+    fn created(&mut self, pool: &Arc<str>, later: bool) {
+        if later && !self.wake_later.contains(pool) {
+            self.wake_later.push(pool.clone());
+        }
+        if !self.pools.contains(pool) {
+            self.pools.push(pool.clone());
+        }
+    }
+}
+
 /// A new pending run of `def` created at `now`: the one place a run row
 /// is built, so every start path stores the same row.
 fn new_run(
@@ -277,13 +303,15 @@ impl<S: Store> Engine<S> {
 
     /// Creates runs JS has already answered `start` for, each with its
     /// preset id and time, in one store transaction and one purge. A start
-    /// with no options of a *plain* type (no dedupe or concurrency key, no
-    /// scope entity, single tenant: nothing to look up or evaluate) is
-    /// built straight from its definition, the row `start` would build;
-    /// any other goes through the full `start_in` rules. `wake`: wake the
-    /// scheduler for the pools that got runs (not needed when the caller
-    /// claims into the worker's free slots itself right after). Answers the
-    /// failures (by position) and the pools that got runs. O(log n) per run.
+    /// of a *plain* type (no dedupe or concurrency key, no scope entity
+    /// left to the definition) whose options only set fields of its row
+    /// (`BufferedStart::Plain` and `RowOptions`; a multi-tenant one naming
+    /// its tenant) has nothing to look up: its row is built from its
+    /// definition and options at once. Any other goes through the full
+    /// `start_in` rules. `wake`: wake the scheduler for the pools that got
+    /// runs (not needed when the caller claims into the worker's free slots
+    /// itself right after). Answers the failures (by position) and the
+    /// pools that got runs. O(log n) per run.
     #[allow(clippy::type_complexity)]
     pub fn start_batch<'a>(
         &self,
@@ -291,19 +319,18 @@ impl<S: Store> Engine<S> {
         wake: bool,
     ) -> Result<(Vec<(usize, JobError)>, Vec<Arc<str>>)> {
         let mut fx = Effects::default();
-        let mut failed = Vec::new();
-        let mut pools: Vec<Arc<str>> = Vec::new();
-        let mut wake_later: Vec<Arc<str>> = Vec::new();
+        let mut out = BatchOut::default();
         let mut latest = Millis::MIN;
         self.write(|tx| {
             // Consecutive starts are usually of one type: look it up once.
             let mut last: Option<Arc<JobDefinition>> = None;
             for (i, run) in runs.into_iter().enumerate() {
-                let run = match run {
-                    BufferedStart::Plain(run) => run,
+                let (run, opts) = match run {
+                    BufferedStart::Plain(run) => (run, None),
+                    BufferedStart::RowOptions(run, opts) => (run, Some(opts)),
                     BufferedStart::WithOptions(req) => {
                         let Some((_, at)) = req.preset else {
-                            failed.push((
+                            out.failed.push((
                                 i,
                                 JobError::invalid("a buffered start needs its id and time"),
                             ));
@@ -311,21 +338,7 @@ impl<S: Store> Engine<S> {
                         };
                         let at = clamp_time(at);
                         latest = latest.max(at);
-                        // A run due later: the caller's claim right after
-                        // finds nothing, the scheduler must set its timer.
-                        let later = req.run_at.is_some_and(|t| t > at);
-                        match self.start_in(tx, *req, at, false, &mut fx) {
-                            Ok(Started::Created { pool, .. }) => {
-                                if later && !wake_later.contains(&pool) {
-                                    wake_later.push(pool.clone());
-                                }
-                                if !pools.contains(&pool) {
-                                    pools.push(pool);
-                                }
-                            }
-                            Ok(Started::Row(_)) => {}
-                            Err(e) => failed.push((i, e)),
-                        }
+                        self.start_buffered_in(tx, *req, at, i, &mut out, &mut fx);
                         continue;
                     }
                 };
@@ -335,32 +348,28 @@ impl<S: Store> Engine<S> {
                     Some(d) if *d.job_type == *run.job_type => Some(d.clone()),
                     _ => tx.definition(run.job_type),
                 };
+                let o = opts.as_deref();
                 let plain = def.as_ref().filter(|d| {
-                    !self.multi_tenant
-                        && d.dedupe_key_template.is_none()
+                    d.dedupe_key_template.is_none()
                         && d.concurrency_key_template.is_none()
-                        && d.scope_entity_type.is_none()
+                        && (d.scope_entity_type.is_none() || o.is_some_and(|o| o.scope.is_some()))
+                        && (!self.multi_tenant || o.is_some_and(|o| o.tenant != TenantArg::Missing))
                 });
                 let Some(def) = plain else {
-                    let req = StartRequest {
+                    let mut req = StartRequest {
                         job_type: run.job_type.to_owned(),
                         input: run.input,
                         preset: Some((run.id, run.at)),
                         ..StartRequest::default()
                     };
-                    match self.start_in(tx, req, at, false, &mut fx) {
-                        Ok(Started::Created { pool, .. }) => {
-                            if !pools.contains(&pool) {
-                                pools.push(pool);
-                            }
-                        }
-                        Ok(Started::Row(_)) => {}
-                        Err(e) => failed.push((i, e)),
+                    if let Some(o) = opts {
+                        o.apply_to(&mut req);
                     }
+                    self.start_buffered_in(tx, req, at, i, &mut out, &mut fx);
                     continue;
                 };
                 if tx.run(&run.id).is_some() {
-                    failed.push((
+                    out.failed.push((
                         i,
                         JobError::JobInputInvalid {
                             reason: format!("run id {} is already taken", run.id),
@@ -368,11 +377,19 @@ impl<S: Store> Engine<S> {
                     ));
                     continue;
                 }
-                if !pools.contains(&def.pool) {
-                    pools.push(def.pool.clone());
-                }
+                let options = match opts {
+                    None => RunOptions::default(),
+                    Some(o) => {
+                        if let Err(e) = self.storable_options(&o) {
+                            out.failed.push((i, e));
+                            continue;
+                        }
+                        self.row_options(*o)
+                    }
+                };
                 let seq = tx.next_seq();
-                let row = new_run(def, run.id, seq, at, run.input, RunOptions::default());
+                let row = new_run(def, run.id, seq, at, run.input, options);
+                out.created(&row.pool, row.run_at > at);
                 self.metrics.created(&row);
                 tx.insert_run(row);
                 last = Some(def.clone());
@@ -386,10 +403,59 @@ impl<S: Store> Engine<S> {
             self.clock.observe(latest);
         }
         self.deliver(fx);
-        for pool in if wake { &pools } else { &wake_later } {
+        for pool in if wake { &out.pools } else { &out.wake_later } {
             self.wake_worker_for(pool);
         }
-        Ok((failed, pools))
+        Ok((out.failed, out.pools))
+    }
+
+    /// A buffered start through the full `start` rules (`start_in`).
+    fn start_buffered_in(
+        &self,
+        tx: &mut S::Tx<'_>,
+        req: StartRequest,
+        at: Millis,
+        i: usize,
+        out: &mut BatchOut,
+        fx: &mut Effects,
+    ) {
+        // A run due later: the caller's claim right after finds nothing,
+        // the scheduler must set its timer.
+        let later = req.run_at.is_some_and(|t| t > at);
+        match self.start_in(tx, req, at, false, fx) {
+            Ok(Started::Created { pool, .. }) => out.created(&pool, later),
+            Ok(Started::Row(_)) => {}
+            Err(e) => out.failed.push((i, e)),
+        }
+    }
+
+    /// What options that only set fields of a row set on it: the same
+    /// fields as `start_in`'s step 7 from the same options.
+    fn row_options(&self, o: RowOptions) -> RunOptions {
+        let tenant = match (self.multi_tenant, o.tenant) {
+            (true, TenantArg::Id(t)) => Some(Arc::from(t)),
+            _ => None,
+        };
+        let (scope_entity_type, scope_entity_id) = match o.scope {
+            Some((t, e)) => (Some(t.into_boxed_str()), Some(e.into_boxed_str())),
+            None => (None, None),
+        };
+        let extras = RunExtras {
+            scope_entity_type,
+            scope_entity_id,
+            tags: kept_tags(o.tags),
+            trigger_ref: o.trigger_ref.map(String::into_boxed_str),
+            ..RunExtras::default()
+        };
+        RunOptions {
+            tenant,
+            extras: extras.boxed(),
+            pool: o.pool.map(|p| Arc::from(p.as_str())),
+            priority: o.priority,
+            run_at: o.run_at,
+            trigger_source: o.trigger_source,
+            parent_close_policy: o.parent_close_policy,
+        }
     }
 
     pub(super) fn start_in(
@@ -569,7 +635,7 @@ impl<S: Store> Engine<S> {
             root_run_id: (root_run_id != id).then_some(root_run_id),
             scope_entity_type,
             scope_entity_id,
-            tags: req.tags.filter(|t| t.get() != "{}"),
+            tags: kept_tags(req.tags),
             concurrency_key: concurrency_key.map(String::into_boxed_str),
             dedupe_key: dedupe_key.map(String::into_boxed_str),
             trigger_ref: req.trigger_ref.map(String::into_boxed_str),
@@ -617,7 +683,52 @@ impl<S: Store> Engine<S> {
     /// Refuses a start whose values the store cannot hold (before anything
     /// changes, e.g. a `replace` lane's incumbent).
     fn storable(&self, req: &StartRequest) -> Result<()> {
-        let json = [("input", Some(&*req.input)), ("tags", req.tags.as_deref())];
+        let scope = req.scope.as_ref();
+        let tenant = match &req.tenant {
+            TenantArg::Id(t) => Some(t.as_str()),
+            _ => None,
+        };
+        self.storable_values(
+            &[("input", Some(&*req.input)), ("tags", req.tags.as_deref())],
+            &[
+                ("scope.entityType", scope.map(|s| s.0.as_str())),
+                ("scope.entityId", scope.map(|s| s.1.as_str())),
+                ("scope entity id", req.scope_entity_id_from_meta.as_deref()),
+                ("tenantId", tenant),
+                ("triggerRef", req.trigger_ref.as_deref()),
+                ("pool", req.pool.as_deref()),
+                ("concurrency key", req.concurrency_key.as_deref()),
+                ("dedupe key", req.dedupe_key.as_deref()),
+            ],
+        )
+    }
+
+    /// `storable` of the options a buffered start with row options has
+    /// (its input was checked by JS as the store's `json_problem` would:
+    /// the in-memory store, the one that buffers, holds any JSON).
+    fn storable_options(&self, o: &RowOptions) -> Result<()> {
+        let scope = o.scope.as_ref();
+        let tenant = match &o.tenant {
+            TenantArg::Id(t) => Some(t.as_str()),
+            _ => None,
+        };
+        self.storable_values(
+            &[("tags", o.tags.as_deref())],
+            &[
+                ("scope.entityType", scope.map(|s| s.0.as_str())),
+                ("scope.entityId", scope.map(|s| s.1.as_str())),
+                ("tenantId", tenant),
+                ("triggerRef", o.trigger_ref.as_deref()),
+                ("pool", o.pool.as_deref()),
+            ],
+        )
+    }
+
+    fn storable_values(
+        &self,
+        json: &[(&str, Option<&RawValue>)],
+        text: &[(&str, Option<&str>)],
+    ) -> Result<()> {
         for (what, value) in json {
             if let Some(p) = value.and_then(|v| self.store.json_problem(v.get())) {
                 return Err(JobError::JobInputInvalid {
@@ -625,21 +736,6 @@ impl<S: Store> Engine<S> {
                 });
             }
         }
-        let scope = req.scope.as_ref();
-        let tenant = match &req.tenant {
-            TenantArg::Id(t) => Some(t.as_str()),
-            _ => None,
-        };
-        let text = [
-            ("scope.entityType", scope.map(|s| s.0.as_str())),
-            ("scope.entityId", scope.map(|s| s.1.as_str())),
-            ("scope entity id", req.scope_entity_id_from_meta.as_deref()),
-            ("tenantId", tenant),
-            ("triggerRef", req.trigger_ref.as_deref()),
-            ("pool", req.pool.as_deref()),
-            ("concurrency key", req.concurrency_key.as_deref()),
-            ("dedupe key", req.dedupe_key.as_deref()),
-        ];
         for (what, value) in text {
             if let Some(p) = value.and_then(|v| self.store.text_problem(v)) {
                 return Err(JobError::JobInputInvalid {

@@ -38,6 +38,22 @@ type LaneKey = (Option<Arc<str>>, Box<str>);
 /// Signals of one run no wait took yet: (name, payload), oldest first.
 type Inbox = std::collections::VecDeque<(Box<str>, Box<RawValue>)>;
 type DedupeKey = (Option<Arc<str>>, Arc<str>, Box<str>);
+type ScopeKey = (Option<Arc<str>>, Box<str>, Box<str>);
+/// The runs of each scope (see `QueryIndex::scope`), looked up by a
+/// borrowed key: a start or purge of a scoped run allocates no key unless
+/// its scope is new.
+type ScopeMap = hashbrown::HashMap<ScopeKey, Vec<Handle>, ahash::RandomState>;
+
+/// A `ScopeKey` borrowed. It hashes as the owned key does (the fields in
+/// order, the tenant as an `Option` of its text).
+#[derive(Hash)]
+struct ScopeRef<'a>(Option<&'a str>, &'a str, &'a str);
+
+impl hashbrown::Equivalent<ScopeKey> for ScopeRef<'_> {
+    fn equivalent(&self, k: &ScopeKey) -> bool {
+        self.0 == k.0.as_deref() && self.1 == &*k.1 && self.2 == &*k.2
+    }
+}
 
 #[derive(Default)]
 struct PoolIndex {
@@ -325,7 +341,7 @@ struct QueryIndex {
     /// Failed runs by `(finishedAt, id)`, for `listRecentFailed`.
     failed: HashMap<Tenant, BTreeSet<CreatedKey>>,
     /// Runs of a scope by `createdAt` (ties in insertion order).
-    scope: HashMap<(Tenant, Box<str>, Box<str>), Vec<Handle>>,
+    scope: ScopeMap,
     /// Every descendant of a root, in created order (the root excluded).
     tree: HashMap<Handle, Vec<Handle>>,
 }
@@ -466,10 +482,7 @@ impl MemoryState {
         let dedupe = r
             .dedupe_key()
             .map(|k| (t.clone(), r.job_type.clone(), Box::<str>::from(k)));
-        let scope = match (r.scope_entity_type(), r.scope_entity_id()) {
-            (Some(a), Some(b)) => Some((t.clone(), Box::<str>::from(a), Box::<str>::from(b))),
-            _ => None,
-        };
+        let scoped = r.scope_entity_type().is_some() && r.scope_entity_id().is_some();
         let finished_at = r.finished_at.get().unwrap_or(0);
         self.ids.remove(&self.runs, &id);
         fn drop_from<K: std::hash::Hash + Eq>(m: &mut HashMap<K, Vec<Handle>>, k: &K, h: Handle) {
@@ -496,8 +509,17 @@ impl MemoryState {
                 set.remove(&(finished_at, key.1, h));
             }
         }
-        if let Some(k) = scope {
-            drop_from(&mut q.scope, &k, h);
+        if scoped {
+            let r = &self.runs[h as usize];
+            if let (Some(a), Some(b)) = (r.scope_entity_type(), r.scope_entity_id()) {
+                let k = ScopeRef(t.as_deref(), a, b);
+                if let Some(list) = q.scope.get_mut(&k) {
+                    list.retain(|x| *x != h);
+                    if list.is_empty() {
+                        q.scope.remove(&k);
+                    }
+                }
+            }
         }
         if root == id {
             q.tree.remove(&h);
@@ -913,7 +935,7 @@ impl MemoryState {
             return Err("dedupe lists differ from the rows".into());
         }
         // Scope lists: every scoped run once, by `createdAt`.
-        let mut scopes: HashMap<(Tenant, Box<str>, Box<str>), Vec<Handle>> = HashMap::default();
+        let mut scopes: HashMap<ScopeKey, Vec<Handle>> = HashMap::default();
         for &(h, r) in runs.iter() {
             if let (Some(et), Some(eid)) = (r.scope_entity_type(), r.scope_entity_id()) {
                 scopes
@@ -1041,10 +1063,12 @@ impl StoreTx for MemoryTx<'_> {
         grp.by_status[si(row.status)].insert(key);
         grp.counts[si(row.status)] += 1;
         if let (Some(et), Some(eid)) = (row.scope_entity_type(), row.scope_entity_id()) {
-            let list =
-                s.q.scope
-                    .entry((t, Box::from(et), Box::from(eid)))
-                    .or_default();
+            let list = match s.q.scope.entry_ref(&ScopeRef(t.as_deref(), et, eid)) {
+                hashbrown::hash_map::EntryRef::Occupied(e) => e.into_mut(),
+                hashbrown::hash_map::EntryRef::Vacant(e) => {
+                    e.insert_with_key((t.clone(), Box::from(et), Box::from(eid)), Vec::new())
+                }
+            };
             // Kept in `createdAt` order (a page finds its place by binary
             // search): a run comes last unless a JS-side start's time fell
             // behind the engine's (a wall clock that stepped back).
@@ -1470,13 +1494,8 @@ impl StoreTx for MemoryTx<'_> {
 
     fn scope_runs(&self, tenant: TenantRef<'_>, entity_type: &str, entity_id: &str) -> Vec<RunId> {
         let s = &*self.0;
-        let key = (
-            tenant.map(Arc::from),
-            Box::from(entity_type),
-            Box::from(entity_id),
-        );
         s.q.scope
-            .get(&key)
+            .get(&ScopeRef(tenant, entity_type, entity_id))
             .map(|v| v.iter().map(|h| s.runs[*h as usize].id).collect())
             .unwrap_or_default()
     }
@@ -1609,8 +1628,7 @@ impl StoreTx for MemoryTx<'_> {
         if let Some((et, eid)) = q.scope {
             // The scope's list, by `createdAt`: the page's place is a binary
             // search; the runs of one millisecond are ordered by id there.
-            let key = (tenant, Box::<str>::from(et), Box::<str>::from(eid));
-            let Some(list) = s.q.scope.get(&key) else {
+            let Some(list) = s.q.scope.get(&ScopeRef(tenant.as_deref(), et, eid)) else {
                 return RunPage::default();
             };
             let created = |h: &Handle| s.runs[*h as usize].created_at;
@@ -1774,5 +1792,29 @@ impl StoreTx for MemoryTx<'_> {
 
     fn next_schedule_fire(&mut self) -> Option<Millis> {
         self.0.schedule_due.first().map(|(t, _, _)| *t)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A scope's runs are found by a borrowed key only if it hashes and
+    /// compares as the owned key it stands for.
+    #[test]
+    fn a_borrowed_scope_key_finds_its_owned_key() {
+        let hasher = ahash::RandomState::new();
+        for tenant in [None, Some("t1"), Some("")] {
+            let owned: ScopeKey = (tenant.map(Arc::from), Box::from("order"), Box::from("o42"));
+            let borrowed = ScopeRef(tenant, "order", "o42");
+            assert_eq!(hasher.hash_one(&owned), hasher.hash_one(&borrowed));
+            let mut map = ScopeMap::default();
+            map.insert(owned, vec![7]);
+            assert_eq!(map.get(&borrowed), Some(&vec![7]));
+            // Another tenant, type or id is another scope.
+            assert_eq!(map.get(&ScopeRef(Some("t2"), "order", "o42")), None);
+            assert_eq!(map.get(&ScopeRef(tenant, "order", "o4")), None);
+            assert_eq!(map.get(&ScopeRef(tenant, "orde", "ro42")), None);
+        }
     }
 }

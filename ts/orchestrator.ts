@@ -36,6 +36,7 @@ import {
   checkCount,
   checkOptions,
   checkTenant,
+  checkText,
   definitionSpec,
   prepareMany,
   prepareStart,
@@ -502,6 +503,8 @@ export class JobOrchestrator<Jobs extends JobMap = AnyJobs> {
     return settled(() => {
       const tenant = callTenant(opts, 'signal');
       if (typeof signal !== 'string' || signal.length === 0) throw new JobInputInvalidError('signal must be a non-empty string');
+      // A wait's signal name is checked so too: a name cut inside a character would reach another wait.
+      checkText(signal, 'signal');
       const text = payloadText(payload, 'signal payload');
       return this.whenReady(() => this.store.signal(String(runId), signal, text, tenant)).then((delivered) => ({ delivered }));
     });

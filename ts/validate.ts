@@ -43,7 +43,7 @@ const LONE = /[\uD800-\uDBFF](?![\uDC00-\uDFFF])|(?<![\uD800-\uDBFF])[\uDC00-\uD
  * a character) has no UTF-8 form, and the engine refuses it. Checked here so
  * that a start answered before the engine has it is one it accepts.
  */
-function checkText(v: string, what: string): string {
+export function checkText(v: string, what: string): string {
   if (LONE.test(v)) throw new JobInputInvalidError(`${what} must not hold a lone surrogate (a string cut inside a character)`);
   return v;
 }
@@ -479,6 +479,8 @@ export function scheduleRequest(name: unknown, opts: unknown): Record<string, un
 export function recordStepRequest(input: unknown): Record<string, unknown> {
   if (input === null || typeof input !== 'object') throw new JobInputInvalidError('recordStep needs an object');
   const src = input as Record<string, unknown>;
+  // A step id is stored: two ids cut inside a character would be one.
+  if (typeof src.stepId === 'string') checkText(src.stepId, 'stepId');
   const wire: Record<string, unknown> = { ...src };
   for (const k of ['startedAt', 'finishedAt'] as const) {
     const d = src[k];

@@ -12,7 +12,7 @@ import { toJsonText } from '../json';
 import type { JobRun, JobRunError } from '../rows';
 import type { EngineClock } from '../clock';
 import type { PreparedStart } from '../backend/backend';
-import { checkRetryPolicy, checkSpawnOptions, checkStepOptions, checkWaitOptions, dateMs, retryPolicyWire, type StartOptionsInput } from '../validate';
+import { checkRetryPolicy, checkSpawnOptions, checkStepOptions, checkText, checkWaitOptions, dateMs, retryPolicyWire, type StartOptionsInput } from '../validate';
 import { describeFailure, startWireJson, type Ticket, type WaitAnswer } from '../wire';
 import { ABORTED_STATUS, type Attempt } from './attempt';
 import type { StepTrace, Tracing } from '../tracing';
@@ -158,6 +158,8 @@ function checkStepId(stepId: unknown): asserts stepId is string {
   if (typeof stepId !== 'string' || stepId.length === 0) {
     throw new JobInputInvalidError('step id must be a non-empty string');
   }
+  // Stored as text: two ids cut inside a character would name one step.
+  checkText(stepId, 'step id');
 }
 
 /** What a failed wait throws (the engine wrote its name and fields). */
@@ -206,6 +208,7 @@ class Waits {
       if (typeof signal !== 'string' || signal.length === 0) {
         throw new JobInputInvalidError(`waitForSignal '${stepId}': signal must be a non-empty string`);
       }
+      checkText(signal, `waitForSignal '${stepId}': signal`);
       const text = `{"kind":"signal","signal":${JSON.stringify(signal)}${timeoutField(opts?.timeoutMs)}}`;
       return () => text;
     }) as Promise<T>;
@@ -308,9 +311,7 @@ async function runStep<T>(
   opts: StepOptions | undefined,
 ): Promise<T> {
   const runId = ticket.id;
-  if (typeof stepId !== 'string' || stepId.length === 0) {
-    throw new JobInputInvalidError('step id must be a non-empty string');
-  }
+  checkStepId(stepId);
   if (typeof fn !== 'function') throw new JobInputInvalidError(`step '${stepId}' needs a function`);
   checkStepOptions(opts, stepId);
   const timeoutMs = opts?.timeoutMs;

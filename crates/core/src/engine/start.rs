@@ -62,6 +62,18 @@ struct RunOptions {
     parent_close_policy: Option<ParentClosePolicy>,
 }
 
+/// Refuses an invoke whose child would sit in lane `key` behind its
+/// caller (or a caller above it), which waits for that child: neither
+/// would ever run again.
+fn guard_lane(req: &StartRequest, key: &str, what: &str) -> Result<()> {
+    if req.lane_guard.iter().any(|g| g == key) {
+        return Err(JobError::invalid(format!(
+            "invoke: {what} '{key}', a lane its waiting caller (or one of its callers) holds: it would queue behind the run that waits for it"
+        )));
+    }
+    Ok(())
+}
+
 /// Tags as a row keeps them: `{}` is none.
 fn kept_tags(tags: Option<Box<RawValue>>) -> Option<Box<RawValue>> {
     tags.filter(|t| t.get() != "{}")
@@ -548,6 +560,11 @@ impl<S: Store> Engine<S> {
                     // and must not leave it to answer a dedupe.
                     .filter(|hit| !self.past_retention(hit, now));
                 if let Some(hit) = hit {
+                    // An invoke answered by a run queued behind its caller
+                    // would wait on it as a new child in that lane would.
+                    if let Some(k) = hit.concurrency_key().filter(|_| !hit.status.is_terminal()) {
+                        guard_lane(&req, k, "the run its dedupe key names is queued in")?;
+                    }
                     return Ok(Started::Row(Box::new(hit.clone())));
                 }
             }
@@ -560,11 +577,7 @@ impl<S: Store> Engine<S> {
             "concurrency",
         )?;
         if let Some(k) = &concurrency_key {
-            if req.lane_guard.iter().any(|g| g == k) {
-                return Err(JobError::invalid(format!(
-                    "invoke: the child's concurrency key '{k}' is a lane its waiting caller (or one of its callers) holds: it would queue behind the run that waits for it"
-                )));
-            }
+            guard_lane(&req, k, "the child's concurrency key is")?;
         }
         // Only `replace` needs the whole lane; `queue` joins it and
         // `reject` asks only who holds it (O(log n) either way, not O(lane)).

@@ -273,6 +273,15 @@ impl<S: Store> Engine<S> {
                 .ok_or_else(not_found)?;
             let epoch = run.claim_epoch;
             let prev = tx.step(&id, &rec.step_id).cloned();
+            // A durable wait's row is the engine's: written over, an open
+            // wait would never resolve (its run waiting forever), a token's
+            // hash would be lost, a resolved one would answer other values.
+            if prev.as_ref().is_some_and(|p| p.kind == StepKind::Wait) {
+                return Err(JobError::JobStepConflict {
+                    run_id: rec.job_run_id.clone(),
+                    step_id: rec.step_id.clone(),
+                });
+            }
             let row = StepRow {
                 id: prev.as_ref().map_or_else(Uuid::new_v4, |p| p.id),
                 job_run_id: id,

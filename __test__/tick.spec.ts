@@ -4,6 +4,8 @@
 // no worker used; it is gone, and they hold for the one path.)
 import test from 'ava';
 import { JobOrchestrator, JobRunStateError } from '../dist';
+import type { JobContext } from '../dist';
+import { forBackends } from './backends';
 
 const nativeOf = (o: JobOrchestrator) => o;
 
@@ -103,4 +105,56 @@ test('a second tick of an executing run is a typed error', async (t) => {
   release({ ok: 1 });
   await first;
   t.is((await o.findById(run.id))!.status, 'completed');
+});
+
+// ── an abort between the engine's ticket and the attempt's registration ──
+
+/** A handler that settles only when its signal aborts (counting its calls). */
+function abortOnly(): { handler: (ctx: JobContext<unknown>) => Promise<string>; calls: () => number } {
+  let calls = 0;
+  return {
+    handler: (ctx) => {
+      calls++;
+      return new Promise((resolve) => ctx.signal.addEventListener('abort', () => resolve('aborted')));
+    },
+    calls: () => calls,
+  };
+}
+
+/** `p`, or 'pending' if it has not settled within `ms` of real time. */
+function within<T>(p: Promise<T>, ms: number): Promise<T | 'pending'> {
+  return Promise.race([p, new Promise<'pending'>((r) => setTimeout(() => r('pending'), ms).unref())]);
+}
+
+forBackends('a cancel called right after tick (its ticket not back yet) ends the attempt: tick resolves, the handler is not called', async (t, make) => {
+  const o = await make.system();
+  const h = abortOnly();
+  o.registerHandler('h', {}, h.handler);
+  const run = await o.start('h', {});
+  t.is((await o.claimNext('batch'))?.id, run.id);
+  const tick = o.tick(run.id);
+  await o.cancel(run.id);
+  // On PostgreSQL the cancel may also commit before the ticket is handed
+  // out (tick: JobRunStateError), or after the handler began (aborted).
+  const settled = tick.then(
+    () => 'resolved',
+    (e: unknown) => (e instanceof JobRunStateError && make.backend === 'postgres' ? 'refused' : Promise.reject(e)),
+  );
+  t.not(await within(settled, 3_000), 'pending', 'tick is not left hanging');
+  if (make.backend === 'memory') t.is(h.calls(), 0, 'the handler is not called');
+  else t.true(h.calls() <= 1);
+  t.is((await o.findById(run.id))?.status, 'canceled');
+});
+
+test('manual clock: advanceTime past the timeout right after tick times the run out, and tick resolves', async (t) => {
+  const o = new JobOrchestrator({ clock: 'manual' });
+  const h = abortOnly();
+  o.registerHandler('h', { timeoutMs: 1_000 }, h.handler);
+  const run = await o.start('h', {});
+  t.is((await o.claimNext('batch'))?.id, run.id);
+  const tick = o.tick(run.id);
+  o.advanceTime(1_000);
+  t.is(await within(tick.then(() => 'resolved'), 3_000), 'resolved', 'tick is not left hanging');
+  t.is(h.calls(), 0);
+  t.is((await o.findById(run.id))?.status, 'timed_out');
 });

@@ -324,7 +324,7 @@ export class JobOrchestrator<Jobs extends JobMap = AnyJobs> {
     const attempts = this.attempts;
     const events = this.events;
     const sink: NoticeSink = {
-      wanted: () => attempts.size > 0 || events.wanted,
+      wanted: () => attempts.listening || events.wanted,
       deliver: (n) => {
         for (const { runId, epoch, reason } of n.aborts) attempts.abort(runId, epoch, reason);
         for (const raw of n.events) events.emit(fromTuple(raw));
@@ -570,8 +570,7 @@ export class JobOrchestrator<Jobs extends JobMap = AnyJobs> {
   tick(runId: string): Promise<void> {
     return this.whenReady(async () => {
       if (typeof runId !== 'string') throw new JobInputInvalidError('runId must be a string');
-      const ticket = await this.store.beginAttempt(runId);
-      const attempt = this.attempts.begin(ticket.id, ticket.epoch);
+      const { ticket, attempt } = await this.attempts.beginTicked(() => this.store.beginAttempt(runId));
       // The engine's timer will end a run with a timeout, and its notice
       // must find the process alive (a worker keeps it alive by itself).
       const keepAlive = ticket.timeoutMs === null ? null : setInterval(() => undefined, 0x7fffffff);

@@ -176,9 +176,18 @@ export class Parker {
 export class Attempts {
   private readonly byRun = new Map<string, Attempt>();
   private readonly parker = new Parker();
+  /** `tick`s waiting for the engine's ticket (see `beginTicked`). */
+  private ticketsAwaited = 0;
+  /** Aborts for runs with no attempt here, kept while a `tick` awaits its ticket. */
+  private early: Map<string, { epoch: number | undefined; reason: string }[]> | null = null;
 
   get size(): number {
     return this.byRun.size;
+  }
+
+  /** Whether aborts matter here: an attempt executes, or a `tick` awaits its ticket. */
+  get listening(): boolean {
+    return this.byRun.size > 0 || this.ticketsAwaited > 0;
   }
 
   /** Registered before the handler runs, so a cancel from then on reaches it. */
@@ -186,6 +195,29 @@ export class Attempts {
     const a = new Attempt(epoch, this.parker);
     this.byRun.set(runId, a);
     return a;
+  }
+
+  /**
+   * `tick`'s attempt: `fetch` asks the engine for the ticket (the run
+   * turns executing there), then the attempt is registered. A cancel or
+   * the engine's timeout can come in between (a cancel called right after
+   * `tick`, an `advanceTime` of the manual clock, another process on
+   * PostgreSQL): its notice found no attempt, and the handler would have
+   * run on, never aborted. Notices of that moment are kept and applied.
+   */
+  async beginTicked<T extends { id: string; epoch: number }>(fetch: () => Promise<T>): Promise<{ ticket: T; attempt: Attempt }> {
+    this.ticketsAwaited++;
+    this.early ??= new Map();
+    try {
+      const ticket = await fetch();
+      const attempt = this.begin(ticket.id, ticket.epoch);
+      for (const n of this.early.get(ticket.id) ?? []) {
+        if (n.epoch === undefined || n.epoch === ticket.epoch) attempt.abort(n.reason);
+      }
+      return { ticket, attempt };
+    } finally {
+      if (--this.ticketsAwaited === 0) this.early = null;
+    }
   }
 
   get(runId: string): Attempt | undefined {
@@ -209,5 +241,10 @@ export class Attempts {
   abort(runId: string, epoch: number | undefined, reason: string): void {
     const a = this.byRun.get(runId);
     if (a !== undefined && (epoch === undefined || a.epoch === epoch)) a.abort(reason);
+    else if (this.early !== null) {
+      const kept = this.early.get(runId);
+      if (kept === undefined) this.early.set(runId, [{ epoch, reason }]);
+      else kept.push({ epoch, reason });
+    }
   }
 }

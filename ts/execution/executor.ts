@@ -65,6 +65,9 @@ export class Executor {
       if (settled && attempt.parked) this.lateEnd(ticket, outcome);
       else settle(outcome);
     };
+    // Aborted before it began (a cancel between the engine's ticket and
+    // this attempt's registration): the handler is not called.
+    if (attempt.aborted) return settle();
     const reg = this.handlers.get(ticket.jobType);
     if (!reg) return settle(NO_HANDLER);
     let result: unknown;

@@ -31,6 +31,19 @@ forBackends('a lone surrogate in any start option is refused with its name, and 
   t.deepEqual(errors, [], 'nothing was refused behind the caller’s back');
 });
 
+forBackends('a job type cut inside a character is refused by name at registration, start, startMany and schedule; nothing is stored', async (t, make) => {
+  const o = await make.manual();
+  o.registerHandler('a\ufffd', {}, async () => undefined); // what napi would have made of it
+  const said = /job type must not hold a lone surrogate/;
+  t.throws(() => o.registerHandler(LONE, {}, async () => undefined), { instanceOf: JobInputInvalidError, message: said });
+  await t.throwsAsync(o.start('a\ud800', {}), { instanceOf: JobInputInvalidError, message: said });
+  await t.throwsAsync(o.start('a\ud800', {}, { priority: 1 }), { instanceOf: JobInputInvalidError, message: said });
+  await t.throwsAsync(o.startMany([{ type: 'a\ud800' }]), { instanceOf: JobInputInvalidError, message: /^entries\[0\]: .*job type must not hold a lone surrogate/ });
+  await t.throwsAsync(o.schedule('s', { jobType: 'a\ud800', everyMs: 1_000 }), { instanceOf: JobInputInvalidError, message: said });
+  t.deepEqual((await o.listJobRuns({})).items, [], 'no run was stored');
+  t.deepEqual(await o.listSchedules(), [], 'no schedule was stored');
+});
+
 test('multi-tenant: a lone surrogate in tenantId is refused at start; queries treat it as U+FFFD, as napi did', async (t) => {
   const o = new JobOrchestrator({ multiTenant: true, logger: silentLogger });
   o.registerHandler('t', {}, async () => undefined);

@@ -366,6 +366,7 @@ export function definitionSpec(type: unknown, meta: unknown, handler: unknown, r
   if (typeof type !== 'string' || type.length === 0) {
     throw new JobInputInvalidError('job type must be a non-empty string');
   }
+  checkText(type, 'job type');
   const m = (meta ?? {}) as JobHandlerMeta<unknown>;
   if (typeof m !== 'object' || Array.isArray(m)) throw new JobInputInvalidError(`meta of '${type}' must be an object`);
   checkKeys(m, META_KEYS, `meta of '${type}'`);
@@ -466,6 +467,7 @@ export function scheduleRequest(name: unknown, opts: unknown): Record<string, un
   const o = opts as { jobType?: unknown; cron?: unknown; everyMs?: unknown; timezone?: unknown; input?: unknown; tenantId?: unknown };
   const { jobType, cron, everyMs, timezone } = o;
   if (typeof jobType !== 'string') throw new JobInputInvalidError('schedule jobType must be a string');
+  checkText(jobType, 'job type');
   if (cron !== undefined && typeof cron !== 'string') throw new JobInputInvalidError('cron must be a string');
   if (timezone !== undefined && typeof timezone !== 'string') throw new JobInputInvalidError('timezone must be a string');
   if (everyMs !== undefined && typeof everyMs !== 'number') throw new JobInputInvalidError('everyMs must be a number');
@@ -515,6 +517,8 @@ export function prepareStart(
   trace: Record<string, string> | null = null,
 ): PreparedStart {
   if (typeof type !== 'string') throw new JobInputInvalidError('job type must be a string');
+  // A registered type holds none (see `definitionSpec`).
+  checkText(type, 'job type');
   const payload = input === undefined || input === null ? {} : input;
   let inputText: string;
   let inputCopy: Record<string, unknown> | null = null;

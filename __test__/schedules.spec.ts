@@ -253,3 +253,66 @@ test('schedule: an orchestrator with a schedule and a worker still lets the proc
   t.is(new Set(times).size, times.length, 'no occurrence started twice');
   t.true(ran.length >= 3);
 });
+
+// ── found by an audit of 2026-12-07 ─────────────────────────────────────
+
+forBackends('schedule: declared again with the same times written otherwise, it keeps its due fire (the missed occurrence starts one run)', async (t, make) => {
+  const o = await make.manual();
+  o.registerHandler('t', {}, async () => 1);
+  const pairs: [string, string][] = [
+    ['0 9 * * MON-FRI', '0 9 * * mon-fri'],
+    ['0 9 * * MON-FRI', '0  9 * * 1-5'],
+    ['0 0 * * *', '@daily'],
+  ];
+  for (const [i, [first, again]] of pairs.entries()) {
+    const name = `x${i}`;
+    const s = await o.schedule(name, { jobType: 't', cron: first });
+    // The fire time passes with nothing running (the app was down)…
+    o.advanceTime(s.nextRunAt!.getTime() - o.now().getTime() + MINUTE);
+    // … and it declares its schedules again as it boots.
+    const s2 = await o.schedule(name, { jobType: 't', cron: again });
+    t.is(s2.nextRunAt?.getTime(), s.nextRunAt!.getTime(), `${first} → ${again}: the due fire is kept`);
+    t.is(await o.fireDueSchedules(), 1, `${first} → ${again}: the missed occurrence starts one run`);
+    t.true(await o.unschedule(name));
+  }
+  // Other times are another timing: it starts from now.
+  const s = await o.schedule('y', { jobType: 't', cron: '0 9 * * 1-5' });
+  o.advanceTime(s.nextRunAt!.getTime() - o.now().getTime() + MINUTE);
+  const moved = await o.schedule('y', { jobType: 't', cron: '0 9 * * 1-6' });
+  t.true(moved.nextRunAt!.getTime() > o.now().getTime());
+});
+
+test('schedule: after a fire refused at fire time, lastRunId is null (no run of that fire), not the earlier fire’s run', async (t) => {
+  const o = manual();
+  o.registerHandler('single', { concurrency: { key: 'the-one', collisionMode: 'reject' } }, async () => ({}));
+  await o.schedule('s', { jobType: 'single', everyMs: 1_000 });
+  o.advanceTime(1_000);
+  t.is(await o.fireDueSchedules(), 1);
+  const [first] = await o.listSchedules();
+  t.truthy(first!.lastRunId, 'the first fire started a run (it holds the lane)');
+  o.advanceTime(1_000);
+  t.is(await o.fireDueSchedules(), 0);
+  const [s] = await o.listSchedules();
+  t.true(s!.lastError?.includes(first!.lastRunId!), s!.lastError ?? 'no lastError');
+  t.is(s!.lastRunId, null);
+});
+
+test('schedule: everyMs NaN or Infinity is refused by name, beside a cron too (JSON would have dropped it); nothing is stored', async (t) => {
+  const o = manual();
+  o.registerHandler('t', {}, async () => 1);
+  for (const everyMs of [NaN, Infinity, -Infinity]) {
+    for (const cron of [undefined, '*/5 * * * *']) {
+      await t.throwsAsync(o.schedule('s', { jobType: 't', cron, everyMs }), { instanceOf: JobInputInvalidError, message: /everyMs must be a finite number/ }, `${everyMs} ${cron}`);
+    }
+  }
+  t.deepEqual(await o.listSchedules(), []);
+});
+
+test('schedule: a name or tenantId cut inside a character is refused by unschedule and schedule (napi would make it another schedule’s)', async (t) => {
+  const o = new JobOrchestrator({ clock: 'manual', multiTenant: true });
+  o.registerHandler('t', {}, async () => 1);
+  await o.schedule('nightly\ufffd', { jobType: 't', everyMs: 1_000, tenantId: 'acme' });
+  await t.throwsAsync(o.unschedule('nightly\ud800', { tenantId: 'acme' }), { instanceOf: JobInputInvalidError, message: /schedule name must not hold a lone surrogate/ });
+  await t.throwsAsync(o.schedule('x', { jobType: 't', everyMs: 1_000, tenantId: 'acme\ud800' }), { instanceOf: JobInputInvalidError, message: /tenantId must not hold a lone surrogate/ });
+  t.deepEqual((await o.listSchedules({ tenantId: 'acme' })).map((s) => s.name), ['nightly\ufffd'], 'the other schedule is kept');
+});

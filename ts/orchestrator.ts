@@ -853,6 +853,8 @@ export class JobOrchestrator<Jobs extends JobMap = AnyJobs> {
   unschedule(name: string, opts?: TenantOptions): Promise<boolean> {
     return this.whenReady(() => {
       if (typeof name !== 'string') throw new JobInputInvalidError('schedule name must be a string');
+      // As `schedule` refuses it: napi would make it another name, and remove that schedule.
+      checkText(name, 'schedule name');
       return this.store.removeSchedule(name, callTenant(opts, 'unschedule'));
     });
   }

@@ -471,10 +471,15 @@ export function scheduleRequest(name: unknown, opts: unknown): Record<string, un
   if (cron !== undefined && typeof cron !== 'string') throw new JobInputInvalidError('cron must be a string');
   if (timezone !== undefined && typeof timezone !== 'string') throw new JobInputInvalidError('timezone must be a string');
   if (everyMs !== undefined && typeof everyMs !== 'number') throw new JobInputInvalidError('everyMs must be a number');
+  // JSON would write NaN and Infinity as null: beside a cron they would vanish.
+  checkCount('everyMs', everyMs);
   const payload = o.input === undefined || o.input === null ? {} : o.input;
   const j = toJsonText(payload, 'input');
   if (!j.ok) throw new JobInputInvalidError(j.reason);
-  return { name, jobType, input: JSON.parse(j.text) as unknown, cron, timezone, everyMs, tenant: tenantOf(o) };
+  const tenant = tenantOf(o);
+  // A schedule belongs to its tenant: two tenant ids cut inside a character would be one.
+  if (typeof tenant === 'string') checkText(tenant, 'tenantId');
+  return { name, jobType, input: JSON.parse(j.text) as unknown, cron, timezone, everyMs, tenant };
 }
 
 /** A `recordStep` input as the engine reads it (Dates as ms). */

@@ -334,6 +334,29 @@ pub struct CronSchedule {
 }
 
 impl CronSchedule {
+    /// Whether both select the same times, however they are written: the
+    /// fields' sets and the two `*` flags (which decide how the day fields
+    /// combine) are all a schedule's times depend on.
+    pub fn same_times(&self, other: &CronSchedule) -> bool {
+        (
+            self.minutes,
+            self.hours,
+            self.days_of_month,
+            self.months,
+            self.days_of_week,
+            self.dom_star,
+            self.dow_star,
+        ) == (
+            other.minutes,
+            other.hours,
+            other.days_of_month,
+            other.months,
+            other.days_of_week,
+            other.dom_star,
+            other.dow_star,
+        )
+    }
+
     /// Parses a five-field cron expression or a macro such as `@daily`.
     pub fn parse(expr: &str) -> Result<CronSchedule, CronError> {
         if let Some((index, ch)) = expr.chars().enumerate().find(|(_, c)| !c.is_ascii()) {

@@ -975,6 +975,18 @@ pub enum ScheduleTiming {
 }
 
 impl ScheduleTiming {
+    /// Whether both fire at the same times: a cron expression written
+    /// otherwise (`mon-fri`, `1-5`, `@daily`) is the same timing.
+    pub fn same_times(&self, other: &ScheduleTiming) -> bool {
+        match (self, other) {
+            (ScheduleTiming::Cron(a, tz_a), ScheduleTiming::Cron(b, tz_b)) => {
+                tz_a == tz_b && a.same_times(b)
+            }
+            (ScheduleTiming::Every(a), ScheduleTiming::Every(b)) => a == b,
+            _ => false,
+        }
+    }
+
     /// The first fire time strictly after `after`; `anchor` is the phase of
     /// an interval (it fires at anchor + k × interval). None: never again.
     pub fn next_after(&self, after: Millis, anchor: Millis) -> Option<Millis> {

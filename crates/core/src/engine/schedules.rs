@@ -136,7 +136,7 @@ impl<S: Store> Engine<S> {
             }
             let old = tx.schedule(tenant.as_deref(), name);
             let (anchor, next, created_at, last) = match old {
-                Some(o) if o.timing == timing => (
+                Some(o) if o.timing.same_times(&timing) => (
                     o.anchor,
                     o.next_fire_at,
                     o.created_at,
@@ -263,7 +263,11 @@ impl<S: Store> Engine<S> {
                         }
                         // The database failed: roll the whole batch back.
                         Err(e @ JobError::Store { .. }) => return Err(e),
-                        Err(e) => s.last_error = Some(e.to_string()),
+                        // Nothing started: no run of this fire to show.
+                        Err(e) => {
+                            s.last_error = Some(e.to_string());
+                            s.last_run_id = None;
+                        }
                     }
                     s.last_fired_at = Some(fire_at);
                     s.next_fire_at = s.timing.next_after(now.max(fire_at), s.anchor);

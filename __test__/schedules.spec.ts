@@ -314,5 +314,8 @@ test('schedule: a name or tenantId cut inside a character is refused by unschedu
   await o.schedule('nightly\ufffd', { jobType: 't', everyMs: 1_000, tenantId: 'acme' });
   await t.throwsAsync(o.unschedule('nightly\ud800', { tenantId: 'acme' }), { instanceOf: JobInputInvalidError, message: /schedule name must not hold a lone surrogate/ });
   await t.throwsAsync(o.schedule('x', { jobType: 't', everyMs: 1_000, tenantId: 'acme\ud800' }), { instanceOf: JobInputInvalidError, message: /tenantId must not hold a lone surrogate/ });
+  await o.schedule('n', { jobType: 't', everyMs: 1_000, tenantId: 'acme\ufffd' });
+  await t.throwsAsync(o.unschedule('n', { tenantId: 'acme\ud800' }), { instanceOf: JobInputInvalidError, message: /tenantId must not hold a lone surrogate/ });
+  t.deepEqual((await o.listSchedules({ tenantId: 'acme\ufffd' })).map((s) => s.name), ['n'], "the other tenant's schedule is kept");
   t.deepEqual((await o.listSchedules({ tenantId: 'acme' })).map((s) => s.name), ['nightly\ufffd'], 'the other schedule is kept');
 });

@@ -164,3 +164,77 @@ forBackends('step ids and signal names cut inside a character are JobInputInvali
   );
   t.deepEqual(Object.keys(await stepsById(o, run.id)), [], 'still nothing stored');
 });
+
+// What is not a deadlock is not refused (a review of the refusals above).
+
+forBackends('an invoke whose dedupe hit ended is answered at once, though the hit still has a wait step open (it ended racing it)', async (t, make) => {
+  const o = await make.manual();
+  let seen: unknown = null;
+  o.registerHandler('p', { dedupe: { key: 'p:{{id}}', windowMs: 3_600_000 } }, async (ctx: JobContext<{ id: number }>) => {
+    // The sleep wins the race: P completes with its invoke's wait still open.
+    const r = await Promise.race([ctx.invoke('c', 'c', { k: 1 }), ctx.sleep('s', 10).then(() => 'slept')]);
+    return { r };
+  });
+  o.registerHandler('c', { dedupe: { key: 'c:{{k}}', windowMs: 3_600_000 } }, async (ctx: JobContext<{ k: number }>) => {
+    await ctx.waitForSignal('go');
+    try {
+      return { back: await ctx.invoke('back', 'p', { id: 1 }) };
+    } catch (e) {
+      seen = caught(e);
+      return 'refused';
+    }
+  });
+  const c0 = await o.start('c', { k: 1 });
+  const p = await o.start('p', { id: 1 });
+  await drain(o);
+  o.advanceTime(1_000);
+  await drain(o);
+  t.is((await get(o, p.id)).status, 'completed');
+  t.is((await stepsById(o, p.id)).c?.status, 'running', 'its invoke wait was left open');
+  await o.signal(c0.id, 'go');
+  await drain(o);
+  t.is(seen, null, 'not refused');
+  t.deepEqual((await get(o, c0.id)).output, { back: { r: 'slept' } }, "answered with the ended run's output");
+});
+
+forBackends("an invoke whose dedupe hit holds the lane (its head) and does not wait for the caller waits for it; a self hit says so", async (t, make) => {
+  const o = await make.manual();
+  let seen: unknown = null;
+  o.registerHandler(
+    'sync',
+    { concurrency: { key: 'acct:{{acct}}', collisionMode: 'queue' }, dedupe: { key: 'sync:{{acct}}', windowMs: 3_600_000 } },
+    async (ctx: JobContext<{ acct: number; self?: boolean }>) => {
+      if (ctx.input.self === true) {
+        try {
+          return await ctx.invoke('me', 'sync', { acct: ctx.input.acct });
+        } catch (e) {
+          return { refused: caught(e) };
+        }
+      }
+      await ctx.spawnChild('report', { acct: ctx.input.acct }); // fire and forget
+      await ctx.waitForSignal('done'); // live, holding the lane, not waiting for the child
+      return 'P done';
+    },
+  );
+  o.registerHandler('report', {}, async (ctx: JobContext<{ acct: number }>) => {
+    try {
+      return { synced: await ctx.invoke('sync', 'sync', { acct: ctx.input.acct }) };
+    } catch (e) {
+      seen = caught(e);
+      return 'refused';
+    }
+  });
+  const p = await o.start('sync', { acct: 1 });
+  await drain(o);
+  t.is(seen, null, 'the child waits for the lane head, not refused');
+  await o.signal(p.id, 'done');
+  await drain(o);
+  const [report] = (await o.getRunTree(p.id))!.children;
+  t.deepEqual((await get(o, report!.run.id)).output, { synced: 'P done' });
+  // A run invoking its own dedupe key holds its lane too: the self-hit message, not the lane's.
+  const self = await o.start('sync', { acct: 2, self: true });
+  await drain(o);
+  const out = (await get(o, self.id)).output as { refused: { name: string; message: string } };
+  t.is(out.refused.name, 'JobInputInvalidError');
+  t.regex(out.refused.message, /names the invoking run itself/);
+});

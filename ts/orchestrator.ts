@@ -570,7 +570,7 @@ export class JobOrchestrator<Jobs extends JobMap = AnyJobs> {
   tick(runId: string): Promise<void> {
     return this.whenReady(async () => {
       if (typeof runId !== 'string') throw new JobInputInvalidError('runId must be a string');
-      const { ticket, attempt } = await this.attempts.beginTicked(() => this.store.beginAttempt(runId));
+      const { ticket, attempt } = await this.attempts.beginTicked(runId, () => this.store.beginAttempt(runId));
       // The engine's timer will end a run with a timeout, and its notice
       // must find the process alive (a worker keeps it alive by itself).
       const keepAlive = ticket.timeoutMs === null ? null : setInterval(() => undefined, 0x7fffffff);
@@ -853,9 +853,12 @@ export class JobOrchestrator<Jobs extends JobMap = AnyJobs> {
   unschedule(name: string, opts?: TenantOptions): Promise<boolean> {
     return this.whenReady(() => {
       if (typeof name !== 'string') throw new JobInputInvalidError('schedule name must be a string');
-      // As `schedule` refuses it: napi would make it another name, and remove that schedule.
+      // As `schedule` refuses them: napi would make them another name or
+      // tenant, and remove that schedule.
       checkText(name, 'schedule name');
-      return this.store.removeSchedule(name, callTenant(opts, 'unschedule'));
+      const tenant = callTenant(opts, 'unschedule');
+      if (typeof tenant === 'string') checkText(tenant, 'tenantId');
+      return this.store.removeSchedule(name, tenant);
     });
   }
 

@@ -523,7 +523,7 @@ export function prepareStart(
 ): PreparedStart {
   if (typeof type !== 'string') throw new JobInputInvalidError('job type must be a string');
   // A registered type holds none (see `definitionSpec`).
-  checkText(type, 'job type');
+  if (reg === undefined) checkText(type, 'job type');
   const payload = input === undefined || input === null ? {} : input;
   let inputText: string;
   let inputCopy: Record<string, unknown> | null = null;

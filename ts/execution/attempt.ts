@@ -176,10 +176,11 @@ export class Parker {
 export class Attempts {
   private readonly byRun = new Map<string, Attempt>();
   private readonly parker = new Parker();
-  /** `tick`s waiting for the engine's ticket (see `beginTicked`). */
-  private ticketsAwaited = 0;
-  /** Aborts for runs with no attempt here, kept while a `tick` awaits its ticket. */
-  private early: Map<string, { epoch: number | undefined; reason: string }[]> | null = null;
+  /**
+   * Runs whose `tick` awaits the engine's ticket (see `beginTicked`): how
+   * many ticks, and the aborts that came for the run meanwhile.
+   */
+  private readonly ticking = new Map<string, { ticks: number; aborts: { epoch: number | undefined; reason: string }[] }>();
 
   get size(): number {
     return this.byRun.size;
@@ -187,7 +188,7 @@ export class Attempts {
 
   /** Whether aborts matter here: an attempt executes, or a `tick` awaits its ticket. */
   get listening(): boolean {
-    return this.byRun.size > 0 || this.ticketsAwaited > 0;
+    return this.byRun.size > 0 || this.ticking.size > 0;
   }
 
   /** Registered before the handler runs, so a cancel from then on reaches it. */
@@ -205,18 +206,22 @@ export class Attempts {
    * PostgreSQL): its notice found no attempt, and the handler would have
    * run on, never aborted. Notices of that moment are kept and applied.
    */
-  async beginTicked<T extends { id: string; epoch: number }>(fetch: () => Promise<T>): Promise<{ ticket: T; attempt: Attempt }> {
-    this.ticketsAwaited++;
-    this.early ??= new Map();
+  async beginTicked<T extends { id: string; epoch: number }>(runId: string, fetch: () => Promise<T>): Promise<{ ticket: T; attempt: Attempt }> {
+    // Notices name runs as the engine writes ids (lowercase); another
+    // spelling of an id the engine reads is not matched (its window stays).
+    const key = runId.toLowerCase();
+    let entry = this.ticking.get(key);
+    if (entry === undefined) this.ticking.set(key, (entry = { ticks: 0, aborts: [] }));
+    entry.ticks++;
     try {
       const ticket = await fetch();
       const attempt = this.begin(ticket.id, ticket.epoch);
-      for (const n of this.early.get(ticket.id) ?? []) {
+      for (const n of entry.aborts) {
         if (n.epoch === undefined || n.epoch === ticket.epoch) attempt.abort(n.reason);
       }
       return { ticket, attempt };
     } finally {
-      if (--this.ticketsAwaited === 0) this.early = null;
+      if (--entry.ticks === 0) this.ticking.delete(key);
     }
   }
 
@@ -241,10 +246,6 @@ export class Attempts {
   abort(runId: string, epoch: number | undefined, reason: string): void {
     const a = this.byRun.get(runId);
     if (a !== undefined && (epoch === undefined || a.epoch === epoch)) a.abort(reason);
-    else if (this.early !== null) {
-      const kept = this.early.get(runId);
-      if (kept === undefined) this.early.set(runId, [{ epoch, reason }]);
-      else kept.push({ epoch, reason });
-    }
+    else this.ticking.get(runId)?.aborts.push({ epoch, reason });
   }
 }

@@ -380,6 +380,12 @@ impl<S: Store> Engine<S> {
                     self.start_buffered_in(tx, req, at, i, &mut out, &mut fx);
                     continue;
                 };
+                // The checks of `start_in`, in its order: what the store can
+                // hold, then the id.
+                if let Err(e) = self.storable_buffered(&run.input, o) {
+                    out.failed.push((i, e));
+                    continue;
+                }
                 if tx.run(&run.id).is_some() {
                     out.failed.push((
                         i,
@@ -389,16 +395,7 @@ impl<S: Store> Engine<S> {
                     ));
                     continue;
                 }
-                let options = match opts {
-                    None => RunOptions::default(),
-                    Some(o) => {
-                        if let Err(e) = self.storable_options(&o) {
-                            out.failed.push((i, e));
-                            continue;
-                        }
-                        self.row_options(*o)
-                    }
-                };
+                let options = opts.map_or_else(RunOptions::default, |o| self.row_options(*o));
                 let seq = tx.next_seq();
                 let row = new_run(def, run.id, seq, at, run.input, options);
                 out.created(&row.pool, row.run_at > at);
@@ -560,10 +557,24 @@ impl<S: Store> Engine<S> {
                     // and must not leave it to answer a dedupe.
                     .filter(|hit| !self.past_retention(hit, now));
                 if let Some(hit) = hit {
-                    // An invoke answered by a run queued behind its caller
-                    // would wait on it as a new child in that lane would.
-                    if let Some(k) = hit.concurrency_key().filter(|_| !hit.status.is_terminal()) {
-                        guard_lane(&req, k, "the run its dedupe key names is queued in")?;
+                    // An invoke's live dedupe hit must not leave it and its
+                    // caller waiting for each other: a hit that waits for
+                    // the caller (its parent, say), or one queued behind it
+                    // in a lane it holds (as a new child there would be).
+                    if let (Some((caller, step_id)), false) =
+                        (&req.awaited_by, hit.status.is_terminal())
+                    {
+                        if hit.id != *caller && super::waits::waits_on(tx, hit.id, *caller, now) {
+                            return Err(JobError::invalid(format!(
+                                "invoke '{step_id}': the child's dedupe key names run {}, which waits for the invoking run: each would wait for the other",
+                                hit.id
+                            )));
+                        }
+                        if let Some(k) = hit.concurrency_key() {
+                            if tx.lane_head(tenant.as_deref(), k) != Some(hit.id) {
+                                guard_lane(&req, k, "the run its dedupe key names is queued in")?;
+                            }
+                        }
                     }
                     return Ok(Started::Row(Box::new(hit.clone())));
                 }
@@ -716,17 +727,19 @@ impl<S: Store> Engine<S> {
         )
     }
 
-    /// `storable` of the options a buffered start with row options has
-    /// (its input was checked by JS as the store's `json_problem` would:
-    /// the in-memory store, the one that buffers, holds any JSON).
-    fn storable_options(&self, o: &RowOptions) -> Result<()> {
+    /// `storable` of a buffered start built at once: its input and the
+    /// options that set fields of its row.
+    fn storable_buffered(&self, input: &RawValue, o: Option<&RowOptions>) -> Result<()> {
+        let Some(o) = o else {
+            return self.storable_values(&[("input", Some(input))], &[]);
+        };
         let scope = o.scope.as_ref();
         let tenant = match &o.tenant {
             TenantArg::Id(t) => Some(t.as_str()),
             _ => None,
         };
         self.storable_values(
-            &[("tags", o.tags.as_deref())],
+            &[("input", Some(input)), ("tags", o.tags.as_deref())],
             &[
                 ("scope.entityType", scope.map(|s| s.0.as_str())),
                 ("scope.entityId", scope.map(|s| s.1.as_str())),

@@ -292,14 +292,6 @@ impl<S: Store> Engine<S> {
                             "invoke '{step_id}': the child's dedupe key names the invoking run itself"
                         )));
                     }
-                    if waits_on(tx, child.id, id) {
-                        // A dedupe hit on a run that waits for the caller
-                        // (its parent, say): each would wait for the other.
-                        return Err(JobError::invalid(format!(
-                            "invoke '{step_id}': the child's dedupe key names run {}, which waits for the invoking run: each would wait for the other",
-                            child.id
-                        )));
-                    }
                     child_pool = Some(child.pool.clone());
                     if !child.status.is_terminal()
                         && !child
@@ -878,21 +870,26 @@ fn finish_wait<T: StoreTx>(
     tx.put_step(s);
 }
 
-/// Whether `run` waits, through open invokes, for `target`: `target`'s end
-/// resolves a wait of `run`, or of a run whose end resolves one of `run`'s,
-/// and so on. Walks the runs waiting for `target` (`awaited_by`, each
-/// checked against its open wait step): O(runs waiting on it, however
-/// indirectly); usually its invoking ancestors.
-fn waits_on<T: StoreTx>(tx: &T, run: RunId, target: RunId) -> bool {
+/// Whether `run` waits, through open invokes, for `target` at `now`:
+/// `target`'s end resolves a wait of `run`, or of a run whose end resolves
+/// one of `run`'s, and so on. Walks the runs waiting for `target`
+/// (`awaited_by`), each edge counted only while it holds as
+/// `resolve_waiters` would honour it: the waiter live, its wait step open
+/// on that run, its deadline not passed. O(runs that ever waited on it,
+/// however indirectly); asked only of a dedupe hit.
+pub(super) fn waits_on<T: StoreTx>(tx: &T, run: RunId, target: RunId, now: Millis) -> bool {
     let mut seen = std::collections::HashSet::from([target]);
     let mut next = vec![target];
     while let Some(awaited) = next.pop() {
         let Some(r) = tx.run(&awaited) else { continue };
         for (waiter, step_id) in r.awaited_by() {
-            let open = tx.step(waiter, step_id).is_some_and(|s| {
-                s.is_open_wait()
-                    && matches!(WaitSpec::of_step(s), Some(WaitSpec::Child { child_run_id, .. }) if child_run_id == awaited)
-            });
+            let live = tx.run(waiter).is_some_and(|w| !w.status.is_terminal());
+            let open = live
+                && tx.step(waiter, step_id).is_some_and(|s| {
+                    s.is_open_wait()
+                        && matches!(WaitSpec::of_step(s), Some(WaitSpec::Child { child_run_id, deadline, .. })
+                            if child_run_id == awaited && deadline.is_none_or(|d| d > now))
+                });
             if !open || !seen.insert(*waiter) {
                 continue;
             }

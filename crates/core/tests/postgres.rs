@@ -764,6 +764,46 @@ fn redeclaring_a_schedule_while_another_process_fires_it_keeps_the_fire() {
     );
 }
 
+/// The reason a parked row gives names the column this version could not
+/// read (a timezone edited by hand was blamed on "cron, every_ms or input").
+#[test]
+fn an_unreadable_schedule_row_names_the_column() {
+    let Some((e, cfg)) = engine("schedcol") else {
+        return;
+    };
+    e.register(spec("tick")).unwrap();
+    for name in ["zone", "expr"] {
+        e.put_schedule(every_spec(name, TenantArg::Missing, 1_000))
+            .unwrap();
+    }
+    let mut c = postgres::Client::connect(&cfg.url, postgres::NoTls).unwrap();
+    let table = format!("\"{}\".job_schedule", cfg.schema);
+    for (name, set) in [
+        ("zone", "cron = '0 * * * *', timezone = 'Mars/Base'"),
+        ("expr", "cron = '0 0 L * *'"),
+    ] {
+        c.execute(
+            &format!(
+                "UPDATE {table} SET every_ms = NULL, {set}, \
+                 next_fire_at = now() - interval '1 second' WHERE name = '{name}'"
+            ),
+            &[],
+        )
+        .unwrap();
+    }
+    assert_eq!(e.fire_due_schedules().unwrap(), 0);
+    for (name, said) in [("zone", "(its timezone)"), ("expr", "(its cron)")] {
+        let row = c
+            .query_one(
+                &format!("SELECT last_error FROM {table} WHERE name = '{name}'"),
+                &[],
+            )
+            .unwrap();
+        let why: String = row.get(0);
+        assert!(why.contains(said), "{name}: {why}");
+    }
+}
+
 /// A row this version cannot read (edited by hand) stops firing and says
 /// why, instead of being found due on every pass.
 #[test]

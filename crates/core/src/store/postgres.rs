@@ -1790,6 +1790,34 @@ fn schedule_from_row(r: &Row) -> Option<ScheduleRow> {
     })
 }
 
+/// Why `schedule_from_row` could not read a row, naming the column (a
+/// timezone edited by hand reads as a bad cron otherwise).
+fn unreadable_schedule(r: &Row) -> &'static str {
+    let cron = r.try_get::<_, Option<&str>>(4);
+    let every = r.try_get::<_, Option<i64>>(5);
+    match (cron, every) {
+        (Ok(Some(c)), Ok(None)) if c.parse::<crate::cron::CronSchedule>().is_err() => {
+            "this schedule's row could not be read (its cron); it no longer fires"
+        }
+        (Ok(Some(_)), Ok(None))
+            if r
+                .try_get::<_, Option<&str>>(13)
+                .ok()
+                .flatten()
+                .is_some_and(|tz| crate::cron::parse_time_zone(tz).is_err()) =>
+        {
+            "this schedule's row could not be read (its timezone); it no longer fires"
+        }
+        (Ok(Some(_)), Ok(Some(_))) | (Ok(None), Ok(None)) => {
+            "this schedule's row could not be read (it needs exactly one of cron and every_ms); it no longer fires"
+        }
+        (Err(_), _) | (_, Err(_)) => {
+            "this schedule's row could not be read (cron or every_ms); it no longer fires"
+        }
+        _ => "this schedule's row could not be read (its input or times); it no longer fires",
+    }
+}
+
 /// The running transaction's id, `NULL` when it has none (it wrote and
 /// locked nothing). Not `txid_current()`, which would give one to a
 /// transaction that needs none (and so a WAL flush at its commit).
@@ -3144,7 +3172,7 @@ impl StoreTx for PgTx<'_> {
                     let name: Option<&str> = r.try_get(0).ok();
                     let tenant: Option<&str> = r.try_get(1).ok().flatten();
                     if let Some(name) = name {
-                        let why = "this schedule's row could not be read (cron, every_ms or input); it no longer fires";
+                        let why = unreadable_schedule(r);
                         self.query(
                             SQL_PARK_SCHEDULE,
                             &[&tenant, &name, &why],

@@ -629,7 +629,6 @@ test('cancel() of a running run fires its signal, ends it canceled at once and i
   await realSleep(30);
   t.is((await row(o, queued.id)).status, 'pending', 'the only slot is busy');
   t.false(a.signal.aborted);
-  const canceledAt = Date.now();
   await o.cancel(r.id);
   t.true(a.signal.aborted, 'ctx.signal fires on cancel');
   const after = await row(o, r.id);
@@ -643,7 +642,10 @@ test('cancel() of a running run fires its signal, ends it canceled at once and i
   // The freed slot takes the next run.
   t.is((await o.waitForRun(queued.id, { timeoutMs: 2000 })).status, 'completed');
   t.true(nextStarted - releasedAt < FEW_MS * 4, `next run started ${nextStarted - releasedAt} ms after the handler settled`);
-  t.true(nextStarted - canceledAt >= 30, 'not before the canceled handler settled');
+  // Against the release itself, not 30 ms after the cancel: under load a
+  // timer of libuv's cached loop clock can fire a little early by
+  // Date.now() (this failed once in a full CI run).
+  t.true(nextStarted >= releasedAt, 'not before the canceled handler settled');
   await realSleep(30);
   const final = await row(o, r.id);
   t.is(final.status, 'canceled');

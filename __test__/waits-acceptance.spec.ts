@@ -403,7 +403,11 @@ forBackends('no park while a token deliver runs: a slow deliver next to a sleep 
   await tick;
   const parked = await get(o, r.id);
   t.is(parked.status, 'waiting');
-  t.is(parked.waitKind, 'token', 'the first open wait');
+  // The first open wait as recorded: on PostgreSQL the token's and the
+  // sleep's calls go out in that order on two connections and are recorded
+  // as they commit (under load the sleep's came first in a CI run).
+  if (make.backend === 'memory') t.is(parked.waitKind, 'token', 'the first open wait');
+  else t.true(parked.waitKind === 'token' || parked.waitKind === 'sleep', String(parked.waitKind));
   t.deepEqual(await o.resume(token, 'ok'), { runId: r.id });
   // The sleep is still open: the resumed execution parks on it.
   t.is((await tickRun(o, r.id)).waitKind, 'sleep');

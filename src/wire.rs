@@ -410,6 +410,13 @@ struct LookupOpts {
 }
 
 impl LookupOpts {
+    fn apply_to(self, req: &mut StartRequest) {
+        req.scope_entity_id_from_meta = self.scope_entity_id_from_meta;
+        req.parent_run_id = self.parent_run_id;
+        req.concurrency_key = self.concurrency_key;
+        req.dedupe_key = self.dedupe_key;
+    }
+
     fn is_empty(&self) -> bool {
         self.scope_entity_id_from_meta.is_none()
             && self.parent_run_id.is_none()
@@ -423,10 +430,7 @@ impl StartOpts {
     pub fn apply(self, req: &mut StartRequest) -> std::result::Result<(), JobError> {
         let (row, look) = self.checked()?;
         row.apply_to(req);
-        req.scope_entity_id_from_meta = look.scope_entity_id_from_meta;
-        req.parent_run_id = look.parent_run_id;
-        req.concurrency_key = look.concurrency_key;
-        req.dedupe_key = look.dedupe_key;
+        look.apply_to(req);
         Ok(())
     }
 
@@ -557,13 +561,10 @@ pub fn parse_start_line(line: &str) -> std::result::Result<BufferedStart<'_>, St
         job_type: job_type.to_owned(),
         input: run.input,
         preset: Some((id, at)),
-        scope_entity_id_from_meta: look.scope_entity_id_from_meta,
-        parent_run_id: look.parent_run_id,
-        concurrency_key: look.concurrency_key,
-        dedupe_key: look.dedupe_key,
         ..StartRequest::default()
     };
     row.apply_to(&mut req);
+    look.apply_to(&mut req);
     Ok(BufferedStart::WithOptions(Box::new(req)))
 }
 

@@ -74,6 +74,17 @@ fn guard_lane(req: &StartRequest, key: &str, what: &str) -> Result<()> {
     Ok(())
 }
 
+/// The texts of a start's row options that a store may refuse (see
+/// `Engine::storable_values`), whether they came as a request or a line.
+struct RowTexts<'a> {
+    scope: Option<&'a (String, String)>,
+    /// `meta.scope.from(input)` (a request's only).
+    scope_from_meta: Option<&'a str>,
+    tenant: &'a TenantArg,
+    trigger_ref: Option<&'a str>,
+    pool: Option<&'a str>,
+}
+
 /// Tags as a row keeps them: `{}` is none.
 fn kept_tags(tags: Option<Box<RawValue>>) -> Option<Box<RawValue>> {
     tags.filter(|t| t.get() != "{}")
@@ -707,20 +718,17 @@ impl<S: Store> Engine<S> {
     /// Refuses a start whose values the store cannot hold (before anything
     /// changes, e.g. a `replace` lane's incumbent).
     fn storable(&self, req: &StartRequest) -> Result<()> {
-        let scope = req.scope.as_ref();
-        let tenant = match &req.tenant {
-            TenantArg::Id(t) => Some(t.as_str()),
-            _ => None,
+        let row = RowTexts {
+            scope: req.scope.as_ref(),
+            scope_from_meta: req.scope_entity_id_from_meta.as_deref(),
+            tenant: &req.tenant,
+            trigger_ref: req.trigger_ref.as_deref(),
+            pool: req.pool.as_deref(),
         };
         self.storable_values(
             &[("input", Some(&*req.input)), ("tags", req.tags.as_deref())],
+            row,
             &[
-                ("scope.entityType", scope.map(|s| s.0.as_str())),
-                ("scope.entityId", scope.map(|s| s.1.as_str())),
-                ("scope entity id", req.scope_entity_id_from_meta.as_deref()),
-                ("tenantId", tenant),
-                ("triggerRef", req.trigger_ref.as_deref()),
-                ("pool", req.pool.as_deref()),
                 ("concurrency key", req.concurrency_key.as_deref()),
                 ("dedupe key", req.dedupe_key.as_deref()),
             ],
@@ -730,31 +738,38 @@ impl<S: Store> Engine<S> {
     /// `storable` of a buffered start built at once: its input and the
     /// options that set fields of its row.
     fn storable_buffered(&self, input: &RawValue, o: Option<&RowOptions>) -> Result<()> {
-        let Some(o) = o else {
-            return self.storable_values(&[("input", Some(input))], &[]);
+        let none = TenantArg::Missing;
+        let row = RowTexts {
+            scope: o.and_then(|o| o.scope.as_ref()),
+            scope_from_meta: None,
+            tenant: o.map_or(&none, |o| &o.tenant),
+            trigger_ref: o.and_then(|o| o.trigger_ref.as_deref()),
+            pool: o.and_then(|o| o.pool.as_deref()),
         };
-        let scope = o.scope.as_ref();
-        let tenant = match &o.tenant {
-            TenantArg::Id(t) => Some(t.as_str()),
-            _ => None,
-        };
-        self.storable_values(
-            &[("input", Some(input)), ("tags", o.tags.as_deref())],
-            &[
-                ("scope.entityType", scope.map(|s| s.0.as_str())),
-                ("scope.entityId", scope.map(|s| s.1.as_str())),
-                ("tenantId", tenant),
-                ("triggerRef", o.trigger_ref.as_deref()),
-                ("pool", o.pool.as_deref()),
-            ],
-        )
+        let tags = o.and_then(|o| o.tags.as_deref());
+        self.storable_values(&[("input", Some(input)), ("tags", tags)], row, &[])
     }
 
+    /// Refuses the first JSON value, then the first text, the store cannot
+    /// hold: the row options' texts (`row`), then `more`.
     fn storable_values(
         &self,
         json: &[(&str, Option<&RawValue>)],
-        text: &[(&str, Option<&str>)],
+        row: RowTexts<'_>,
+        more: &[(&str, Option<&str>)],
     ) -> Result<()> {
+        let tenant = match row.tenant {
+            TenantArg::Id(t) => Some(t.as_str()),
+            _ => None,
+        };
+        let text = [
+            ("scope.entityType", row.scope.map(|s| s.0.as_str())),
+            ("scope.entityId", row.scope.map(|s| s.1.as_str())),
+            ("scope entity id", row.scope_from_meta),
+            ("tenantId", tenant),
+            ("triggerRef", row.trigger_ref),
+            ("pool", row.pool),
+        ];
         for (what, value) in json {
             if let Some(p) = value.and_then(|v| self.store.json_problem(v.get())) {
                 return Err(JobError::JobInputInvalid {
@@ -762,7 +777,7 @@ impl<S: Store> Engine<S> {
                 });
             }
         }
-        for (what, value) in text {
+        for (what, value) in text.iter().chain(more) {
             if let Some(p) = value.and_then(|v| self.store.text_problem(v)) {
                 return Err(JobError::JobInputInvalid {
                     reason: format!("{what} cannot be stored: it holds {p}"),

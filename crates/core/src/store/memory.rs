@@ -482,7 +482,6 @@ impl MemoryState {
         let dedupe = r
             .dedupe_key()
             .map(|k| (t.clone(), r.job_type.clone(), Box::<str>::from(k)));
-        let scoped = r.scope_entity_type().is_some() && r.scope_entity_id().is_some();
         let finished_at = r.finished_at.get().unwrap_or(0);
         self.ids.remove(&self.runs, &id);
         fn drop_from<K: std::hash::Hash + Eq>(m: &mut HashMap<K, Vec<Handle>>, k: &K, h: Handle) {
@@ -509,15 +508,13 @@ impl MemoryState {
                 set.remove(&(finished_at, key.1, h));
             }
         }
-        if scoped {
-            let r = &self.runs[h as usize];
-            if let (Some(a), Some(b)) = (r.scope_entity_type(), r.scope_entity_id()) {
-                let k = ScopeRef(t.as_deref(), a, b);
-                if let Some(list) = q.scope.get_mut(&k) {
-                    list.retain(|x| *x != h);
-                    if list.is_empty() {
-                        q.scope.remove(&k);
-                    }
+        let r = &self.runs[h as usize];
+        if let (Some(a), Some(b)) = (r.scope_entity_type(), r.scope_entity_id()) {
+            let k = ScopeRef(t.as_deref(), a, b);
+            if let Some(list) = q.scope.get_mut(&k) {
+                list.retain(|x| *x != h);
+                if list.is_empty() {
+                    q.scope.remove(&k);
                 }
             }
         }

@@ -1760,62 +1760,50 @@ fn status_counts_of<K>(rows: &[Row], key: impl Fn(&Row) -> Option<K>) -> Vec<(K,
 }
 
 fn schedule_from_row(r: &Row) -> Option<ScheduleRow> {
+    read_schedule(r).ok()
+}
+
+/// A schedule's row, or why this version cannot read it, naming the
+/// column (the reason an unreadable row is parked with).
+fn read_schedule(r: &Row) -> std::result::Result<ScheduleRow, &'static str> {
+    const TIMING: &str =
+        "this schedule's row could not be read (cron or every_ms); it no longer fires";
+    const CRON: &str = "this schedule's row could not be read (its cron); it no longer fires";
+    const ZONE: &str = "this schedule's row could not be read (its timezone); it no longer fires";
+    const ONE: &str = "this schedule's row could not be read (it needs exactly one of cron and every_ms); it no longer fires";
+    const REST: &str =
+        "this schedule's row could not be read (its input or times); it no longer fires";
     let timing = match (
-        r.try_get::<_, Option<&str>>(4).ok()?,
-        r.try_get::<_, Option<i64>>(5).ok()?,
+        r.try_get::<_, Option<&str>>(4).map_err(|_| TIMING)?,
+        r.try_get::<_, Option<i64>>(5).map_err(|_| TIMING)?,
     ) {
         (Some(c), None) => ScheduleTiming::Cron(
-            c.parse().ok()?,
-            match r.try_get::<_, Option<&str>>(13).ok()? {
-                Some(tz) => crate::cron::parse_time_zone(tz).ok()?,
+            c.parse().map_err(|_| CRON)?,
+            match r.try_get::<_, Option<&str>>(13).map_err(|_| ZONE)? {
+                Some(tz) => crate::cron::parse_time_zone(tz).map_err(|_| ZONE)?,
                 None => crate::cron::Tz::UTC,
             },
         ),
         (None, Some(ms)) => ScheduleTiming::Every(ms),
-        _ => return None,
+        _ => return Err(ONE),
     };
-    Some(ScheduleRow {
-        name: r.try_get(0).ok()?,
-        tenant_id: r.try_get::<_, Option<&str>>(1).ok()?.map(Arc::from),
-        job_type: r.try_get(2).ok()?,
-        input: r.try_get::<_, JsonText>(3).ok()?.0,
-        timing,
-        anchor: r.try_get::<_, Ms>(6).ok()?.0,
-        next_fire_at: r.try_get::<_, Option<Ms>>(7).ok()?.map(|m| m.0),
-        last_fired_at: r.try_get::<_, Option<Ms>>(8).ok()?.map(|m| m.0),
-        last_run_id: r.try_get(9).ok()?,
-        last_error: r.try_get(10).ok()?,
-        created_at: r.try_get::<_, Ms>(11).ok()?.0,
-        updated_at: r.try_get::<_, Ms>(12).ok()?.0,
-    })
-}
-
-/// Why `schedule_from_row` could not read a row, naming the column (a
-/// timezone edited by hand reads as a bad cron otherwise).
-fn unreadable_schedule(r: &Row) -> &'static str {
-    let cron = r.try_get::<_, Option<&str>>(4);
-    let every = r.try_get::<_, Option<i64>>(5);
-    match (cron, every) {
-        (Ok(Some(c)), Ok(None)) if c.parse::<crate::cron::CronSchedule>().is_err() => {
-            "this schedule's row could not be read (its cron); it no longer fires"
-        }
-        (Ok(Some(_)), Ok(None))
-            if r
-                .try_get::<_, Option<&str>>(13)
-                .ok()
-                .flatten()
-                .is_some_and(|tz| crate::cron::parse_time_zone(tz).is_err()) =>
-        {
-            "this schedule's row could not be read (its timezone); it no longer fires"
-        }
-        (Ok(Some(_)), Ok(Some(_))) | (Ok(None), Ok(None)) => {
-            "this schedule's row could not be read (it needs exactly one of cron and every_ms); it no longer fires"
-        }
-        (Err(_), _) | (_, Err(_)) => {
-            "this schedule's row could not be read (cron or every_ms); it no longer fires"
-        }
-        _ => "this schedule's row could not be read (its input or times); it no longer fires",
-    }
+    let rest = || -> Option<ScheduleRow> {
+        Some(ScheduleRow {
+            name: r.try_get(0).ok()?,
+            tenant_id: r.try_get::<_, Option<&str>>(1).ok()?.map(Arc::from),
+            job_type: r.try_get(2).ok()?,
+            input: r.try_get::<_, JsonText>(3).ok()?.0,
+            timing,
+            anchor: r.try_get::<_, Ms>(6).ok()?.0,
+            next_fire_at: r.try_get::<_, Option<Ms>>(7).ok()?.map(|m| m.0),
+            last_fired_at: r.try_get::<_, Option<Ms>>(8).ok()?.map(|m| m.0),
+            last_run_id: r.try_get(9).ok()?,
+            last_error: r.try_get(10).ok()?,
+            created_at: r.try_get::<_, Ms>(11).ok()?.0,
+            updated_at: r.try_get::<_, Ms>(12).ok()?.0,
+        })
+    };
+    rest().ok_or(REST)
 }
 
 /// The running transaction's id, `NULL` when it has none (it wrote and
@@ -3163,16 +3151,15 @@ impl StoreTx for PgTx<'_> {
         let rows = self.query(SQL_DUE_SCHEDULES, &[&Ms(now), &limit], None);
         let mut out = Vec::with_capacity(rows.len());
         for r in &rows {
-            match schedule_from_row(r) {
-                Some(s) => out.push(s),
-                None => {
+            match read_schedule(r) {
+                Ok(s) => out.push(s),
+                Err(why) => {
                     // A row this version cannot read (edited by hand, say):
                     // stop it firing, and say why, rather than find it due
                     // on every pass.
                     let name: Option<&str> = r.try_get(0).ok();
                     let tenant: Option<&str> = r.try_get(1).ok().flatten();
                     if let Some(name) = name {
-                        let why = unreadable_schedule(r);
                         self.query(
                             SQL_PARK_SCHEDULE,
                             &[&tenant, &name, &why],

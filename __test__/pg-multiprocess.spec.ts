@@ -15,6 +15,8 @@ import test from 'ava';
 import type { ExecutionContext } from 'ava';
 import { fork, spawnSync } from 'node:child_process';
 import type { ChildProcess } from 'node:child_process';
+import * as fs from 'node:fs';
+import * as net from 'node:net';
 import * as path from 'node:path';
 import { performance } from 'node:perf_hooks';
 import { JobOrchestrator } from '../dist';
@@ -899,14 +901,40 @@ postgresOnly('multiprocess: starts racing from 3 processes — one run per dedup
  * `pg_createcluster` as root, on a free port, dropped at teardown. `null`
  * (with the reason) where that cannot be done.
  */
-function crashableCluster(): { why: string } | { version: string; name: string; port: number } {
+function crashableCluster(): { why: string } | { version: string; name: string } {
   if (process.getuid?.() !== 0) return { why: 'needs root (pg_createcluster / pg_ctlcluster)' };
   const which = spawnSync('sh', ['-c', 'command -v pg_createcluster && ls /usr/lib/postgresql'], { encoding: 'utf8' });
   if (which.status !== 0) return { why: "needs Debian's postgresql-common (pg_createcluster)" };
   const versions = which.stdout.split('\n').slice(1).filter((v) => /^\d+$/.test(v.trim()));
   if (versions.length === 0) return { why: 'no PostgreSQL server installed under /usr/lib/postgresql' };
   const version = versions.sort((a, b) => Number(b) - Number(a))[0]!.trim();
-  return { version, name: `jf_crash_${process.pid}`, port: 20000 + (process.pid % 20000) };
+  return { version, name: `jf_crash_${process.pid}` };
+}
+
+/**
+ * Ports for the cluster, below the kernel's ephemeral range: a port inside
+ * it can be the local end of any outgoing connection (this suite's own, to
+ * the main server), and the cluster then fails to bind (seen in CI).
+ */
+function clusterPorts(): number[] {
+  let low = 32768;
+  try {
+    low = Number(fs.readFileSync('/proc/sys/net/ipv4/ip_local_port_range', 'utf8').trim().split(/\s+/)[0]) || low;
+  } catch {
+    // not Linux: the default range
+  }
+  const from = Math.min(20000, Math.max(1100, low - 12000));
+  const span = Math.max(1, low - from);
+  return Array.from({ length: 8 }, (_, k) => from + ((process.pid + k * 7919) % span));
+}
+
+/** Whether a server could listen on 127.0.0.1:port now. */
+function portFree(port: number): Promise<boolean> {
+  return new Promise((resolve) => {
+    const s = net.createServer();
+    s.once('error', () => resolve(false));
+    s.listen(port, '127.0.0.1', () => s.close(() => resolve(true)));
+  });
 }
 
 function sh(cmd: string, args: string[]): void {
@@ -923,11 +951,25 @@ if ('why' in crash) {
   async (t) => {
     if ('why' in crash) return;
     t.timeout(110_000);
-    const { version, name, port } = crash;
+    const { version, name } = crash;
     t.teardown(() => {
       spawnSync('pg_dropcluster', [version, name, '--stop']);
     });
-    sh('pg_createcluster', [version, name, '-p', String(port), '--start', '--', '--auth=trust']);
+    let port = 0;
+    let lastError: unknown = null;
+    for (const candidate of clusterPorts()) {
+      if (!(await portFree(candidate))) continue;
+      try {
+        sh('pg_createcluster', [version, name, '-p', String(candidate), '--start', '--', '--auth=trust']);
+        port = candidate;
+        break;
+      } catch (e) {
+        // Taken between the check and the server's bind: another port.
+        lastError = e;
+        spawnSync('pg_dropcluster', [version, name, '--stop']);
+      }
+    }
+    if (port === 0) throw lastError ?? new Error('no free port below the ephemeral range for the cluster');
     const url = `postgres://postgres@127.0.0.1:${port}/postgres`;
     const postgres = { url, schema: 'jf_crash', maxConnections: 4 };
     const o = new JobOrchestrator({ backend: 'postgres', postgres, loggerFactory: () => silentLogger });

@@ -1902,6 +1902,66 @@ fn an_invoked_childs_completion_resumes_its_waiting_parents() {
     );
 }
 
+/// On PostgreSQL too, a deduplicated child's `awaited_by` keeps only the
+/// waits still waiting for it: a canceled invoker and one whose wait
+/// passed its deadline are dropped as the next invoker's entry is stored.
+#[test]
+fn a_deduplicated_childs_stored_waiters_keep_only_the_waits_still_open() {
+    let Some((e, _)) = manual_engine("childprune") else {
+        return;
+    };
+    e.register(spec("parent")).unwrap();
+    e.register(DefinitionSpec {
+        dedupe_key: Some("one".to_owned()),
+        dedupe_window_ms: Some(3_600_000),
+        ..spec("child")
+    })
+    .unwrap();
+    let invoke = |timeout_ms: Option<i64>| WaitRequest::Child {
+        start: Box::new(StartRequest {
+            parent_close_policy: Some(ParentClosePolicy::Abandon),
+            pool: Some("kids".to_owned()),
+            ..req("child", "{}")
+        }),
+        timeout_ms,
+    };
+    let mut invokers = Vec::new();
+    for (i, timeout) in [None, Some(1_000), None, None].into_iter().enumerate() {
+        let pool = format!("p{i}");
+        e.start(StartRequest {
+            pool: Some(pool.clone()),
+            ..req("parent", "{}")
+        })
+        .unwrap();
+        let r = claim(&e, &pool);
+        assert!(matches!(
+            wait(&e, &r, "kid", invoke(timeout)),
+            WaitBegin::Open
+        ));
+        invokers.push(r.id);
+        if i == 0 {
+            e.cancel(&r.id.to_string(), true, &TenantArg::Missing)
+                .unwrap();
+        } else {
+            parked(&e, &r);
+        }
+        if i == 1 {
+            e.advance_time(1_001);
+        }
+    }
+    let step = e
+        .find_step(&TenantArg::Missing, &invokers[3].to_string(), "kid")
+        .unwrap()
+        .expect("the last invoker's wait");
+    let Some(WaitSpec::Child { child_run_id, .. }) = WaitSpec::of_step(&step) else {
+        panic!("a child wait: {step:?}");
+    };
+    let child = row_of(&e, &child_run_id);
+    assert!(!child.status.is_terminal());
+    let waiters: Vec<RunId> = child.awaited_by().iter().map(|(w, _)| *w).collect();
+    assert_eq!(waiters, vec![invokers[2], invokers[3]]);
+}
+
 /// An invoke answered by a live child (a dedupe hit) while that child's
 /// completion commits in another transaction: the invoke must see the end
 /// (and answer with it), not add its wait to a child that already ended,

@@ -441,3 +441,82 @@ fn a_claim_hands_out_the_runs_completed_steps_and_completes_its_sleeps_that_are_
     ));
     e.store().verify_indexes().unwrap();
 }
+
+/// A long-lived child that runs invoke through its dedupe key keeps, in
+/// `awaited_by`, only the waits that still wait for it: an invoker that
+/// ended, or whose wait passed its deadline, is dropped when the next
+/// invoker's entry is added (the list, and the deadlock walk over it on
+/// every later hit, no longer grow with every past invoker).
+#[test]
+fn a_deduplicated_childs_waiters_keep_only_the_waits_still_open() {
+    let e = engine();
+    register(&e, "p", None);
+    e.register_all(vec![DefinitionSpec {
+        job_type: "c".to_owned(),
+        dedupe_key: Some("one".to_owned()),
+        dedupe_window_ms: Some(3_600_000),
+        ..DefinitionSpec::default()
+    }])
+    .unwrap();
+    let invoke = |timeout_ms: Option<i64>| WaitRequest::Child {
+        start: Box::new(StartRequest {
+            job_type: "c".to_owned(),
+            input: raw("{}"),
+            // The child outlives its first invoker (which is canceled).
+            parent_close_policy: Some(ParentClosePolicy::Abandon),
+            // Out of the invokers' pool: each invoker's claim takes it.
+            pool: Some("kids".to_owned()),
+            ..StartRequest::default()
+        }),
+        timeout_ms,
+    };
+    // Four invokers of the same child, one at a time: the first is
+    // canceled, the second's wait passes its deadline, the third waits on.
+    let mut invokers = Vec::new();
+    for (i, timeout) in [None, Some(1_000), None, None].into_iter().enumerate() {
+        // A pool each: the resumed second invoker is not claimed again.
+        let pool = format!("p{i}");
+        e.start(StartRequest {
+            job_type: "p".to_owned(),
+            input: raw("{}"),
+            pool: Some(pool.clone()),
+            ..StartRequest::default()
+        })
+        .unwrap();
+        let r = e.claim_next(&pool).unwrap().expect("the invoker's claim");
+        let begin = e
+            .wait_begin(&r.id.to_string(), r.claim_epoch, "kid", invoke(timeout))
+            .unwrap();
+        assert!(matches!(begin, WaitBegin::Open), "{begin:?}");
+        invokers.push(r.id);
+        match i {
+            0 => e
+                .cancel(&r.id.to_string(), true, &TenantArg::Missing)
+                .unwrap(),
+            1 => {
+                e.finish_attempt(&r.id, r.claim_epoch, AttemptOutcome::Parked)
+                    .unwrap();
+                e.advance_time(1_001);
+            }
+            _ => {
+                e.finish_attempt(&r.id, r.claim_epoch, AttemptOutcome::Parked)
+                    .unwrap();
+            }
+        }
+    }
+    let step = e
+        .find_step(&TenantArg::Missing, &invokers[3].to_string(), "kid")
+        .unwrap()
+        .expect("the last invoker's wait");
+    let Some(WaitSpec::Child { child_run_id, .. }) = WaitSpec::of_step(&step) else {
+        panic!("a child wait: {step:?}");
+    };
+    let child = e
+        .find_by_id(&child_run_id.to_string(), &TenantArg::Missing)
+        .unwrap()
+        .expect("the child");
+    assert!(!child.status.is_terminal());
+    let waiters: Vec<RunId> = child.awaited_by().iter().map(|(w, _)| *w).collect();
+    assert_eq!(waiters, vec![invokers[2], invokers[3]]);
+    e.store().verify_indexes().unwrap();
+}

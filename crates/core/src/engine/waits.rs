@@ -299,6 +299,21 @@ impl<S: Store> Engine<S> {
                             .iter()
                             .any(|(r, s)| *r == id && **s == *step_id)
                     {
+                        // The entries no wait honours any more (their run
+                        // ended, their wait resolved or is past its
+                        // deadline) go as this one comes: a long-lived
+                        // child many runs invoke through its dedupe key
+                        // would otherwise keep every past invoker, and
+                        // `waits_on` walk them all. Staleness is final
+                        // (a waiter read here is locked until commit), so
+                        // an entry another transaction added meanwhile is
+                        // never among them.
+                        let stale: std::collections::HashSet<(RunId, Box<str>)> = child
+                            .awaited_by()
+                            .iter()
+                            .filter(|(w, s)| !waits_for_child(tx, w, s, child.id, now))
+                            .cloned()
+                            .collect();
                         // A live dedupe hit: its end must resolve this wait
                         // too. Decided on the row `update_run` holds, not on
                         // the dedupe read: a networked store reads that one
@@ -309,10 +324,12 @@ impl<S: Store> Engine<S> {
                         let (child_id, entry) = (child.id, (id, Box::<str>::from(step_id)));
                         tx.update_run(&child_id, &mut |r| {
                             if !r.status.is_terminal() {
-                                r.extras
-                                    .get_or_insert_with(Default::default)
-                                    .awaited_by
-                                    .push(entry.clone());
+                                let list =
+                                    &mut r.extras.get_or_insert_with(Default::default).awaited_by;
+                                if !stale.is_empty() {
+                                    list.retain(|e| !stale.contains(e));
+                                }
+                                list.push(entry.clone());
                             }
                             child = r.clone();
                         });
@@ -770,18 +787,12 @@ impl<S: Store> Engine<S> {
         fx: &mut Effects,
     ) {
         for (parent, step_id) in child.awaited_by() {
-            if tx.run(parent).is_none_or(|p| p.status.is_terminal()) {
+            if !waits_for_child(tx, parent, step_id, child.id, now) {
                 continue;
             }
             let Some(s) = tx.step(parent, step_id).cloned() else {
                 continue;
             };
-            let live = s.is_open_wait()
-                && matches!(WaitSpec::of_step(&s), Some(WaitSpec::Child { child_run_id, deadline, .. })
-                    if child_run_id == child.id && deadline.is_none_or(|d| d > now));
-            if !live {
-                continue;
-            }
             let (status, output) = child_result(child, step_id, parent);
             finish_wait(tx, s, status, output, now);
             self.wake_run(tx, (parent, "child", step_id), now, fx);
@@ -870,6 +881,26 @@ fn finish_wait<T: StoreTx>(
     tx.put_step(s);
 }
 
+/// Whether the wait `step_id` of `waiter` (an `awaited_by` entry of
+/// `child`) still waits for `child`'s end at `now`: the waiter live, the
+/// step an open invoke of `child`, its deadline not passed. The one test
+/// of an entry: `resolve_waiters` answers only these, `waits_on` follows
+/// only these, and the others are dropped when an entry is added.
+fn waits_for_child<T: StoreTx>(
+    tx: &T,
+    waiter: &RunId,
+    step_id: &str,
+    child: RunId,
+    now: Millis,
+) -> bool {
+    tx.run(waiter).is_some_and(|w| !w.status.is_terminal())
+        && tx.step(waiter, step_id).is_some_and(|s| {
+            s.is_open_wait()
+                && matches!(WaitSpec::of_step(s), Some(WaitSpec::Child { child_run_id, deadline, .. })
+                    if child_run_id == child && deadline.is_none_or(|d| d > now))
+        })
+}
+
 /// Whether `run` waits, through open invokes, for `target` at `now`:
 /// `target`'s end resolves a wait of `run`, or of a run whose end resolves
 /// one of `run`'s, and so on. Walks the runs waiting for `target`
@@ -883,14 +914,7 @@ pub(super) fn waits_on<T: StoreTx>(tx: &T, run: RunId, target: RunId, now: Milli
     while let Some(awaited) = next.pop() {
         let Some(r) = tx.run(&awaited) else { continue };
         for (waiter, step_id) in r.awaited_by() {
-            let live = tx.run(waiter).is_some_and(|w| !w.status.is_terminal());
-            let open = live
-                && tx.step(waiter, step_id).is_some_and(|s| {
-                    s.is_open_wait()
-                        && matches!(WaitSpec::of_step(s), Some(WaitSpec::Child { child_run_id, deadline, .. })
-                            if child_run_id == awaited && deadline.is_none_or(|d| d > now))
-                });
-            if !open || !seen.insert(*waiter) {
+            if !waits_for_child(tx, waiter, step_id, awaited, now) || !seen.insert(*waiter) {
                 continue;
             }
             if *waiter == run {

@@ -611,6 +611,10 @@ test('constructor options that are malformed: JobInputInvalidError', (t) => {
   for (const opts of [{ clock: 'wall' }, { clock: 5 }, 'manual', 5]) {
     t.throws(() => new JobOrchestrator(opts as never), { instanceOf: JobInputInvalidError }, JSON.stringify(opts));
   }
+  // Refused by the engine itself: the same typed error, not its coded text.
+  for (const retention of [{ completedMs: -5 }, { failedMs: -1 }]) {
+    t.throws(() => new JobOrchestrator({ retention }), { instanceOf: JobInputInvalidError, message: /retention/ }, JSON.stringify(retention));
+  }
 });
 
 // Runs cross between the engine and JS one per line: a line break in a job

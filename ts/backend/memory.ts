@@ -71,17 +71,23 @@ export class MemoryBackend extends NativeBackend implements Backend {
 
   constructor(o: MemoryOptions, sink: NoticeSink) {
     const ref: { backend?: WeakRef<NativeBackend> } = {};
-    const native = new NativeEngine(
-      {
-        store: 'memory',
-        multiTenant: o.multiTenant,
-        clock: o.clock,
-        retainCompletedMs: o.retention?.completedMs,
-        retainFailedMs: o.retention?.failedMs,
-        timeline: o.timeline,
-      },
-      noticeCallback(ref),
-    );
+    let native: NativeEngine;
+    try {
+      native = new NativeEngine(
+        {
+          store: 'memory',
+          multiTenant: o.multiTenant,
+          clock: o.clock,
+          retainCompletedMs: o.retention?.completedMs,
+          retainFailedMs: o.retention?.failedMs,
+          timeline: o.timeline,
+        },
+        noticeCallback(ref),
+      );
+    } catch (e) {
+      // The engine refuses bad options (a negative retention) with a coded error.
+      throw decodeNativeError(e);
+    }
     super(native, sink);
     ref.backend = new WeakRef(this);
     this.multiTenant = o.multiTenant;

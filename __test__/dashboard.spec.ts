@@ -76,6 +76,9 @@ forBackends('dashboard: overview, runs filtered by status, and a failed run with
   t.false(detail.body.includes('name="csrf"'), 'no action forms when read-only');
   t.is((await get(`${base}/runs/00000000-0000-4000-8000-000000000000`)).status, 404);
   t.is((await get(`${base}/nowhere`)).status, 404);
+  // A malformed %-escape is the client's error, not a 500.
+  t.is((await get(`${base}/runs/%`)).status, 400);
+  t.is((await get(`${base}/runs/%E0%A4%A`)).status, 400);
   const refused = await post(`${base}/runs/${bad.id}/replay`, { csrf: 'x' });
   t.is(refused.status, 403, 'no actions without authorize');
 });
@@ -117,6 +120,11 @@ test('dashboard: with authorize, cancel from the page needs its token and the sa
   t.true(asked.includes('read') && asked.includes('cancel'));
   t.is((await post(`${base}/runs/${run.id}/replay`, { csrf: csrfOf(after.body) })).status, 403, 'no Origin nor Referer');
   t.is((await post(`${base}/runs/${run.id}/replay`, { csrf: csrfOf(after.body) }, { referer: `${base}/runs/${run.id}` })).status, 303);
+  t.is((await o.getRun(run.id))?.status, 'pending');
+  // The same form sent again (a double submit, a stale page): the run is
+  // no longer terminal, a conflict (409), not a server error.
+  t.is((await post(`${base}/runs/${run.id}/replay`, { csrf: csrfOf(after.body) }, { origin: base })).status, 409);
+  t.is((await post(`${base}/runs/%/cancel`, { csrf: csrfOf(after.body) }, { origin: base })).status, 400);
   t.is((await o.getRun(run.id))?.status, 'pending');
 });
 

@@ -466,7 +466,7 @@ ${list.map((s) => html`<tr><td>${s.name}</td><td>${s.jobType}</td><td>${s.cron ?
     const runAction = /^\/runs\/([^/]+)\/(cancel|replay|signal|resume)$/.exec(path);
     if (runAction) {
       if (req.method !== 'POST') throw new HttpError(405, 'use POST');
-      await act(req, res, url, decodeURIComponent(runAction[1]!), runAction[2] as RunAction);
+      await act(req, res, url, pathSegment(runAction[1]!), runAction[2] as RunAction);
       return true;
     }
     const known = path === '/' || path === '/runs' || path === '/schedules' || path === '/events' || path === '/assets/live.js' || /^\/runs\/[^/]+$/.test(path);
@@ -491,7 +491,7 @@ ${list.map((s) => html`<tr><td>${s.name}</td><td>${s.jobType}</td><td>${s.cron ?
       if (path === '/') body = await overview(a);
       else if (path === '/runs') body = await runs(a, url);
       else if (path === '/schedules') body = await schedules(a);
-      else body = await run(a, decodeURIComponent(runPage![1]!), url);
+      else body = await run(a, pathSegment(runPage![1]!), url);
     }
     if (body === null) return false;
     send(res, 200, body);
@@ -525,7 +525,7 @@ ${list.map((s) => html`<tr><td>${s.name}</td><td>${s.jobType}</td><td>${s.cron ?
               ? 404
               : codeOf === 'JOB_INPUT_INVALID' || codeOf === 'MISSING_TENANT_ID' || codeOf === 'JOB_RESUME_TOKEN'
                 ? 400
-                : codeOf === 'JOB_RUN_STATE'
+                : codeOf === 'JOB_RUN_STATE' || codeOf === 'JOB_NOT_REPLAYABLE'
                   ? 409
                   : 500;
         const message = e instanceof Error ? e.message : String(e);
@@ -533,6 +533,15 @@ ${list.map((s) => html`<tr><td>${s.name}</td><td>${s.jobType}</td><td>${s.cron ?
       },
     );
   };
+}
+
+/** A run id from the path: a malformed %-escape is the client's error (400), not the server's. */
+function pathSegment(raw: string): string {
+  try {
+    return decodeURIComponent(raw);
+  } catch {
+    throw new HttpError(400, 'malformed %-escape in the path');
+  }
 }
 
 /** The signal names a run's open `waitForSignal` steps wait for, in step order, each once. */

@@ -1445,6 +1445,38 @@ forBackends('recordStep: a value or step id the store cannot hold (NUL on Postgr
   else t.is((await o.listSteps(r.id)).length, 2);
 });
 
+// A filter holding a text no run can hold (NUL, which PostgreSQL cannot
+// store) names no run: the query matches nothing, as an unknown id does,
+// instead of a JobStoreError from the server refusing the text.
+forBackends('queries and scope operations whose filter holds a NUL match nothing (no store error); nothing changes', async (t, make) => {
+  for (const multiTenant of [false, true]) {
+    const o = await make.manual({ multiTenant });
+    o.registerHandler('q.ok', {}, ok);
+    const T = multiTenant ? { tenantId: 't' } : {};
+    const N = 'a\u0000b';
+    const r = await o.start('q.ok', {}, { ...T, scope: { entityType: 'E', entityId: '1' } });
+    const empty = { items: [], nextCursor: null };
+    t.deepEqual(await o.listJobRuns({ ...T, poolId: N }), empty);
+    t.deepEqual(await o.listJobRuns({ ...T, jobType: N }), empty);
+    t.deepEqual(await o.listJobRuns({ ...T, scopeEntityType: N, scopeEntityId: '1' }), empty);
+    t.deepEqual(await o.listJobRuns({ ...T, scopeEntityType: 'E', scopeEntityId: N }), empty);
+    t.deepEqual(await o.listForScope(N, '1', T), []);
+    t.deepEqual(await o.listForScope('E', '1', { ...T, jobType: N }), []);
+    t.is(await o.findStep(r.id, N, T), null);
+    t.is(await o.cancelForScope(N, '1', T), 0);
+    t.is(await o.rescheduleForScope('E', N, new Date(Date.now() + 60_000), T), 0);
+    if (multiTenant) {
+      t.deepEqual(await o.listJobRuns({ tenantId: N }), empty);
+      t.deepEqual(await o.countByPoolAndStatus(N), []);
+      t.is(await o.countRuns(N), 0);
+      t.deepEqual(await o.listRecentFailed(10, N), []);
+    }
+    const after = await o.findById(r.id, T);
+    t.is(after?.status, 'pending', 'nothing canceled');
+    t.deepEqual(after?.runAt, r.runAt, 'nothing rescheduled');
+  }
+});
+
 // ─── tenant gate and isolation ──────────────────────────────────────────────
 
 test('tenant gate: every query throws MissingTenantIdError {method} for an undefined tenant in multi-tenant mode', async (t) => {

@@ -129,6 +129,9 @@ impl<S: Store> Engine<S> {
     ) -> Result<u32> {
         let filter = self.gate("cancelForScope", tenant)?;
         let t = filter.flatten();
+        if self.names_nothing([t.as_deref(), Some(entity_type), Some(entity_id)]) {
+            return Ok(0);
+        }
         let now = self.now();
         let mut fx = Effects::default();
         let n = self.write(|tx| {
@@ -163,6 +166,9 @@ impl<S: Store> Engine<S> {
     ) -> Result<u32> {
         let filter = self.gate("rescheduleForScope", tenant)?;
         let t = filter.flatten();
+        if self.names_nothing([t.as_deref(), Some(entity_type), Some(entity_id)]) {
+            return Ok(0);
+        }
         let now = self.now();
         let run_at = clamp_time(run_at);
         let n = self.write(|tx| {

@@ -388,6 +388,17 @@ impl<S: Store> Engine<S> {
         }
     }
 
+    /// Whether one of a query's texts is one the store cannot hold (a NUL
+    /// on PostgreSQL): then no row has it, and the query matches nothing
+    /// (as an unknown id does) instead of sending the server a text it
+    /// refuses with an error.
+    fn names_nothing<'a>(&self, texts: impl IntoIterator<Item = Option<&'a str>>) -> bool {
+        texts
+            .into_iter()
+            .flatten()
+            .any(|t| self.store.text_problem(t).is_some())
+    }
+
     fn visible(filter: &Option<Option<String>>, row: &RunRow) -> bool {
         match filter {
             None => true,

@@ -117,6 +117,9 @@ impl<S: Store> Engine<S> {
         let Some(id) = parse_run_id(run_id) else {
             return Ok(None);
         };
+        if self.names_nothing([Some(step_id)]) {
+            return Ok(None);
+        }
         self.read(|tx| match tx.run(&id) {
             Some(r) if Self::visible(&filter, r) => Ok(tx.step(&id, step_id).cloned()),
             _ => Ok(None),
@@ -133,6 +136,14 @@ impl<S: Store> Engine<S> {
     ) -> Result<Vec<RunRow>> {
         let filter = self.gate("listForScope", tenant)?;
         let t = filter.flatten();
+        if self.names_nothing([
+            t.as_deref(),
+            Some(entity_type),
+            Some(entity_id),
+            q.job_type.as_deref(),
+        ]) {
+            return Ok(Vec::new());
+        }
         self.read(|tx| {
             // The scope's runs in created order (oldest first).
             let mut ids = tx.scope_runs(t.as_deref(), entity_type, entity_id);
@@ -170,6 +181,9 @@ impl<S: Store> Engine<S> {
     ) -> Result<Vec<(Arc<str>, RunStatus, u64)>> {
         let filter = self.gate("countByPoolAndStatus", tenant)?;
         let t = filter.flatten();
+        if self.names_nothing([t.as_deref()]) {
+            return Ok(Vec::new());
+        }
         self.read(|tx| Ok(tx.status_counts(t.as_deref())))
     }
 
@@ -185,6 +199,9 @@ impl<S: Store> Engine<S> {
         let t = filter.flatten();
         let minutes = i64::from(minutes.clamp(1, 60));
         let since = (self.now().div_euclid(60_000) - (minutes - 1)) * 60_000;
+        if self.names_nothing([t.as_deref()]) {
+            return Ok((since, Vec::new()));
+        }
         self.read(|tx| Ok((since, tx.ended_per_minute(t.as_deref(), since))))
     }
 
@@ -201,6 +218,9 @@ impl<S: Store> Engine<S> {
     pub fn count_runs(&self, tenant: &TenantArg) -> Result<u64> {
         let filter = self.gate("countRuns", tenant)?;
         let t = filter.flatten();
+        if self.names_nothing([t.as_deref()]) {
+            return Ok(0);
+        }
         self.read(|tx| Ok(tx.status_counts(t.as_deref()).iter().map(|c| c.2).sum()))
     }
 
@@ -208,6 +228,9 @@ impl<S: Store> Engine<S> {
     pub fn list_recent_failed(&self, tenant: &TenantArg, limit: usize) -> Result<Vec<RunRow>> {
         let filter = self.gate("listRecentFailed", tenant)?;
         let t = filter.flatten();
+        if self.names_nothing([t.as_deref()]) {
+            return Ok(Vec::new());
+        }
         self.read(|tx| {
             Ok(tx
                 .recent_failed(t.as_deref(), limit)
@@ -249,6 +272,18 @@ impl<S: Store> Engine<S> {
             },
             None => None,
         };
+        let (scope_type, scope_id) = q.scope.as_ref().map_or((None, None), |(et, eid)| {
+            (Some(et.as_str()), Some(eid.as_str()))
+        });
+        if self.names_nothing([
+            t.as_deref(),
+            q.pool.as_deref(),
+            q.job_type.as_deref(),
+            scope_type,
+            scope_id,
+        ]) {
+            return Ok((Vec::new(), None));
+        }
         // A status named twice would page its index twice.
         let statuses = q.statuses.as_ref().map(|s| {
             let mut s = s.clone();

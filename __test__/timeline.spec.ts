@@ -136,6 +136,24 @@ forBackends('timeline: a cancel names its cause, and a cascade the run that did 
   t.deepEqual((await all(o, first.id))[1]!.data, { reason: 'replaced', byRunId: second.id });
 });
 
+// The cascade cancels the child first: its end must not resolve (and so
+// resume) the invoke wait of the parent it is about to cancel too.
+forBackends('timeline: canceling a run parked on ctx.invoke cancels it without resuming it first', async (t, make) => {
+  const o = await make.manual();
+  o.registerHandler('tl.kid', {}, async () => 1);
+  o.registerHandler('tl.inv', {}, async (ctx: JobContext<unknown>) => ctx.invoke('i', 'tl.kid', {}));
+  const parent = await o.start('tl.inv', {});
+  await tick(o, parent.id);
+  t.is((await o.getRun(parent.id))?.status, 'waiting');
+  await o.cancel(parent.id);
+  t.deepEqual(kinds(await all(o, parent.id)), ['created@0', 'started@1', 'waiting@1', 'canceled@1']);
+  const wait = (await o.listSteps(parent.id)).find((s) => s.stepId === 'i');
+  t.not(wait?.status, 'failed', 'the wait is not failed with the child\'s cancel');
+  t.is(wait?.error ?? null, null);
+  t.is((await o.getRunTree(parent.id))?.children[0]?.run.status, 'canceled');
+  t.is((await o.getRun(parent.id))?.status, 'canceled');
+});
+
 forBackends('timeline: the worker path records claims and outcomes', async (t, make) => {
   const o = await make.system();
   o.registerHandler('tl.work', {}, async (ctx: JobContext<unknown>) => {

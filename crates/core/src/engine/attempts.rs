@@ -391,7 +391,7 @@ impl<S: Store> Engine<S> {
                     // Invoke waits on this run resolve with its output.
                     if let Some(r) = out.as_ref().or(awaited.as_ref()) {
                         if !r.awaited_by().is_empty() {
-                            self.resolve_waiters(tx, r, now, fx);
+                            self.resolve_waiters(tx, r, now, fx, None);
                         }
                     }
                     // Other processes' listeners hear of it whoever listens
@@ -502,7 +502,7 @@ impl<S: Store> Engine<S> {
                     fx.transitions.extend(out.clone());
                 }
                 if let Some(r) = out.as_ref().filter(|r| !r.awaited_by().is_empty()) {
-                    self.resolve_waiters(tx, r, now, fx);
+                    self.resolve_waiters(tx, r, now, fx, None);
                 }
                 // A failed run takes its descendants down (not itself again).
                 self.cancel_tree(

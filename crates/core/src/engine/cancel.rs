@@ -71,6 +71,13 @@ impl<S: Store> Engine<S> {
         } else {
             order.push(root);
         }
+        // The runs this cascade cancels: a wait of one of them on another
+        // is not resolved (its run does not resume; it is canceled next).
+        let doomed: std::collections::HashSet<RunId> = order
+            .iter()
+            .filter(|id| include_root || **id != root)
+            .copied()
+            .collect();
         for id in order.into_iter().rev() {
             if id == root && !include_root {
                 continue;
@@ -111,7 +118,7 @@ impl<S: Store> Engine<S> {
             // Invoke waits on it fail (their runs resume), unless the
             // waiting run is being canceled in this same cascade.
             if let Some(r) = awaited {
-                self.resolve_waiters(tx, &r, now, fx);
+                self.resolve_waiters(tx, &r, now, fx, Some(&doomed));
             }
         }
     }

@@ -777,17 +777,21 @@ impl<S: Store> Engine<S> {
     }
 
     /// A run ended: the invoke waits on it resolve (with its output, or
-    /// failing with `JobChildFailedError`), and their runs resume.
-    /// O(waiters) — nothing for a run nobody waits on.
+    /// failing with `JobChildFailedError`), and their runs resume; except
+    /// the waits of runs in `spared` (a cancel's cascade, which ends them
+    /// next). O(waiters) — nothing for a run nobody waits on.
     pub(super) fn resolve_waiters(
         &self,
         tx: &mut S::Tx<'_>,
         child: &RunRow,
         now: Millis,
         fx: &mut Effects,
+        spared: Option<&std::collections::HashSet<RunId>>,
     ) {
         for (parent, step_id) in child.awaited_by() {
-            if !waits_for_child(tx, parent, step_id, child.id, now) {
+            if spared.is_some_and(|d| d.contains(parent))
+                || !waits_for_child(tx, parent, step_id, child.id, now)
+            {
                 continue;
             }
             let Some(s) = tx.step(parent, step_id).cloned() else {

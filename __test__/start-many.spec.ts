@@ -198,6 +198,45 @@ forBackends('startMany honours the tenant gate per entry', async (t, make) => {
   t.is(await o.findById(a!.id, { tenantId: 'b' }), null);
 });
 
+// An earlier entry's `replace` cancels a run in the batch's transaction:
+// a later entry must see it canceled. On PostgreSQL the dedupe and lane
+// reads went to the table before the cancel was written, so the second
+// start answered with the canceled run (nothing created), and a `reject`
+// named the canceled run as its incumbent. Each as a batch and as starts
+// made in one turn of the event loop (which PostgreSQL groups).
+forBackends('startMany and grouped starts: a run an earlier start replaced is no dedupe hit and no incumbent', async (t, make) => {
+  const o = await make.manual();
+  const done = async () => undefined;
+  o.registerHandler('sm.E', { dedupe: { key: 'x', windowMs: 10_000 }, concurrency: { key: 'L', collisionMode: 'queue' } }, done);
+  o.registerHandler('sm.D', { concurrency: { key: 'L', collisionMode: 'replace' } }, done);
+  o.registerHandler('sm.A', { concurrency: { key: 'L', collisionMode: 'reject' } }, done);
+  for (const grouped of [false, true]) {
+    const e1 = await o.start('sm.E', { n: 1 });
+    const pair = grouped
+      ? await Promise.all([o.start('sm.D', { n: 2 }), o.start('sm.E', { n: 3 })])
+      : await o.startMany([
+          { type: 'sm.D', input: { n: 2 } },
+          { type: 'sm.E', input: { n: 3 } },
+        ]);
+    t.is((await o.findById(e1.id))?.status, 'canceled', 'replaced');
+    t.not(pair[1].id, e1.id, 'the canceled run is no dedupe hit');
+    t.deepEqual([pair[1].input, pair[1].status], [{ n: 3 }, 'pending']);
+    t.is((await o.findById(pair[1].id))?.status, 'pending', 'created');
+    const refused = await (grouped
+      ? Promise.all([o.start('sm.D', { n: 4 }), o.start('sm.A', { n: 5 }).catch((e: unknown) => e)]).then((r) => r[1])
+      : o.startMany([
+          { type: 'sm.D', input: { n: 4 } },
+          { type: 'sm.A', input: { n: 5 } },
+        ]).catch((e: unknown) => e));
+    t.true(refused instanceof JobCollisionError, String(refused));
+    const incumbent = (refused as JobCollisionError).incumbent as JobRun | undefined;
+    t.is(incumbent?.status, 'pending', 'the incumbent is a live run of the lane');
+    t.not(incumbent?.id, pair[0].id, 'not the run the batch\'s replace canceled');
+    // The next round starts with an empty lane.
+    for (const r of (await o.listJobRuns({ limit: 500 })).items) if (r.status === 'pending') await o.cancel(r.runId);
+  }
+});
+
 forBackends('startMany: a batch joins a lane in entry order behind a running run', async (t, make) => {
   const o = await make.manual();
   register(o);

@@ -1256,7 +1256,7 @@ impl PgStore {
             runs: FrozenMap::new(),
             locked: RefCell::new(HashSet::new()),
             steps: FrozenMap::new(),
-            dirty: Vec::new(),
+            dirty: RefCell::new(Vec::new()),
             claim_queue: VecDeque::new(),
             claim_hint: 1,
             notify: false,
@@ -1982,7 +1982,7 @@ pub struct PgTx<'a> {
     locked: RefCell<HashSet<RunId>>,
     steps: FrozenMap<(RunId, String), Box<Option<StepRow>>>,
     /// Rows changed in the cache and not yet written.
-    dirty: Vec<RunId>,
+    dirty: RefCell<Vec<RunId>>,
     /// Locked claim candidates not yet handed out.
     claim_queue: VecDeque<RunId>,
     claim_hint: usize,
@@ -2303,12 +2303,12 @@ impl PgTx<'_> {
 
     /// Writes changed rows (before any query that could see them, and at
     /// commit), after the unwritten inserts (a changed row may be one).
-    fn flush(&mut self) {
+    fn flush(&self) {
         self.write_inserts();
-        if self.dirty.is_empty() {
+        if self.dirty.borrow().is_empty() {
             return;
         }
-        let dirty = std::mem::take(&mut self.dirty);
+        let dirty = std::mem::take(&mut *self.dirty.borrow_mut());
         if dirty.len() > 1 {
             self.flush_many(&dirty);
             return;
@@ -2586,8 +2586,11 @@ impl StoreTx for PgTx<'_> {
         if wakes {
             self.notify = true;
         }
-        if !self.dirty.contains(id) {
-            self.dirty.push(*id);
+        {
+            let mut dirty = self.dirty.borrow_mut();
+            if !dirty.contains(id) {
+                dirty.push(*id);
+            }
         }
         // A run rejoining its lane gets its position under the lane lock,
         // so positions are handed out in commit order across processes.
@@ -2651,6 +2654,10 @@ impl StoreTx for PgTx<'_> {
             let k = lock_key(b'd', tenant, job_type, dedupe_key);
             self.exec(SQL_LOCK, &[&k]);
         }
+        // The changes of this transaction first: a run an earlier start of
+        // a group canceled (a `replace`) is no dedupe hit, though the
+        // table still says it is live until they are written.
+        self.flush();
         let rows = self.query(
             SQL_DEDUPE,
             &[&tenant, &job_type, &dedupe_key, &Ms(created_after)],
@@ -2666,6 +2673,9 @@ impl StoreTx for PgTx<'_> {
             self.exec(SQL_LOCK, &[&k]);
             self.seq_after_lock.set(true);
         }
+        // As in `find_dedupe`: a run canceled earlier in this transaction
+        // has left the lane (it is no incumbent).
+        self.flush();
         let rows = self.query(SQL_LANE, &[&tenant, &key], Self::tenant_null(tenant));
         rows.iter()
             .filter_map(|r| r.try_get::<_, Uuid>(0).ok())

@@ -127,6 +127,40 @@ postgresOnly('notifications reach another orchestrator at once: an idle worker w
   t.true(abortedAt - c0 < 1_000, `the handler's signal fired ${abortedAt - c0} ms after the cancel`);
 });
 
+// A rolling deploy, or an API process beside workers with more handlers:
+// processes sharing the tables register different job types. A worker
+// takes only runs of the types its process registered (with handlers);
+// it used to claim the others and fail them ("No handler registered").
+postgresOnly('a worker claims only runs of the job types its process registered; the others wait for a process that has them', async (t, make) => {
+  const [a, b] = await pair(t, make);
+  a.registerHandler('old.x', {}, async () => 'a');
+  b.registerHandler('old.x', {}, async () => 'b');
+  b.registerHandler('new.x', {}, async () => 'b');
+  // a's worker is idle first: before the fix it took every run it saw.
+  const wa = a.startWorker({ pools: { batch: { concurrency: 4 } } });
+  t.teardown(() => wa.stop());
+  await sleep(200);
+  const runs = [];
+  for (let i = 0; i < 20; i++) runs.push(await b.start('new.x', { i }));
+  await sleep(500);
+  t.deepEqual(
+    (await b.countByPoolAndStatus()).filter((c) => c.count > 0),
+    [{ pool: 'batch', status: 'pending', count: 20 }],
+    "a's worker left them pending",
+  );
+  const wb = b.startWorker({ pools: { batch: { concurrency: 4 } } });
+  for (const r of runs) {
+    const done = await b.waitForRun(r.id, { timeoutMs: 10_000 });
+    t.deepEqual([done.status, done.output], ['completed', 'b']);
+  }
+  await wb.stop();
+  // Registered later, a type is served from then on.
+  a.registerHandler('new.x', {}, async () => 'a');
+  const late = await b.start('new.x', { late: true });
+  const done = await b.waitForRun(late.id, { timeoutMs: 10_000 });
+  t.deepEqual([done.status, done.output], ['completed', 'a']);
+});
+
 postgresOnly('waitForRun resolves for a run another orchestrator executes', async (t, make) => {
   const [a, b] = await pair(t, make);
   a.registerHandler('work', {}, async (ctx) => ({ doubled: (ctx.input as { n: number }).n * 2 }));

@@ -154,6 +154,7 @@ impl<S: Store> Engine<S> {
         now: Millis,
         out: &mut Vec<AttemptTicket>,
     ) {
+        self.claim_only_served(tx);
         tx.expect_claims(max);
         for _ in 0..max {
             let Some(id) = tx.next_claimable(pool, now) else {
@@ -660,7 +661,25 @@ impl<S: Store> Engine<S> {
     /// is due already, `None` if none is waiting. O(log n).
     pub fn next_due(&self, pool: &str) -> Option<Millis> {
         let now = self.now();
-        self.read(|tx| Ok(tx.next_due(pool, now))).ok().flatten()
+        self.read(|tx| {
+            self.claim_only_served(tx);
+            Ok(tx.next_due(pool, now))
+        })
+        .ok()
+        .flatten()
+    }
+
+    /// A worker's claims, in a store processes share, take only the job
+    /// types registered here: a run of another type is left for a process
+    /// that has its handler (it used to be failed here, "No handler
+    /// registered", during a rolling deploy or beside an API process
+    /// with fewer handlers). `claim_next` is not limited: its caller asked.
+    fn claim_only_served(&self, tx: &mut S::Tx<'_>) {
+        if self.store.shared_by_processes() {
+            if let Ok(served) = self.served.read() {
+                tx.claim_only(&served);
+            }
+        }
     }
 
     /// The outcome as the store will keep it, before it is applied: an

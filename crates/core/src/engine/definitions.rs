@@ -39,9 +39,11 @@ impl<S: Store> Engine<S> {
     /// The definitions `register_all` would store, checked and built but not
     /// stored: a networked store's caller answers at once and writes them
     /// in the background. One bad spec fails them all.
+    /// Every registration in this process passes here (`register_all`
+    /// too): its types are the ones this process's worker serves.
     pub fn validate_definitions(&self, specs: Vec<DefinitionSpec>) -> Result<Vec<JobDefinition>> {
         let now = self.now();
-        specs
+        let defs = specs
             .into_iter()
             .map(|s| {
                 let job_type = s.job_type.clone();
@@ -56,7 +58,15 @@ impl<S: Store> Engine<S> {
                     e => e,
                 })
             })
-            .collect()
+            .collect::<Result<Vec<_>>>()?;
+        if let Ok(mut served) = self.served.write() {
+            for d in &defs {
+                if !served.iter().any(|t| **t == *d.job_type) {
+                    served.push(Box::from(&*d.job_type));
+                }
+            }
+        }
+        Ok(defs)
     }
 
     fn validate_spec(spec: DefinitionSpec, now: Millis) -> Result<JobDefinition> {

@@ -141,6 +141,9 @@ pub struct Engine<S: Store> {
     /// looking right now). A run parking with an earlier deadline wakes it;
     /// a later one costs the timer nothing (100k parks are not 100k wake-ups).
     timer_at: std::sync::atomic::AtomicI64,
+    /// The job types registered in this process, each with its handler:
+    /// in a store processes share, the only ones its worker claims.
+    served: RwLock<Vec<Box<str>>>,
     /// Draws the jitter of retry delays; seeded from the clock, reseeded
     /// by tests (`seed_jitter`) so jittered delays are reproducible.
     random: RandomSource,
@@ -195,6 +198,7 @@ impl<S: Store> Engine<S> {
             activity: Arc::new(Notify::new()),
             worker_hungry: AtomicBool::new(false),
             hungry_pools: RwLock::new(None),
+            served: RwLock::new(Vec::new()),
             events_enabled: AtomicBool::new(false),
             timeline: AtomicBool::new(true),
             metrics: metrics::Metrics::default(),

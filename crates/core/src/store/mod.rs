@@ -107,6 +107,12 @@ pub trait Store: Send + Sync + 'static {
         5_000
     }
 
+    /// Whether processes with different handlers share this store: a
+    /// worker then claims only the job types registered in its process.
+    fn shared_by_processes(&self) -> bool {
+        false
+    }
+
     /// Whether a claim can fire due schedules first at no real cost (the
     /// in-memory store: a peek at the earliest next fire). A networked
     /// store fires them from the worker's own loop instead.
@@ -367,6 +373,13 @@ pub trait StoreTx {
     /// then earliest `runAt`, then earliest created. Claimable means pending
     /// and either unkeyed or the head of its lane.
     fn next_claimable(&mut self, pool: &str, now: Millis) -> Option<RunId>;
+
+    /// Limits this transaction's `next_claimable` and `next_due` to runs of
+    /// these job types: a worker's claims, in a store that processes with
+    /// other handlers share (a process never takes a run it has no handler
+    /// for, which another process may have). A store only one process
+    /// uses claims every type (its definitions all have their handlers).
+    fn claim_only(&mut self, _types: &[Box<str>]) {}
 
     /// Says how many `next_claimable` calls this transaction will make,
     /// so a networked store can fetch that many candidates at once.

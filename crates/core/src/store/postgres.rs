@@ -1259,6 +1259,7 @@ impl PgStore {
             dirty: RefCell::new(Vec::new()),
             claim_queue: VecDeque::new(),
             claim_hint: 1,
+            claim_types: None,
             notify: false,
             stopped_running: Vec::new(),
             announced: Vec::new(),
@@ -1479,6 +1480,10 @@ impl Store for PgStore {
     /// half resumed 150 ms after the deadline, the second at 560 ms.
     fn resume_batch(&self) -> usize {
         50_000
+    }
+
+    fn shared_by_processes(&self) -> bool {
+        true
     }
 
     fn json_problem(&self, json: &str) -> Option<&'static str> {
@@ -1707,6 +1712,20 @@ const SQL_CLAIMABLE: &str = "SELECT {R} FROM {S}.job_run r WHERE pool = $1 AND s
     ORDER BY priority DESC, run_at, seq LIMIT $3 FOR UPDATE SKIP LOCKED";
 const SQL_NEXT_DUE: &str = "SELECT min(run_at) FROM (SELECT run_at FROM {S}.job_run r WHERE pool = $1 \
     AND status = 'pending' AND (concurrency_key IS NULL OR NOT EXISTS (SELECT 1 FROM {S}.job_run l \
+    WHERE l.concurrency_key = r.concurrency_key AND l.tenant_id IS NOT DISTINCT FROM r.tenant_id \
+    AND l.status IN ('pending','running','waiting') AND l.id <> r.id \
+    AND (l.lane_seq < r.lane_seq OR l.status = 'running'))) ORDER BY priority DESC, run_at LIMIT 64) d";
+/// `SQL_CLAIMABLE` of the job types `$4` only (a worker: `claim_only`).
+/// The claim index is walked past the pending runs of other types.
+const SQL_CLAIMABLE_OF: &str = "SELECT {R} FROM {S}.job_run r WHERE pool = $1 AND status = 'pending' \
+    AND run_at <= $2 AND job_type = ANY($4) AND (concurrency_key IS NULL OR NOT EXISTS (SELECT 1 FROM {S}.job_run l \
+    WHERE l.concurrency_key = r.concurrency_key AND l.tenant_id IS NOT DISTINCT FROM r.tenant_id \
+    AND l.status IN ('pending','running','waiting') AND l.id <> r.id \
+    AND (l.lane_seq < r.lane_seq OR l.status = 'running'))) \
+    ORDER BY priority DESC, run_at, seq LIMIT $3 FOR UPDATE SKIP LOCKED";
+/// `SQL_NEXT_DUE` of the job types `$2` only.
+const SQL_NEXT_DUE_OF: &str = "SELECT min(run_at) FROM (SELECT run_at FROM {S}.job_run r WHERE pool = $1 \
+    AND status = 'pending' AND job_type = ANY($2) AND (concurrency_key IS NULL OR NOT EXISTS (SELECT 1 FROM {S}.job_run l \
     WHERE l.concurrency_key = r.concurrency_key AND l.tenant_id IS NOT DISTINCT FROM r.tenant_id \
     AND l.status IN ('pending','running','waiting') AND l.id <> r.id \
     AND (l.lane_seq < r.lane_seq OR l.status = 'running'))) ORDER BY priority DESC, run_at LIMIT 64) d";
@@ -1986,6 +2005,8 @@ pub struct PgTx<'a> {
     /// Locked claim candidates not yet handed out.
     claim_queue: VecDeque<RunId>,
     claim_hint: usize,
+    /// `claim_only`: the job types this transaction's claims may take.
+    claim_types: Option<Vec<String>>,
     /// Something became claimable: notify listeners on commit.
     notify: bool,
     /// Running runs this transaction canceled: the process executing them
@@ -2701,6 +2722,10 @@ impl StoreTx for PgTx<'_> {
         self.claim_hint = n.clamp(1, 1000);
     }
 
+    fn claim_only(&mut self, types: &[Box<str>]) {
+        self.claim_types = Some(types.iter().map(|t| t.to_string()).collect());
+    }
+
     fn next_claimable(&mut self, pool: &str, now: Millis) -> Option<RunId> {
         loop {
             if let Some(id) = self.claim_queue.pop_front() {
@@ -2721,7 +2746,12 @@ impl StoreTx for PgTx<'_> {
             let limit = self.claim_hint as i64;
             // One fetch per transaction: the rows stay locked until commit.
             self.claim_hint = 0;
-            let rows = self.query(SQL_CLAIMABLE, &[&pool, &Ms(now), &limit], None);
+            let rows = match &self.claim_types {
+                None => self.query(SQL_CLAIMABLE, &[&pool, &Ms(now), &limit], None),
+                Some(types) => {
+                    self.query(SQL_CLAIMABLE_OF, &[&pool, &Ms(now), &limit, types], None)
+                }
+            };
             let ids = self.absorb(&rows, true);
             if ids.is_empty() {
                 return None;
@@ -2732,7 +2762,10 @@ impl StoreTx for PgTx<'_> {
 
     fn next_due(&mut self, pool: &str, _now: Millis) -> Option<Millis> {
         self.flush();
-        let rows = self.query(SQL_NEXT_DUE, &[&pool], None);
+        let rows = match &self.claim_types {
+            None => self.query(SQL_NEXT_DUE, &[&pool], None),
+            Some(types) => self.query(SQL_NEXT_DUE_OF, &[&pool, types], None),
+        };
         rows.first()
             .and_then(|r| r.try_get::<_, Option<Ms>>(0).ok().flatten())
             .map(|m| m.0)
@@ -3299,7 +3332,8 @@ mod tests {
             .expect("migrate");
         c.batch_execute("SET enable_seqscan = off").expect("set");
         let (run, now, limit) = (Uuid::new_v4(), Ms(0), 10i64);
-        let cases: [(&str, &[&(dyn ToSql + Sync)], &str); 11] = [
+        let types = vec!["a".to_owned()];
+        let cases: [(&str, &[&(dyn ToSql + Sync)], &str); 13] = [
             (SQL_DUE_WAITS, &[&now, &limit], "job_run_wait_deadline_idx"),
             (SQL_RESUME_DUE, &[&now, &limit], "job_run_wait_deadline_idx"),
             (SQL_NEXT_WAIT, &[], "job_run_wait_deadline_idx"),
@@ -3312,6 +3346,13 @@ mod tests {
             (SQL_RUN_EVENTS, &[&run, &0i64, &limit], "job_event_pkey"),
             (SQL_LIVE_COUNTS, &[], "job_run_waiting_idx"),
             (SQL_LIVE_COUNTS, &[], "job_run_claim_idx"),
+            // A worker's claims, limited to its process's job types.
+            (
+                SQL_CLAIMABLE_OF,
+                &[&"batch", &now, &limit, &types],
+                "job_run_claim_idx",
+            ),
+            (SQL_NEXT_DUE_OF, &[&"batch", &types], "job_run_claim_idx"),
         ];
         // Each statement's plan: no sequential scan, and the index it needs.
         let mut explain = |tpl: &str, params: &[&(dyn ToSql + Sync)], index: &str| {

@@ -287,10 +287,74 @@ const KEEP_A_SECOND: Retention = Retention {
     failed_ms: Some(1000),
 };
 
+/// A parent's failure stored after its handler ended (a networked worker
+/// reports later): the child it cancels went on meanwhile (began a step),
+/// and its `canceled` event and `finishedAt` come after that, not at the
+/// parent's handler end (the child's timeline went back in time).
+fn a_cascade_stored_late_keeps_the_childs_times_ordered<S: Store>(e: &Engine<S>) {
+    register(e, "p", 1);
+    register(e, "c", 1);
+    let parent = start(e, "p", None);
+    let p = e.claim_next("batch").unwrap().unwrap();
+    assert_eq!(p.id, parent.id);
+    let child = start(e, "c", Some(parent.id));
+    let c = e.claim_next("batch").unwrap().unwrap();
+    assert_eq!(c.id, child.id);
+    let handler_ended = e.now();
+    e.clock().advance(300);
+    e.step_begin(&child.id.to_string(), c.claim_epoch, "late")
+        .unwrap();
+    e.clock().advance(50);
+    e.settle(
+        vec![AttemptEnd {
+            id: parent.id,
+            epoch: p.claim_epoch,
+            outcome: Some(failure("parent failed")),
+            ended_at: Some(handler_ended),
+        }],
+        &[],
+    )
+    .unwrap();
+    let parent_row = e
+        .find_by_id(&parent.id.to_string(), &TenantArg::Missing)
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        parent_row.finished_at.get(),
+        Some(handler_ended),
+        "the parent ended with its handler"
+    );
+    let events = all_events(e, child.id);
+    assert_eq!(
+        summary(&events),
+        vec![
+            ("created", 0),
+            ("started", 1),
+            ("step_started", 1),
+            ("canceled", 1)
+        ]
+    );
+    assert!(
+        events.windows(2).all(|w| w[0].at <= w[1].at),
+        "{:?}",
+        events
+            .iter()
+            .map(|e| (e.kind.as_str(), e.at))
+            .collect::<Vec<_>>()
+    );
+    let row = e
+        .find_by_id(&child.id.to_string(), &TenantArg::Missing)
+        .unwrap()
+        .unwrap();
+    assert_eq!(row.status, RunStatus::Canceled);
+    assert!(row.finished_at.get() >= Some(events[2].at));
+}
+
 #[test]
 fn memory_timeline() {
     a_retried_run_tells_its_life_in_order(&memory(Retention::default()));
     a_cascade_names_its_cause(&memory(Retention::default()));
+    a_cascade_stored_late_keeps_the_childs_times_ordered(&memory(Retention::default()));
     ends_are_counted_per_minute(&memory(Retention::default()));
     let e = memory(KEEP_A_SECOND);
     events_go_with_their_run(&e);
@@ -307,6 +371,10 @@ fn postgres_timeline() {
         return;
     };
     a_cascade_names_its_cause(&e);
+    let Some(e) = pg("late", Retention::default()) else {
+        return;
+    };
+    a_cascade_stored_late_keeps_the_childs_times_ordered(&e);
     let Some(e) = pg("minutes", Retention::default()) else {
         return;
     };

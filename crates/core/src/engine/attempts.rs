@@ -505,13 +505,16 @@ impl<S: Store> Engine<S> {
                 if let Some(r) = out.as_ref().filter(|r| !r.awaited_by().is_empty()) {
                     self.resolve_waiters(tx, r, now, fx, None);
                 }
-                // A failed run takes its descendants down (not itself again).
+                // A failed run takes its descendants down (not itself again),
+                // as this is stored: `now` may be when its handler ended,
+                // and a child may have gone on meanwhile (begun a step), so
+                // its cancel must not come before that in its timeline.
                 self.cancel_tree(
                     tx,
                     *run_id,
                     (true, false),
                     CancelCause::ParentFailed,
-                    now,
+                    self.now().max(now),
                     fx,
                 );
                 return Ok(out.map(Finished::of));

@@ -611,6 +611,15 @@ test('constructor options that are malformed: JobInputInvalidError', (t) => {
   for (const opts of [{ clock: 'wall' }, { clock: 5 }, 'manual', 5]) {
     t.throws(() => new JobOrchestrator(opts as never), { instanceOf: JobInputInvalidError }, JSON.stringify(opts));
   }
+  // A misspelt key or a mistyped value: refused, not ignored (`multitenant`
+  // would leave the tenant gate off without a word).
+  for (const opts of [{ multitenant: true }, { multiTenant: 'yes' }, { loggerFactory: 5 }, { retention: { completed: 1 } }, { retention: 5 }]) {
+    t.throws(() => new JobOrchestrator(opts as never), { instanceOf: JobInputInvalidError }, JSON.stringify(opts));
+  }
+  const o = new JobOrchestrator();
+  for (const w of [{ pool: { batch: { concurrency: 1 } } }, { pools: { batch: { concurrency: 1, concurency: 2 } } }, 'yes']) {
+    t.throws(() => o.startWorker(w as never), { instanceOf: JobInputInvalidError }, JSON.stringify(w));
+  }
   // Refused by the engine itself: the same typed error, not its coded text.
   for (const retention of [{ completedMs: -5 }, { failedMs: -1 }]) {
     t.throws(() => new JobOrchestrator({ retention }), { instanceOf: JobInputInvalidError, message: /retention/ }, JSON.stringify(retention));

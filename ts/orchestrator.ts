@@ -32,6 +32,7 @@ import type {
 import type { AnyJobs, HandlerInput, JobMap, JobTypeName, OptionalInputName } from './typed';
 import {
   CALL_OPTION_KEYS,
+  checkConstructorOptions,
   callTenant,
   checkCount,
   checkOptions,
@@ -303,6 +304,7 @@ export class JobOrchestrator<Jobs extends JobMap = AnyJobs> {
     if (options === null || typeof options !== 'object') {
       throw new JobInputInvalidError('options must be an object');
     }
+    checkConstructorOptions(options as Record<string, unknown>);
     const clock = options.clock ?? 'system';
     if (clock !== 'system' && clock !== 'manual') {
       throw new JobInputInvalidError(`clock must be 'system' or 'manual', got '${String(clock)}'`);

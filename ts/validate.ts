@@ -97,6 +97,42 @@ export const CALL_OPTION_KEYS = {
   schedule: new Set(['jobType', 'input', 'cron', 'timezone', 'everyMs', 'tenantId']),
 } as const satisfies Record<string, ReadonlySet<string>>;
 
+/** The keys of the constructor's options, of `retention`, and of `startWorker`'s options and pools. */
+export const CONSTRUCTOR_OPTION_KEYS: ReadonlySet<string> = new Set([
+  'multiTenant',
+  'clock',
+  'loggerFactory',
+  'logger',
+  'retention',
+  'timeline',
+  'tracing',
+  'backend',
+  'postgres',
+]);
+const RETENTION_KEYS: ReadonlySet<string> = new Set(['completedMs', 'failedMs']);
+const WORKER_OPTION_KEYS: ReadonlySet<string> = new Set(['pools', 'shutdownTimeoutMs', 'abandonAfterMs']);
+const WORKER_POOL_KEYS: ReadonlySet<string> = new Set(['concurrency']);
+
+/**
+ * The constructor's options other than the backend's and the clock's
+ * values: a misspelt key (`multitenant: true`) would otherwise turn the
+ * tenant gate off without a word.
+ */
+export function checkConstructorOptions(o: Record<string, unknown>): void {
+  checkKeys(o, CONSTRUCTOR_OPTION_KEYS, 'JobOrchestrator options');
+  if (o.multiTenant !== undefined && typeof o.multiTenant !== 'boolean') {
+    throw new JobInputInvalidError(`multiTenant must be a boolean, got ${String(o.multiTenant)}`);
+  }
+  if (o.loggerFactory !== undefined && typeof o.loggerFactory !== 'function') {
+    throw new JobInputInvalidError('loggerFactory must be a function (run) => logger');
+  }
+  const r = o.retention;
+  if (r !== undefined) {
+    if (r === null || typeof r !== 'object') throw new JobInputInvalidError('retention must be an object { completedMs?, failedMs? }');
+    checkKeys(r, RETENTION_KEYS, 'retention');
+  }
+}
+
 /** Refuses an unknown key in a call's options (see `CALL_OPTION_KEYS`); a non-object is left to the checks of its values. */
 export function checkOptions(o: unknown, known: ReadonlySet<string>, call: string): void {
   if (o !== null && typeof o === 'object') checkKeys(o, known, `${call} options`);
@@ -435,10 +471,13 @@ export function workerOptions(opts: unknown): {
   shutdownTimeoutMs: number;
   abandonAfterMs: number;
 } {
+  if (opts !== undefined && (opts === null || typeof opts !== 'object')) throw new JobInputInvalidError('worker options must be an object');
   const o = (opts ?? {}) as { pools?: unknown; shutdownTimeoutMs?: unknown; abandonAfterMs?: unknown };
+  checkKeys(o, WORKER_OPTION_KEYS, 'startWorker options');
   const poolsIn = o.pools ?? { batch: { concurrency: 5 }, interactive: { concurrency: 20 } };
   if (poolsIn === null || typeof poolsIn !== 'object') throw new JobInputInvalidError('pools must be an object');
   const pools = Object.entries(poolsIn as Record<string, { concurrency?: unknown } | null>).map(([name, p]) => {
+    if (p !== null && typeof p === 'object') checkKeys(p, WORKER_POOL_KEYS, `pool '${name}'`);
     const c = p?.concurrency;
     if (!Number.isInteger(c) || (c as number) < 1 || (c as number) > 100_000) {
       throw new JobInputInvalidError(`pool '${name}' needs an integer concurrency between 1 and 100000`);

@@ -233,6 +233,37 @@ test.serial("handlers: 'provided' registers only this app's @JobHandler provider
   await bad.close().catch(() => undefined);
 });
 
+// One AppModule (one forRoot result) built into two apps in one process:
+// each app has its own worker. The link from the lifecycle module to the
+// worker lived in the shared registration, so closing one app stopped the
+// other's worker, and initialising one started the other's.
+test.serial('two apps built from one module each start and drain their own worker', async (t) => {
+  @JobHandler('life.two')
+  class Two extends JobHandlerBase<unknown> {
+    async run(): Promise<string> {
+      return 'ok';
+    }
+  }
+  @Module({ imports: [JobsModule.forRoot({ handlers: 'provided' })], providers: [Two] })
+  class AppModule {}
+  const build = () => Test.createTestingModule({ imports: [AppModule] }).setLogger(false as never).compile();
+  const app1 = await build();
+  const app2 = await build();
+  await app1.init();
+  t.true(app1.get(JobsWorker).running, "app1's init started app1's worker");
+  t.false(app2.get(JobsWorker).running, "and not app2's");
+  await app2.init();
+  t.true(app2.get(JobsWorker).running);
+  await app1.close();
+  t.false(app1.get(JobsWorker).running);
+  t.true(app2.get(JobsWorker).running, "closing app1 left app2's worker running");
+  const jobs = app2.get<JobOrchestrator>(JOB_ORCHESTRATOR);
+  const run = await jobs.start('life.two', {});
+  t.is((await jobs.waitForRun(run.id, { timeoutMs: 5_000 })).status, 'completed');
+  await app2.close();
+  t.false(app2.get(JobsWorker).running);
+});
+
 test.serial('a request-scoped handler and the request-scoped services it uses get the run’s JobContext as REQUEST', async (t) => {
   @Injectable({ scope: Scope.REQUEST })
   @InjectArgs(REQUEST)

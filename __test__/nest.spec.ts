@@ -26,6 +26,7 @@ import {
   JobOrchestrator,
   JobPoolNotConfiguredError,
   JobforgeError,
+  JobInputInvalidError,
   JobsModule,
   JobsWorker,
   MissingTenantIdError,
@@ -440,6 +441,66 @@ test('forRootAsync takes the options from a class (useClass) or an existing prov
   // Exactly one source.
   t.throws(() => JobsModule.forRootAsync({} as never), { instanceOf: TypeError, message: /exactly one of/ });
   t.throws(() => JobsModule.forRootAsync({ useClass: JobsConfig, useFactory: () => ({}) }), { message: /exactly one of/ });
+});
+
+// The module's options are checked like the core's: a misspelt key or a
+// value of the wrong kind used to boot silently (`multitenant: true` left
+// the tenant gate off, `pool` for `pools` was ignored).
+test('forRoot and forRootAsync refuse unknown option keys and mistyped values with JobInputInvalidError', async (t) => {
+  const bad: [string, unknown][] = [
+    ['misspelt multiTenant', { multitenant: true }],
+    ['multiTenant not a boolean', { multiTenant: 'yes' }],
+    ['pool for pools', { pool: { batch: { concurrency: 1 } } }],
+    ['a pool with an unknown key', { pools: { batch: { concurrency: 1, concurency: 2 } } }],
+    ['worker not a boolean or object', { worker: 'yes' }],
+    ['migrate not a boolean', { migrate: 'no' }],
+    ['null', null],
+  ];
+  for (const [what, options] of bad) {
+    t.throws(() => JobsModule.forRoot(options as never), { instanceOf: JobInputInvalidError }, what);
+  }
+  for (const [what, options] of [
+    ['misspelt multiTenant', { multitenant: true }],
+    ['retention with an unknown key', { retention: { completed: 1000 } }],
+    ['worker options with an unknown key', { worker: { pool: { batch: { concurrency: 1 } } } }],
+    ['loggerFactory not a function', { loggerFactory: 5 }],
+  ] as [string, unknown][]) {
+    const mod = await Test.createTestingModule({
+      imports: [JobsModule.forRootAsync({ useFactory: () => options as JobsModuleOptions }), HandlersModule],
+    })
+      .setLogger(new CaptureLogger())
+      .compile()
+      .then((m) => m.init())
+      .then(
+        () => null,
+        (e: unknown) => e,
+      );
+    t.true(mod instanceof JobInputInvalidError, `${what}: ${String(mod)}`);
+  }
+});
+
+// A unit test of an app service replaces the public token with a double;
+// the module's own worker and dashboard keep the orchestrator it built
+// (they used to inject the public token: bootstrap failed on the double).
+test('overriding JOB_ORCHESTRATOR with a test double leaves the module its own orchestrator', async (t) => {
+  const calls: string[] = [];
+  const double = {
+    start: async (type: string) => {
+      calls.push(type);
+      return { id: 'fake' };
+    },
+  };
+  const mod = await Test.createTestingModule({ imports: [JobsModule.forRoot({}), HandlersModule] })
+    .overrideProvider(JOB_ORCHESTRATOR)
+    .useValue(double)
+    .setLogger(new CaptureLogger())
+    .compile();
+  await mod.init();
+  t.teardown(() => mod.close());
+  t.is(mod.get(JOB_ORCHESTRATOR), double);
+  await mod.get<typeof double>(JOB_ORCHESTRATOR).start('nest.report');
+  t.deepEqual(calls, ['nest.report']);
+  t.true(mod.get(JobsWorker).running, "the module's worker runs on its own orchestrator");
 });
 
 test('declared pools must cover every handler pool', async (t) => {

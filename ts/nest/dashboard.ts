@@ -9,7 +9,7 @@ import { Inject, Injectable, Logger, Optional, type OnModuleInit } from '@nestjs
 import { HttpAdapterHost } from '@nestjs/core';
 import { JobInputInvalidError, JobOrchestrator } from '../index';
 import { createDashboard, type DashboardAuthorize } from '../dashboard';
-import { JOB_ORCHESTRATOR, JOBS_MODULE_OPTIONS } from './tokens';
+import { JOBS_MODULE_OPTIONS, JOBS_ORCHESTRATOR_INSTANCE } from './tokens';
 
 export interface JobsDashboardOptions {
   /** Where the dashboard answers (`'/jobs'`): every path under it is the dashboard's. */
@@ -47,7 +47,7 @@ export class JobsDashboardMount implements OnModuleInit {
 
   constructor(
     @Inject(JOBS_MODULE_OPTIONS) private readonly options: { dashboard?: JobsDashboardOptions | undefined },
-    @Inject(JOB_ORCHESTRATOR) private readonly orchestrator: JobOrchestrator,
+    @Inject(JOBS_ORCHESTRATOR_INSTANCE) private readonly orchestrator: JobOrchestrator,
     @Optional() @Inject(HttpAdapterHost) private readonly host?: HttpAdapterHost,
   ) {}
 

@@ -31,6 +31,7 @@ import type {
   WorkerHandle,
   WorkerOptions,
 } from '../index';
+import { checkKeys } from '../validate';
 import { checkDashboardOption, JobsDashboardMount, type JobsDashboardOptions } from './dashboard';
 import { JobHandlerNotProviderError, JobPoolNotConfiguredError } from './errors';
 import { HandlerRegistry, type JobHandlerClass } from './handler-registry';
@@ -41,6 +42,7 @@ import {
   JOB_STEP_SERVICE,
   JOBS_MODULE_OPTIONS,
   JOBS_MULTI_TENANT,
+  JOBS_ORCHESTRATOR_INSTANCE,
 } from './tokens';
 
 /** A pool: how many of its runs one worker executes at once, plus the seed's pool fields. */
@@ -123,6 +125,65 @@ export interface JobsModuleRegistration {
   isGlobal?: boolean | undefined;
 }
 
+const MODULE_OPTION_KEYS: ReadonlySet<string> = new Set([
+  'multiTenant',
+  'clock',
+  'pools',
+  'worker',
+  'loggerFactory',
+  'logger',
+  'retention',
+  'timeline',
+  'tracing',
+  'dashboard',
+  'backend',
+  'postgres',
+  'handlers',
+  'migrate',
+  'schedules',
+]);
+const REGISTRATION_KEYS: ReadonlySet<string> = new Set([...MODULE_OPTION_KEYS, 'global', 'isGlobal']);
+const POOL_KEYS: ReadonlySet<string> = new Set(['concurrency', 'queue', 'reserved', 'description']);
+
+/**
+ * The module's own options, checked as the core checks its own (the
+ * orchestrator's are checked again when it is built): an unknown key (a
+ * misspelt `multitenant`, `pool` for `pools`) or a value of the wrong
+ * kind is a JobInputInvalidError at import (forRoot) or at module init
+ * (forRootAsync), never ignored.
+ */
+function checkModuleOptions(o: unknown, registration: boolean): void {
+  // (`registration`: `global`/`isGlobal` allowed; forRoot's options object carries them.)
+  if (o === null || typeof o !== 'object' || Array.isArray(o)) {
+    throw new JobInputInvalidError('JobsModule options must be an object');
+  }
+  const opts = o as Record<string, unknown>;
+  checkKeys(opts, registration ? REGISTRATION_KEYS : MODULE_OPTION_KEYS, 'JobsModule options');
+  for (const k of ['multiTenant', 'migrate', 'global', 'isGlobal'] as const) {
+    if (opts[k] !== undefined && typeof opts[k] !== 'boolean') {
+      throw new JobInputInvalidError(`JobsModule option ${k} must be a boolean, got ${String(opts[k])}`);
+    }
+  }
+  const w = opts.worker;
+  if (w !== undefined && typeof w !== 'boolean' && (w === null || typeof w !== 'object' || Array.isArray(w))) {
+    throw new JobInputInvalidError(`JobsModule option worker must be a boolean or worker options, got ${String(w)}`);
+  }
+  const pools = opts.pools;
+  if (pools !== undefined) {
+    if (pools === null || typeof pools !== 'object' || Array.isArray(pools)) {
+      throw new JobInputInvalidError('JobsModule option pools must be an object of pools by name');
+    }
+    for (const [name, p] of Object.entries(pools)) {
+      if (p === null || typeof p !== 'object') throw new JobInputInvalidError(`JobsModule pool '${name}' must be an object { concurrency, ... }`);
+      checkKeys(p, POOL_KEYS, `JobsModule pool '${name}'`);
+    }
+  }
+  const s = opts.schedules;
+  if (s !== undefined && (s === null || typeof s !== 'object' || Array.isArray(s))) {
+    throw new JobInputInvalidError('JobsModule option schedules must be an object of schedules by name');
+  }
+}
+
 /** A provider that builds the module's options (`forRootAsync({ useClass | useExisting })`). */
 export interface JobsOptionsFactory {
   createJobsOptions(): JobsModuleOptions | Promise<JobsModuleOptions>;
@@ -188,11 +249,16 @@ export function moduleRefResolver(moduleRef: ModuleRef): HandlerResolver & {
   return resolve;
 }
 
-/** How one registration's lifecycle module reaches its worker. */
+/**
+ * How one registration's lifecycle module reaches its worker, per app: the
+ * same registration (one `forRoot` result in an `AppModule`) may be built
+ * into several apps in one process (tests, a CLI beside a server), each
+ * with its own worker, keyed by the app's module container.
+ */
 interface WorkerLink {
   /** Distinct per registration, so module ids hashed from metadata differ too. */
   readonly id: string;
-  worker: JobsWorker | null;
+  readonly workers: WeakMap<ModulesContainer, JobsWorker>;
 }
 const WORKER_LINK = Symbol('jobforge.nest.worker-link');
 
@@ -211,7 +277,7 @@ export class JobsWorker implements OnModuleInit, OnModuleDestroy {
   private readonly resolver: ReturnType<typeof moduleRefResolver>;
 
   constructor(
-    @Inject(JOB_ORCHESTRATOR) private readonly orchestrator: JobOrchestrator,
+    @Inject(JOBS_ORCHESTRATOR_INSTANCE) private readonly orchestrator: JobOrchestrator,
     @Inject(JOBS_MODULE_OPTIONS) private readonly options: JobsModuleOptions,
     @Inject(ModuleRef) moduleRef: ModuleRef,
     @Inject(HandlerRegistry) private readonly registry: HandlerRegistry,
@@ -219,7 +285,7 @@ export class JobsWorker implements OnModuleInit, OnModuleDestroy {
     @Inject(ModulesContainer) private readonly modules: ModulesContainer,
   ) {
     this.resolver = moduleRefResolver(moduleRef);
-    link.worker = this;
+    link.workers.set(modules, this);
   }
 
   /** Upserts every `@JobHandler` class; fails if one is not a provider or names an undeclared pool. */
@@ -334,7 +400,10 @@ const warnedApps = new WeakSet<object>();
  */
 @Injectable()
 class JobsWorkerLifecycle implements OnApplicationBootstrap, OnModuleDestroy {
-  constructor(@Inject(WORKER_LINK) private readonly link: WorkerLink, @Inject(ModulesContainer) modules: ModulesContainer) {
+  constructor(
+    @Inject(WORKER_LINK) private readonly link: WorkerLink,
+    @Inject(ModulesContainer) private readonly modules: ModulesContainer,
+  ) {
     let registrations = 0;
     for (const m of modules.values()) {
       const mod = m as unknown as { metatype?: unknown; distance?: unknown };
@@ -352,12 +421,12 @@ class JobsWorkerLifecycle implements OnApplicationBootstrap, OnModuleDestroy {
   }
 
   onApplicationBootstrap(): void {
-    this.link.worker?.startConfigured();
+    this.link.workers.get(this.modules)?.startConfigured();
   }
 
   /** Drains the worker: in-flight runs finish (or go back to pending after `shutdownTimeoutMs`). */
   async onModuleDestroy(): Promise<void> {
-    await this.link.worker?.stop();
+    await this.link.workers.get(this.modules)?.stop();
   }
 }
 
@@ -370,6 +439,8 @@ export class JobsWorkerModule {
 }
 
 function orchestratorFactory(options: JobsModuleOptions, moduleRef: ModuleRef): NestJobOrchestrator {
+  // forRootAsync's options are first seen here (forRoot's were checked at import).
+  checkModuleOptions(options, true);
   return new NestJobOrchestrator(
     {
       multiTenant: options.multiTenant === true,
@@ -407,7 +478,7 @@ function registration(
   extra: Provider[] = [],
 ): DynamicModule {
   // A random id, not a module-level counter: no state outlives a registration.
-  const link: WorkerLink = { id: randomUUID(), worker: null };
+  const link: WorkerLink = { id: randomUUID(), workers: new WeakMap() };
   return {
     module: JobsModule,
     global: reg.isGlobal ?? reg.global ?? true,
@@ -421,7 +492,8 @@ function providers(optionsProvider: Provider, link: WorkerLink): Provider[] {
   return [
     optionsProvider,
     { provide: WORKER_LINK, useValue: link },
-    { provide: JOB_ORCHESTRATOR, useFactory: orchestratorFactory, inject: [JOBS_MODULE_OPTIONS, ModuleRef] },
+    { provide: JOBS_ORCHESTRATOR_INSTANCE, useFactory: orchestratorFactory, inject: [JOBS_MODULE_OPTIONS, ModuleRef] },
+    { provide: JOB_ORCHESTRATOR, useExisting: JOBS_ORCHESTRATOR_INSTANCE },
     { provide: JOB_RUN_SERVICE, useExisting: JOB_ORCHESTRATOR },
     { provide: JOB_STEP_SERVICE, useExisting: JOB_ORCHESTRATOR },
     { provide: JobOrchestrator, useExisting: JOB_ORCHESTRATOR },
@@ -441,7 +513,8 @@ export class JobsModule {
   /** `JobsModule.forRoot({ multiTenant?, pools?, worker?, backend?, postgres?, global? })`. */
   static forRoot(options: JobsModuleOptions & JobsModuleRegistration = {}): DynamicModule {
     // Checked here too (module init checks it again, for forRootAsync): a bad option fails at import.
-    if (options?.dashboard !== undefined) checkDashboardOption(options.dashboard);
+    checkModuleOptions(options, true);
+    if (options.dashboard !== undefined) checkDashboardOption(options.dashboard);
     return registration(options, { provide: JOBS_MODULE_OPTIONS, useValue: options });
   }
 

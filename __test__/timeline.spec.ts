@@ -284,6 +284,34 @@ forBackends('throughput: runs that ended per minute, every minute of the window 
   }
 });
 
+// A refused call changes nothing, the counters included: the batch's first
+// entry replaced the lane's run (a create and a cancel) before its second
+// was refused, and both used to stay counted.
+forBackends('metrics: a refused startMany counts nothing it undid', async (t, make) => {
+  const o = await make.manual();
+  o.registerHandler('tl.m.lane', { concurrency: { key: 'k:{{k}}', collisionMode: 'replace' } }, async () => 1);
+  const first = await o.start('tl.m.lane', { k: 'a' });
+  const counter = (text: string, name: string): string | undefined =>
+    text.split('\n').find((l) => l.startsWith(`${name}{job_type="tl.m.lane"`));
+  const before = await o.metrics();
+  await t.throwsAsync(
+    o.startMany([
+      { type: 'tl.m.lane', input: { k: 'a' } },
+      { type: 'tl.m.nope', input: {} },
+    ]),
+    { code: 'JOB_TYPE_NOT_FOUND' },
+  );
+  t.is((await o.getRun(first.id))?.status, 'pending', 'the replace was undone');
+  const after = await o.metrics();
+  t.is(counter(after, 'jobforge_runs_created_total'), counter(before, 'jobforge_runs_created_total'));
+  t.regex(counter(after, 'jobforge_runs_created_total') ?? '', / 1$/);
+  t.is(counter(after, 'jobforge_runs_canceled_total'), counter(before, 'jobforge_runs_canceled_total'));
+  // What commits is counted as before.
+  await o.startMany([{ type: 'tl.m.lane', input: { k: 'a' } }]);
+  t.regex(counter(await o.metrics(), 'jobforge_runs_created_total') ?? '', / 2$/);
+  t.regex(counter(await o.metrics(), 'jobforge_runs_canceled_total') ?? '', / 1$/);
+});
+
 test('metrics: registerMetrics puts the same series in a prom-client registry, read at each scrape', async (t) => {
   // eslint-disable-next-line @typescript-eslint/no-require-imports
   const prom = require('prom-client') as typeof import('prom-client');

@@ -5,16 +5,19 @@
 //! gauges of the store's live runs (pending, running, waiting) per pool.
 //!
 //! The counters are fed from the same transition points as the timeline
-//! (`Engine::note` and the two places a run row is inserted), after the
-//! change is applied in its transaction; a transaction that then fails
-//! leaves its counts (a count is what this process did, not a row count).
-//! With PostgreSQL each process counts its own work (Prometheus scrapes
-//! every process and sums); the gauges are the database's.
+//! (`Engine::note` and the two places a run row is inserted), inside the
+//! change's transaction; what a transaction observes is held aside and
+//! counted when it commits (`Engine::write_only`), so a refused call (a
+//! `startMany` whose later entry fails, after an earlier one replaced a
+//! lane's run) counts nothing it undid. With PostgreSQL each process
+//! counts its own work (Prometheus scrapes every process and sums); the
+//! gauges are the database's.
 
 use super::Engine;
 use crate::error::Result;
 use crate::model::{EventKind, Millis, RunRow, RunStatus};
 use crate::store::{Store, StoreTx};
+use std::cell::RefCell;
 use std::collections::HashMap;
 use std::fmt::Write;
 use std::sync::{Arc, Mutex};
@@ -72,44 +75,143 @@ pub(super) struct Metrics {
     series: Mutex<Map<Arc<str>, ByPool>>,
 }
 
+fn apply(s: &mut Series, o: Observation) {
+    match o {
+        Observation::Created => s.created += 1,
+        Observation::QueueWait(ms) => s.queue_wait.observe(ms),
+        Observation::Retry => s.retries += 1,
+        Observation::Ended(status, ran) => {
+            match status {
+                RunStatus::Completed => s.completed += 1,
+                RunStatus::Failed => s.failed += 1,
+                RunStatus::TimedOut => s.timed_out += 1,
+                RunStatus::Canceled => s.canceled += 1,
+                _ => {}
+            }
+            if let Some(ms) = ran {
+                s.duration.observe(ms);
+            }
+        }
+    }
+}
+
+/// See `Metrics::begin_transaction`.
+pub(super) struct HeldGuard<'a> {
+    metrics: &'a Metrics,
+    open: bool,
+}
+
+impl HeldGuard<'_> {
+    pub(super) fn end(mut self, committed: bool) {
+        self.open = false;
+        self.metrics.end_transaction(committed);
+    }
+}
+
+impl Drop for HeldGuard<'_> {
+    fn drop(&mut self) {
+        if self.open {
+            self.metrics.end_transaction(false);
+        }
+    }
+}
+
+/// One thing a transaction observed, counted when it commits.
+#[derive(Clone, Copy)]
+enum Observation {
+    Created,
+    QueueWait(i64),
+    Retry,
+    /// A run ended in this status, after running this long (if it ran).
+    Ended(RunStatus, Option<i64>),
+}
+
+/// The observations of the transaction running on this thread (a store
+/// transaction runs on one thread), and how deeply writes are nested.
+struct Held {
+    depth: u32,
+    list: Vec<(Arc<str>, Arc<str>, Observation)>,
+}
+
+thread_local! {
+    static HELD: RefCell<Held> = const { RefCell::new(Held { depth: 0, list: Vec::new() }) };
+}
+
 impl Metrics {
-    fn with(&self, r: &RunRow, f: impl FnOnce(&mut Series)) {
+    /// Holds this thread's observations until the guard's `end` (nested:
+    /// the outermost decides); a guard dropped without it (a panic) drops
+    /// them.
+    pub(super) fn begin_transaction(&self) -> HeldGuard<'_> {
+        HELD.with(|h| h.borrow_mut().depth += 1);
+        HeldGuard {
+            metrics: self,
+            open: true,
+        }
+    }
+
+    /// Counts the held observations if the transaction committed, drops
+    /// them if not.
+    fn end_transaction(&self, committed: bool) {
+        let list = HELD.with(|h| {
+            let mut h = h.borrow_mut();
+            h.depth = h.depth.saturating_sub(1);
+            if h.depth > 0 {
+                return Vec::new();
+            }
+            std::mem::take(&mut h.list)
+        });
+        if !committed || list.is_empty() {
+            return;
+        }
+        let mut m = self.series.lock().unwrap_or_else(|p| p.into_inner());
+        for (job_type, pool, o) in list {
+            let s = match m.get_mut(&*job_type).and_then(|p| p.get_mut(&*pool)) {
+                Some(s) => s,
+                None => m.entry(job_type).or_default().entry(pool).or_default(),
+            };
+            apply(s, o);
+        }
+    }
+
+    fn observe(&self, r: &RunRow, o: Observation) {
+        let held = HELD.with(|h| {
+            let mut h = h.borrow_mut();
+            if h.depth == 0 {
+                return false;
+            }
+            h.list.push((r.job_type.clone(), r.pool.clone(), o));
+            true
+        });
+        if held {
+            return;
+        }
         let mut m = self.series.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(s) = m.get_mut(&*r.job_type).and_then(|p| p.get_mut(&*r.pool)) {
-            return f(s);
+            return apply(s, o);
         }
         let pools = m.entry(r.job_type.clone()).or_default();
-        f(pools.entry(r.pool.clone()).or_default());
+        apply(pools.entry(r.pool.clone()).or_default(), o);
     }
 
     /// A run row was inserted (started).
     pub(super) fn created(&self, r: &RunRow) {
-        self.with(r, |s| s.created += 1);
+        self.observe(r, Observation::Created);
     }
 
     /// `kind` happened to `r` (its row after the change) at `at`.
     pub(super) fn transition(&self, kind: EventKind, r: &RunRow, at: Millis) {
-        let ended = |r: &RunRow| r.started_at.get().map(|s| at - s);
-        self.with(r, |s| match kind {
-            EventKind::Started => s.queue_wait.observe(at - r.run_at),
-            EventKind::RetryScheduled => s.retries += 1,
+        let o = match kind {
+            EventKind::Started => Observation::QueueWait(at - r.run_at),
+            EventKind::RetryScheduled => Observation::Retry,
             EventKind::Completed
             | EventKind::Failed
             | EventKind::TimedOut
             | EventKind::Canceled => {
-                match r.status {
-                    RunStatus::Completed => s.completed += 1,
-                    RunStatus::Failed => s.failed += 1,
-                    RunStatus::TimedOut => s.timed_out += 1,
-                    RunStatus::Canceled => s.canceled += 1,
-                    _ => {}
-                }
-                if let Some(ms) = ended(r) {
-                    s.duration.observe(ms);
-                }
+                Observation::Ended(r.status, r.started_at.get().map(|s| at - s))
             }
-            _ => {}
-        });
+            _ => return,
+        };
+        self.observe(r, o);
     }
 
     /// The text exposition of the counters and of `live` (pool, status,

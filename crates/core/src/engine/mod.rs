@@ -327,8 +327,11 @@ impl<S: Store> Engine<S> {
     /// A store transaction that first purges the runs past their retention
     /// where that costs nothing (see `Store::purges_in_every_call`): no
     /// call then sees, returns or changes a run that is due to be deleted.
+    /// What the transaction observes for the metrics is counted only if
+    /// it commits.
     fn write_only<R>(&self, f: impl FnOnce(&mut S::Tx<'_>) -> Result<R>) -> Result<R> {
-        if self.purges() && self.store.purges_in_every_call() {
+        let held = self.metrics.begin_transaction();
+        let out = if self.purges() && self.store.purges_in_every_call() {
             let now = self.now();
             self.store.transaction(|tx| {
                 self.purge(tx, now);
@@ -336,7 +339,9 @@ impl<S: Store> Engine<S> {
             })
         } else {
             self.store.transaction(f)
-        }
+        };
+        held.end(out.is_ok());
+        out
     }
 
     /// A read-only store call, after the same purge as `write`.

@@ -83,6 +83,32 @@ forBackends('dashboard: overview, runs filtered by status, and a failed run with
   t.is(refused.status, 403, 'no actions without authorize');
 });
 
+// A run page drew its root's whole tree: among 20,000 siblings, a page of
+// megabytes on every load and live refresh. A tree over 200 runs is listed
+// on the runs page (its pages) instead of drawn.
+forBackends('dashboard: a run in a large tree links to the tree\'s runs instead of drawing them all', async (t, make) => {
+  const o = await make.manual();
+  o.registerHandler('dash.tree', {}, async () => ({}));
+  const parent = await o.start('dash.tree', {});
+  const kids = await o.startMany(Array.from({ length: 210 }, (_, i) => ({ type: 'dash.tree', input: { i }, opts: { parentRunId: parent.id } })));
+  const small = await o.start('dash.tree', {});
+  const smallKid = await o.start('dash.tree', {}, { parentRunId: small.id });
+  const base = await serve(t, o);
+  const page = await get(`${base}/runs/${kids[0]!.id}`);
+  t.is(page.status, 200);
+  t.true(page.body.length < 30_000, `${page.body.length} bytes`);
+  t.false(page.body.includes(kids[209]!.id.slice(0, 8)), 'the siblings are not drawn');
+  const list = /href="([^"]*\/runs\?root=[^"]*)"/.exec(page.body)?.[1]?.replace(/&amp;/g, '&');
+  t.truthy(list, 'a link to the tree\'s runs');
+  const listed = await get(`${base}${list}`);
+  t.is(listed.status, 200);
+  t.true(kids.filter((k) => listed.body.includes(k.id.slice(0, 8))).length >= 49, "a page of the tree's runs (the root may be among them)");
+  t.false(listed.body.includes(small.id.slice(0, 8)), 'another tree is not');
+  // A small tree is still drawn whole.
+  const smallPage = await get(`${base}/runs/${smallKid.id}`);
+  t.true(smallPage.body.includes('(this run)') && smallPage.body.includes(small.id.slice(0, 8)));
+});
+
 test('dashboard: with authorize, cancel from the page needs its token and the same origin', async (t) => {
   const o = manual();
   const h = hanging();

@@ -202,6 +202,7 @@ ${failed.map((f) => html`<tr><td>${runLink(f.runId, a, f.runId.slice(0, 8))}</td
     const type = param('type');
     const scopeType = param('scopeType');
     const scopeId = param('scopeId');
+    const root = param('root');
     const cursor = url.searchParams.get('cursor') ?? undefined;
     if (st !== '' && !STATUSES.includes(st as JobRunStatus)) throw new HttpError(400, `unknown status '${st}'`);
     if ((scopeType === '') !== (scopeId === '')) throw new HttpError(400, 'a scope filter needs both its entity type and its entity id');
@@ -211,12 +212,13 @@ ${failed.map((f) => html`<tr><td>${runLink(f.runId, a, f.runId.slice(0, 8))}</td
       jobType: type === '' ? undefined : type,
       scopeEntityType: scopeType === '' ? undefined : scopeType,
       scopeEntityId: scopeId === '' ? undefined : scopeId,
+      rootRunId: root === '' ? undefined : root,
       cursor,
       limit: 50,
       tenantId: a.tenantId,
     };
     const pageOf = await o.listJobRuns(q);
-    const filters = { status: st, pool, type, scopeType, scopeId };
+    const filters = { status: st, pool, type, scopeType, scopeId, root };
     // A page cut short by the rows it may examine (see `listJobRuns`) says so.
     const short = pageOf.nextCursor !== null && pageOf.items.length < q.limit;
     const body = html`<form class="filters" method="get" action="${link('/runs')}">
@@ -225,6 +227,7 @@ ${a.tenantId !== undefined && a.tenantId !== null ? html`<input type="hidden" na
 <label>pool <input name="pool" value="${pool}"></label>
 <label>job type <input name="type" value="${type}"></label>
 <label>scope <input name="scopeType" value="${scopeType}" placeholder="entity type" size="12"> <input name="scopeId" value="${scopeId}" placeholder="entity id" size="16"></label>
+${root !== '' ? html`<label>tree of <input name="root" value="${root}" size="36"></label>` : ''}
 <button type="submit">Filter</button></form>
 <table><thead><tr><th>run</th><th>job type</th><th>pool</th><th>status</th><th>attempts</th><th>created</th><th>error</th></tr></thead><tbody>
 ${pageOf.items.map((r) => html`<tr><td>${runLink(r.runId, a, r.runId.slice(0, 8))}</td><td>${r.jobType}</td><td>${r.pool}</td><td>${status(r.status)}</td><td class="num">${r.attempts}</td><td>${when(r.createdAt)}</td><td class="err">${r.errorMessage ?? ''}</td></tr>`)}
@@ -246,7 +249,13 @@ ${pageOf.nextCursor ? html`<p><a class="next" href="${link('/runs', { ...filters
     if (!r) throw new HttpError(404, `run ${id} not found`);
     const steps = await o.listSteps(id, tenant);
     const events = await o.listRunEvents(id, { ...tenant, limit: 500, cursor: url.searchParams.get('events') ?? undefined });
-    const root = await o.getRunTree(r.rootRunId, tenant);
+    // The whole tree only when it is small: a run among 20,000 siblings
+    // would make a page of megabytes (and its live refresh as much). One
+    // page of the tree's runs tells which it is; a larger tree is listed
+    // on the runs page instead, in pages.
+    const probe = await o.listJobRuns({ ...tenant, rootRunId: r.rootRunId, limit: TREE_DRAWN_MAX });
+    const root = probe.nextCursor === null ? await o.getRunTree(r.rootRunId, tenant) : null;
+    const treeList = link('/runs', { root: r.rootRunId }, a);
     const actionUrl = (action: RunAction): string => link(`/runs/${encodeURIComponent(id)}/${action}`, {}, a);
     const form = (action: 'cancel' | 'replay', label: string): Html =>
       a.canAct
@@ -315,7 +324,11 @@ ${events.items.map((e) => html`<tr><td>${when(e.at)}</td><td class="ev ev-${e.ty
 <section><h2>Steps</h2><table><thead><tr><th>#</th><th>step</th><th>kind</th><th>status</th><th>attempts</th><th>started</th><th>finished</th><th>error</th></tr></thead><tbody>
 ${steps.map((s) => html`<tr><td class="num">${s.seq}</td><td>${s.stepId}</td><td>${s.kind}</td><td>${status(s.status)}</td><td class="num">${s.attempts}</td><td>${when(s.startedAt)}</td><td>${when(s.finishedAt)}</td><td class="err">${s.error?.message ?? ''}</td></tr>`)}
 </tbody></table></section>
-${root ? html`<section><h2>Run tree</h2><ul class="tree">${tree(root, r.id, a)}</ul></section>` : ''}`;
+${
+  root
+    ? html`<section><h2>Run tree</h2><ul class="tree">${tree(root, r.id, a)}</ul></section>`
+    : html`<section><h2>Run tree</h2><p class="note">Its tree holds more than ${TREE_DRAWN_MAX} runs: not drawn here. ${r.parentRunId ? html`Parent: ${runLink(r.parentRunId, a)}. ` : ''}<a href="${treeList}">List the tree's runs</a>.</p></section>`
+}`;
     return page(`Run ${r.id.slice(0, 8)}`, a, body, r.id);
   }
 
@@ -534,6 +547,9 @@ ${list.map((s) => html`<tr><td>${s.name}</td><td>${s.jobType}</td><td>${s.cron ?
     );
   };
 }
+
+/** A run page draws its run's tree up to this many runs. */
+const TREE_DRAWN_MAX = 200;
 
 /** A run id from the path: a malformed %-escape is the client's error (400), not the server's. */
 function pathSegment(raw: string): string {

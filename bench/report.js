@@ -826,6 +826,53 @@ function startAccountingSection(a) {
   return lines.join('\n');
 }
 
+/**
+ * The option shapes' accounting (`breakdown` in run.js): for each shape and
+ * size, where a start's time goes and the bounds of this design.
+ */
+function shapeAccountingSection(results) {
+  const list = (results.breakdown?.shapes ?? []).filter((a) => a && Number.isFinite(a.jobforgeNs) && Number.isFinite(a.baselineNs));
+  if (list.length === 0) return null;
+  const title = (key) => SHAPES.find((sh) => sh.key === key)?.label ?? key;
+  const rows = list.map((a) => [
+    fmtN(a.n),
+    title(a.key),
+    fmtNs(a.jobforgeNs),
+    fmtNs(a.handOverNs),
+    fmtNs(a.jsOnlyNs),
+    fmtNs(a.floorNs),
+    fmtNs(a.baselineNs),
+    fmtRatio(a.baselineNs / a.jobforgeNs),
+    fmtRatio(a.baselineNs / a.jsOnlyNs),
+    fmtRatio(a.baselineNs / (a.floorNs + a.handOverNs)),
+    fmtRatio(a.baselineNs / a.floorNs),
+  ]);
+  return [
+    'The loop of scenario 7 for each option shape (a fresh orchestrator, n awaited starts of the shape, then one `findById`), ' +
+      'four ways alternating: jobforge (its native hand-overs timed inside the loop); jobforge with the hand-over replaced by a no-op ' +
+      '(its JS side alone; the runs are never created); the contract floor (an async `start` that only answers with the contract\'s row, ' +
+      'reading the option; no checks, no JSON, no store); the baseline. Medians per start over the repetitions ' +
+      `(${[...new Set(list.map((a) => `${a.reps} at n = ${fmtN(a.n)}`))].join(', ')}).`,
+    '',
+    mdTable(
+      [
+        'n',
+        'shape',
+        'jobforge',
+        'of it, native hand-over',
+        'JS side alone',
+        'contract floor',
+        'baseline',
+        'jobforge/baseline here',
+        'at most, engine free (baseline ÷ JS side)',
+        'at most, this hand-over (baseline ÷ (floor + hand-over))',
+        'at most, any implementation (baseline ÷ floor)',
+      ],
+      rows,
+    ),
+  ].join('\n');
+}
+
 /** The keyed start accounting (`keyedAccounting` in run.js) against scenario 2a's baseline at the same n. */
 function keyedAccountingSection(results) {
   const a = results.breakdown?.keyed20k;
@@ -1026,6 +1073,13 @@ function renderMarkdown(results, { resultsFile, chartFile }) {
     out.push(`### \`start\` with \`${results.breakdown.startPriority1k.shape}\` at n = ${fmtN(results.breakdown.startPriority1k.n)}: where the time goes (diagnostic)`);
     out.push('');
     out.push(acctP.replace('the scenario 1 loop', 'the same loop with `{ priority }`').replace(' (three `Date`s,', ' (its priority read, three `Date`s,'));
+    out.push('');
+  }
+  const sa = shapeAccountingSection(results);
+  if (sa) {
+    out.push('### `start` with options at n = 1k and 100k: where the time goes (diagnostic)');
+    out.push('');
+    out.push(sa);
     out.push('');
   }
   const ka = keyedAccountingSection(results);

@@ -814,6 +814,14 @@ async function breakdown(impls) {
   out.start1k = await startAccounting(impls);
   // The same for a start with one option (`{ priority }`): the floor reads it too.
   out.startPriority1k = await startAccounting(impls, 1000, 21, (i) => ({ priority: i % 5 }));
+  // Every option shape of scenario 7 whose target is missed, at both of its
+  // sizes: the design's bound for each (baseline ÷ (floor + hand-over)).
+  out.shapes = [];
+  for (const [n, reps] of [[1000, 21], [100000, 5]]) {
+    for (const sh of ACCOUNTED_SHAPES) {
+      out.shapes.push(await startAccounting(impls, n, reps, sh.opts, { multiTenant: sh.multiTenant === true, key: sh.key }));
+    }
+  }
   // Keyed start (target: 50× at 20k live runs): how much of it is the engine's own call.
   try {
     out.keyed20k = await keyedAccounting(impls, CONC, 20000);
@@ -843,13 +851,13 @@ async function breakdown(impls) {
  * below; the runs are never created); the contract floor (below); and the
  * baseline. Medians.
  */
-async function startAccounting(impls, n = 1000, reps = 21, opts = null) {
+async function startAccounting(impls, n = 1000, reps = 21, opts = null, { multiTenant = false, key = null } = {}) {
   const kinds = ['jobforge', 'jsOnly', 'floor', ...(impls.baseline ? ['baseline'] : [])];
   const samples = Object.fromEntries(kinds.map((k) => [k, []]));
   const handOver = [];
   const idBlock = Array.from({ length: 256 }, () => randomUUID()).join('');
   const once = async (kind) => {
-    const inst = kind === 'floor' ? { o: contractFloor(idBlock) } : (kind === 'baseline' ? impls.baseline : impls.jobforge).create();
+    const inst = kind === 'floor' ? { o: contractFloor(idBlock) } : (kind === 'baseline' ? impls.baseline : impls.jobforge).create({ multiTenant });
     const o = inst.o;
     let inNative = 0;
     if (kind === 'jobforge' || kind === 'jsOnly') {
@@ -870,7 +878,7 @@ async function startAccounting(impls, n = 1000, reps = 21, opts = null) {
     const t0 = now();
     let last = null;
     for (let i = 0; i < n; i++) last = await o.start(NOOP, { n: i }, opts === null ? undefined : opts(i));
-    if (kind === 'jobforge' || kind === 'jsOnly') await o.findById(last.id);
+    if (kind === 'jobforge' || kind === 'jsOnly') await o.findById(last.id, multiTenant ? { tenantId: last.tenantId } : undefined);
     const ns = (now() - t0) / n;
     return { ns, inNative: inNative / n };
   };
@@ -885,6 +893,7 @@ async function startAccounting(impls, n = 1000, reps = 21, opts = null) {
   return {
     n,
     reps,
+    key,
     shape: opts === null ? null : JSON.stringify(opts(1)),
     jobforgeNs: medianOf(samples.jobforge),
     handOverNs: medianOf(handOver),
@@ -942,6 +951,14 @@ async function keyedAccounting(impls, type, n, reps = 5, sample = 1000) {
  * the baseline's time over this one bounds the ratio any store, however
  * cheap, could reach in scenario 1.
  */
+/** The option shapes of scenario 7 (same options) that `breakdown` accounts for. */
+const ACCOUNTED_SHAPES = [
+  { key: 'priority', opts: (i) => ({ priority: i % 5 }) },
+  { key: 'scope', opts: (i) => ({ scope: { entityType: 'order', entityId: 'o' + (i % 100) } }) },
+  { key: 'runAt', opts: () => ({ runAt: new Date(Date.now() + 60_000) }) },
+  { key: 'tenant', multiTenant: true, opts: (i) => ({ tenantId: 't' + (i % 10) }) },
+];
+
 function contractFloor(idBlock) {
   let next = 0;
   return {
@@ -956,9 +973,9 @@ function contractFloor(idBlock) {
         parentRunId: null,
         rootRunId: id,
         parentClosePolicy: 'terminate',
-        scopeEntityType: null,
-        scopeEntityId: null,
-        tenantId: null,
+        scopeEntityType: opts?.scope ? opts.scope.entityType : null,
+        scopeEntityId: opts?.scope ? opts.scope.entityId : null,
+        tenantId: opts?.tenantId ?? null,
         tags: {},
         pool: POOL,
         priority: opts?.priority ?? 0,
@@ -970,7 +987,8 @@ function contractFloor(idBlock) {
         error: null,
         triggerSource: 'manual',
         triggerRef: null,
-        runAt: new Date(at),
+        // A row of its own: not the caller's Date.
+        runAt: opts?.runAt ? new Date(opts.runAt.getTime()) : new Date(at),
         startedAt: null,
         finishedAt: null,
         claimedAt: null,
@@ -1204,7 +1222,7 @@ async function main(args) {
     process.stdout.write('per-call breakdown… ');
     results.breakdown = await breakdown(impls);
     console.log('done');
-    for (const a of [results.breakdown.start1k, results.breakdown.startPriority1k]) {
+    for (const a of [results.breakdown.start1k, results.breakdown.startPriority1k, ...(results.breakdown.shapes ?? [])]) {
       const line = report.startAccountingLine(a);
       if (line) console.log(line);
     }

@@ -44,14 +44,49 @@ forBackends('a job type cut inside a character is refused by name at registratio
   t.deepEqual(await o.listSchedules(), [], 'no schedule was stored');
 });
 
-test('multi-tenant: a lone surrogate in tenantId is refused at start; queries treat it as U+FFFD, as napi did', async (t) => {
-  const o = new JobOrchestrator({ multiTenant: true, logger: silentLogger });
+// A lone surrogate has no UTF-8 form: crossing into Rust it became U+FFFD,
+// so a call gated to 'A\ud800' (a tenant no run can have: its starts are
+// refused) read and canceled the runs of tenant 'A\ufffd'. Every call now
+// refuses it, as a start does, and changes nothing.
+forBackends('multi-tenant: a lone surrogate in tenantId is refused by every call; the U+FFFD tenant is not reached', async (t, make) => {
+  const o = await make({ multiTenant: true, logger: silentLogger });
   o.registerHandler('t', {}, async () => undefined);
-  await t.throwsAsync(o.start('t', {}, { tenantId: LONE }), { instanceOf: JobInputInvalidError, message: /tenantId/ });
-  t.is(await o.findById('x\ud800', { tenantId: LONE }), null);
-  t.deepEqual(await o.listSteps('\udc00', { tenantId: null }), []);
-  await o.cancel(`run\ud800`, { tenantId: 'a' });
-  t.deepEqual(await o.countByPoolAndStatus(LONE), []);
+  const other = { tenantId: 'A\ufffd' };
+  const run = await o.start('t', {}, { ...other, scope: { entityType: 'E', entityId: '1' } });
+  const T = { tenantId: 'A\ud800' };
+  const calls: [string, () => Promise<unknown>][] = [
+    ['start', () => o.start('t', {}, T)],
+    ['startMany', () => o.startMany([{ type: 't', opts: T }])],
+    ['findById', () => o.findById(run.id, T)],
+    ['getRun', () => o.getRun(run.id, T.tenantId)],
+    ['getRunTree', () => o.getRunTree(run.id, T)],
+    ['listJobRuns', () => o.listJobRuns(T)],
+    ['listForScope', () => o.listForScope('E', '1', T)],
+    ['countRuns', () => o.countRuns(T.tenantId)],
+    ['countByPoolAndStatus', () => o.countByPoolAndStatus(T.tenantId)],
+    ['listRecentFailed', () => o.listRecentFailed(10, T.tenantId)],
+    ['listSteps', () => o.listSteps(run.id, T)],
+    ['findStep', () => o.findStep(run.id, 's', T)],
+    ['listRunEvents', () => o.listRunEvents(run.id, T)],
+    ['throughput', () => o.throughput(T)],
+    ['cancel', () => o.cancel(run.id, T)],
+    ['cancelForScope', () => o.cancelForScope('E', '1', T)],
+    ['rescheduleForScope', () => o.rescheduleForScope('E', '1', new Date(Date.now() + 60_000), T)],
+    ['replay', () => o.replay(run.id, T)],
+    ['signal', () => o.signal(run.id, 'go', null, T)],
+    ['resume', () => o.resume('jft_x', null, T)],
+    ['recordStep', () => o.recordStep({ jobRunId: run.id, stepId: 's', status: 'completed' }, T)],
+    ['waitForRun', () => o.waitForRun(run.id, { ...T, timeoutMs: 100 })],
+    ['schedule', () => o.schedule('s', { jobType: 't', everyMs: 60_000, ...T })],
+    ['unschedule', () => o.unschedule('s', T)],
+    ['listSchedules', () => o.listSchedules(T)],
+  ];
+  for (const [name, call] of calls) {
+    await t.throwsAsync(call(), { instanceOf: JobInputInvalidError, message: /tenantId/ }, name);
+  }
+  const after = await o.findById(run.id, other);
+  t.deepEqual([after?.status, after?.runAt], ['pending', run.runAt], 'the U+FFFD tenant\'s run is untouched');
+  t.is(await o.countRuns(other.tenantId), 1);
 });
 
 test('a Date whose class answers a time the engine cannot take is refused, not answered and lost', async (t) => {

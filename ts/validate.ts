@@ -34,6 +34,10 @@ export function checkTenant(t: unknown): void {
   if (t !== undefined && t !== null && typeof t !== 'string') {
     throw new JobInputInvalidError(`tenantId must be a string or null, got ${typeof t}`);
   }
+  // Crossing into Rust it would become U+FFFD, and gate the call as the
+  // tenant of that other name (reading and canceling its runs): refused in
+  // every call, as a start refuses it.
+  if (typeof t === 'string') checkText(t, 'tenantId');
 }
 
 const LONE = /[\uD800-\uDBFF](?![\uDC00-\uDFFF])|(?<![\uD800-\uDBFF])[\uDC00-\uDFFF]/;

@@ -170,6 +170,24 @@ test('dashboard: authorize pins the tenant; another tenant\'s run is not found',
   t.is((await o.getRun(theirs.id, 'b'))?.status, 'pending');
 });
 
+// A malformed verdict fails closed: `{ tenantId: req.user.tenantId }` with
+// the claim missing used to pin the tenant-less runs, and a tenant id
+// answered as a bare string was taken as `true` (every tenant).
+test('dashboard: an authorize answer that is not true, false or { tenantId } is refused (403), never widened', async (t) => {
+  const o = manual({ multiTenant: true });
+  o.registerHandler('dash.t', {}, async () => ({}));
+  const untenanted = await o.start('dash.t', {}, { tenantId: null });
+  const theirs = await o.start('dash.t', {}, { tenantId: 'b' });
+  for (const verdict of [{ tenantId: undefined }, {}, 'a', 1]) {
+    const base = await serve(t, o, { authorize: () => verdict as never });
+    t.is((await get(`${base}/runs/${untenanted.id}`)).status, 403, JSON.stringify(verdict));
+    t.is((await get(`${base}/runs/${theirs.id}?tenant=b`)).status, 403, JSON.stringify(verdict));
+  }
+  const nullPinned = await serve(t, o, { authorize: () => ({ tenantId: null }) });
+  t.is((await get(`${nullPinned}/runs/${untenanted.id}`)).status, 200, 'null said is the tenant-less runs');
+  t.is((await get(`${nullPinned}/runs/${theirs.id}?tenant=b`)).status, 404);
+});
+
 test('dashboard: mounted under a base path, its links stay under it', async (t) => {
   const o = manual();
   o.registerHandler('dash.b', {}, async () => ({}));

@@ -114,9 +114,21 @@ export function createDashboard(orchestrator: JobOrchestrator, opts: DashboardOp
   async function access(req: IncomingMessage, action: DashboardAction, url: URL): Promise<Access> {
     let pinned: { tenantId: string | null } | null = null;
     if (authorize) {
-      const verdict = await authorize(req, action);
+      const verdict: unknown = await authorize(req, action);
       if (verdict === false || verdict === null || verdict === undefined) throw new HttpError(403, 'not authorized');
-      if (typeof verdict === 'object') pinned = { tenantId: verdict.tenantId ?? null };
+      if (typeof verdict === 'object') {
+        // Fail closed: `{ tenantId: req.user.tenantId }` with the claim
+        // missing must not pin the tenant-less runs (null is said, not
+        // defaulted to).
+        const t = (verdict as { tenantId?: unknown }).tenantId;
+        if (o.multiTenant && t !== null && typeof t !== 'string') {
+          throw new HttpError(403, 'authorize answered an object without a tenantId (a string, or null for the runs without a tenant)');
+        }
+        pinned = { tenantId: typeof t === 'string' ? t : null };
+      } else if (verdict !== true) {
+        // Only true grants every tenant: a tenant id answered as a string is not a pin.
+        throw new HttpError(403, 'authorize must answer true, false or { tenantId }');
+      }
     } else {
       if (!isLocalRequest(req)) {
         throw new HttpError(403, 'this dashboard has no authorize option: it answers loopback requests to localhost, 127.0.0.1 or [::1] only');

@@ -350,11 +350,73 @@ fn a_cascade_stored_late_keeps_the_childs_times_ordered<S: Store>(e: &Engine<S>)
     assert!(row.finished_at.get() >= Some(events[2].at));
 }
 
+/// A child's end stored after its handler ended, while its parent parked
+/// on it in between: the parent's `resumed` comes after its `waiting`.
+fn a_childs_late_stored_end_resumes_its_parent_after_it_parked<S: Store>(e: &Engine<S>) {
+    use jobforge_core::engine::{WaitBegin, WaitRequest};
+    register(e, "inv", 1);
+    register(e, "kid", 1);
+    let parent = start(e, "inv", None);
+    let p = e.claim_next("batch").unwrap().unwrap();
+    let begin = e
+        .wait_begin(
+            &parent.id.to_string(),
+            p.claim_epoch,
+            "k",
+            WaitRequest::Child {
+                start: Box::new(StartRequest {
+                    job_type: "kid".to_owned(),
+                    input: raw("{}"),
+                    ..StartRequest::default()
+                }),
+                timeout_ms: None,
+            },
+        )
+        .unwrap();
+    assert!(matches!(begin, WaitBegin::Open), "{begin:?}");
+    let c = e.claim_next("batch").unwrap().unwrap();
+    assert_eq!(c.job_type.as_ref() as &str, "kid");
+    let kid_ended = e.now();
+    e.clock().advance(300);
+    e.finish_attempt(&parent.id, p.claim_epoch, AttemptOutcome::Parked)
+        .unwrap();
+    e.clock().advance(50);
+    e.settle(
+        vec![AttemptEnd {
+            id: c.id,
+            epoch: c.claim_epoch,
+            outcome: Some(AttemptOutcome::Completed(Some(raw("1")))),
+            ended_at: Some(kid_ended),
+        }],
+        &[],
+    )
+    .unwrap();
+    let events = all_events(e, parent.id);
+    assert_eq!(
+        summary(&events),
+        vec![
+            ("created", 0),
+            ("started", 1),
+            ("waiting", 1),
+            ("resumed", 1)
+        ]
+    );
+    assert!(
+        events.windows(2).all(|w| w[0].at <= w[1].at),
+        "{:?}",
+        events
+            .iter()
+            .map(|e| (e.kind.as_str(), e.at))
+            .collect::<Vec<_>>()
+    );
+}
+
 #[test]
 fn memory_timeline() {
     a_retried_run_tells_its_life_in_order(&memory(Retention::default()));
     a_cascade_names_its_cause(&memory(Retention::default()));
     a_cascade_stored_late_keeps_the_childs_times_ordered(&memory(Retention::default()));
+    a_childs_late_stored_end_resumes_its_parent_after_it_parked(&memory(Retention::default()));
     ends_are_counted_per_minute(&memory(Retention::default()));
     let e = memory(KEEP_A_SECOND);
     events_go_with_their_run(&e);
@@ -375,6 +437,10 @@ fn postgres_timeline() {
         return;
     };
     a_cascade_stored_late_keeps_the_childs_times_ordered(&e);
+    let Some(e) = pg("lateresume", Retention::default()) else {
+        return;
+    };
+    a_childs_late_stored_end_resumes_its_parent_after_it_parked(&e);
     let Some(e) = pg("minutes", Retention::default()) else {
         return;
     };

@@ -624,10 +624,14 @@ impl<S: Store> Engine<S> {
     ) {
         match tx.run(id).map(|r| r.status) {
             Some(RunStatus::Waiting) => {
-                tx.update_run(id, &mut |r| r.resume_now(now));
+                // Not before the run's last change: a child's end stored
+                // after its handler ended (a networked worker) resolves the
+                // wait at that end, which may come before this run parked.
+                let at = tx.run(id).map_or(now, |r| now.max(r.updated_at));
+                tx.update_run(id, &mut |r| r.resume_now(at));
                 fx.wake = true;
                 let attempt = super::attempts::run_attempt(tx, id);
-                self.note(tx, id, EventKind::Resumed, now, attempt, || {
+                self.note(tx, id, EventKind::Resumed, at, attempt, || {
                     Some(json!({ "by": by, "stepId": step }))
                 });
             }

@@ -816,6 +816,136 @@ test('a synchronous throw (Error, string, null, a throwing getter on the error) 
   await stillHealthy(t, o);
 });
 
+// A handler's result goes through our own promise: a tampered native
+// promise (a `constructor` getter that throws, or an own `then` that
+// throws) crashed the worker through `Promise.resolve(result).then`, and on
+// tick rejected untyped with the run left running.
+test('a handler returning a tampered native promise fails its run; the worker, tick and the process go on', async (t) => {
+  const o = system();
+  o.registerHandler('evil.ctor', {}, (() => {
+    const p = Promise.resolve(1);
+    Object.defineProperty(p, 'constructor', {
+      get() {
+        throw new Error('constructor getter');
+      },
+    });
+    return p;
+  }) as never);
+  o.registerHandler('evil.then', {}, (() => {
+    const p = Promise.resolve(1);
+    Object.defineProperty(p, 'then', {
+      value() {
+        throw new Error('own then');
+      },
+    });
+    return p;
+  }) as never);
+  startW(t, o);
+  for (const [type, message] of [['evil.ctor', 'constructor getter'], ['evil.then', 'own then']]) {
+    const r = await o.start(type!, {});
+    const done = await o.waitForRun(r.id, { timeoutMs: 5000 });
+    t.deepEqual([done.status, done.error?.message], ['failed', message], type);
+  }
+  await stillHealthy(t, o);
+  const m = manual();
+  m.registerHandler('evil.then', {}, o.getHandlerRegistration('evil.then')!.handlerClass as never);
+  const r = await m.start('evil.then', {});
+  await m.claimNext('batch');
+  await m.tick(r.id);
+  t.is((await m.findById(r.id))?.status, 'failed', 'tick settles it too');
+});
+
+// An error's message and stack are cut (1 MiB each, kept by the engine;
+// 4 Mi characters cross): a message of hundreds of MB made JSON.stringify
+// throw RangeError out of the executor (an unhandled rejection, the
+// process gone) and would not fit a PostgreSQL row.
+test('a thrown error with a huge message fails the run with the message cut, saying how much; the process lives', async (t) => {
+  const o = system();
+  const big = 'e'.repeat(6_000_000);
+  o.registerHandler('huge.async', {}, async () => {
+    throw new Error(big);
+  });
+  o.registerHandler('huge.sync', {}, (() => {
+    throw new Error(big);
+  }) as never);
+  startW(t, o);
+  for (const type of ['huge.async', 'huge.sync']) {
+    const r = await o.start(type, {});
+    const done = await o.waitForRun(r.id, { timeoutMs: 10_000 });
+    t.is(done.status, 'failed', type);
+    const message = done.error?.message ?? '';
+    t.true(message.startsWith('eeee'), type);
+    t.regex(message, /… \[\d+ more bytes cut\]$/, type);
+    t.true(message.length < (1 << 20) + 64, `${type}: ${message.length}`);
+  }
+  await stillHealthy(t, o);
+});
+
+// A listener's throw is logged; a value whose printing throws (a throwing
+// Symbol.toStringTag getter) made the logger throw, and the process died.
+test('a run listener that throws or rejects with a value that cannot be printed is logged without it; the process lives', async (t) => {
+  const logged: string[] = [];
+  const o = new JobOrchestrator({
+    clock: 'manual',
+    logger: {
+      error: (m: unknown, ...rest: unknown[]) => {
+        for (const x of rest) String(x); // what a console would do: print it
+        logged.push(String(m));
+      },
+      warn: () => undefined,
+      log: () => undefined,
+      debug: () => undefined,
+    },
+  });
+  const unprintable = {
+    get [Symbol.toStringTag]() {
+      throw new Error('no tag');
+    },
+  };
+  o.on('run:completed', () => {
+    throw unprintable;
+  });
+  o.on('run:completed', async () => {
+    throw unprintable;
+  });
+  o.registerHandler('l', {}, async () => 1);
+  const r = await o.start('l', {});
+  await o.claimNext('batch');
+  await o.tick(r.id);
+  await waitFor(() => logged.length >= 2, 'both listeners logged');
+  t.deepEqual(logged, [
+    "jobforge: a 'run:completed' listener threw a value that cannot be printed",
+    "jobforge: a 'run:completed' listener threw a value that cannot be printed",
+  ]);
+  t.is((await o.findById(r.id))?.status, 'completed');
+});
+
+// A step output read while checked (a getter, a proxy's trap) that throws:
+// ctx.step rejected with that raw error and the step row stayed running.
+test('a step output whose reading throws fails the step (typed, not retried); the run goes on', async (t) => {
+  const o = manual();
+  let caught: unknown = null;
+  o.registerHandler('getter', {}, async (ctx: JobContext<unknown>) => {
+    try {
+      await ctx.step('g', () => ({
+        get x() {
+          throw new Error('getter');
+        },
+      }));
+    } catch (e) {
+      caught = e;
+    }
+    return 'done';
+  });
+  const r = await o.start('getter', {});
+  await o.claimNext('batch');
+  await o.tick(r.id);
+  t.true(caught instanceof JobInputInvalidError, String(caught));
+  t.regex(String((caught as Error).message), /step 'g' output cannot be read/);
+  t.is((await o.findStep(r.id, 'g'))?.status, 'failed');
+  t.is((await o.findById(r.id))?.status, 'completed');
+});
+
 test('rejection with non-Errors (string, undefined, null, object, number, symbol, unprintable, proxy) fails the run with its string form', async (t) => {
   const o = system();
   const unprintable = {

@@ -89,6 +89,19 @@ export class RunEvents {
     }
   }
 
+  /** Logs what a listener threw; a value the logger cannot print (a throwing getter) is not printed. */
+  private listenerThrew(event: RunEventName, e: unknown): void {
+    try {
+      this.logger.error(`jobforge: a '${event}' listener threw`, e);
+    } catch {
+      try {
+        this.logger.error(`jobforge: a '${event}' listener threw a value that cannot be printed`);
+      } catch {
+        // A logger that throws must not crash the process.
+      }
+    }
+  }
+
   emit(run: JobRun): void {
     const event = (run.status === 'pending' ? 'run:retrying' : `run:${run.status}`) as RunEventName;
     for (const listener of this.listeners.get(event) ?? []) {
@@ -97,11 +110,12 @@ export class RunEvents {
         // An async listener's rejection would otherwise be unhandled (and
         // end the process): logged like a throw.
         if ((typeof r === 'object' && r !== null) || typeof r === 'function') {
-          Promise.resolve(r).then(undefined, (e: unknown) => this.logger.error(`jobforge: a '${event}' listener threw`, e));
+          // Our own promise: a thenable's `then` (or a tampered promise's) is called in a job, its throw a rejection.
+          new Promise((resolve) => resolve(r)).then(undefined, (e: unknown) => this.listenerThrew(event, e));
         }
       } catch (e) {
         // A throwing listener must not break the engine or other listeners.
-        this.logger.error(`jobforge: a '${event}' listener threw`, e);
+        this.listenerThrew(event, e);
       }
     }
     if (TERMINAL.has(run.status)) {

@@ -135,8 +135,20 @@ export function flatSnapshot(value: unknown): FlatSnapshot | null {
 
 /** JSON text of `value` after checking it, or the reason it is not JSON. */
 export function toJsonText(value: unknown, what: string): { ok: true; text: string } | { ok: false; reason: string } {
-  if (isFlatJsonObject(value)) return { ok: true, text: JSON.stringify(value) };
-  const problem = jsonProblem(value);
+  let problem: string | null;
+  try {
+    if (isFlatJsonObject(value)) return { ok: true, text: JSON.stringify(value) };
+    problem = jsonProblem(value);
+  } catch (e) {
+    // A getter or a proxy's trap threw while the value was read.
+    let why = 'reading it threw';
+    try {
+      why = `reading it threw: ${e instanceof Error ? e.message : String(e)}`;
+    } catch {
+      // what it threw cannot be printed either
+    }
+    return { ok: false, reason: `${what} cannot be read (${why})` };
+  }
   if (problem) return { ok: false, reason: problem.replace(/^value/, what) };
   try {
     return { ok: true, text: JSON.stringify(value) ?? 'null' };

@@ -536,7 +536,7 @@ export interface Failure {
 export function describeFailure(err: unknown): Failure {
   let message: string;
   try {
-    message = wellFormed(err instanceof Error ? err.message : String(err));
+    message = wellFormed(cutErrorText(err instanceof Error ? err.message : String(err)));
   } catch {
     message = 'handler threw a value that cannot be turned into a string';
   }
@@ -544,7 +544,7 @@ export function describeFailure(err: unknown): Failure {
   if (err !== null && typeof err === 'object') {
     const e = err as { stack?: unknown; name?: unknown; code?: unknown };
     try {
-      if (typeof e.stack === 'string') out.stack = wellFormed(e.stack);
+      if (typeof e.stack === 'string') out.stack = wellFormed(cutErrorText(e.stack));
       if (typeof e.name === 'string') out.name = wellFormed(e.name);
       if (typeof e.code === 'string') out.code = wellFormed(e.code);
     } catch {
@@ -554,9 +554,26 @@ export function describeFailure(err: unknown): Failure {
   return out;
 }
 
+/**
+ * An error's message or stack past this many characters is cut before it
+ * crosses: JSON of hundreds of megabytes cannot even be built (V8's string
+ * limit), and the engine keeps 1 MiB of each (`MAX_ERROR_TEXT`).
+ */
+const ERROR_TEXT_CROSSES = 4 << 20;
+const cutErrorText = (s: string): string => (s.length > ERROR_TEXT_CROSSES ? s.slice(0, ERROR_TEXT_CROSSES) : s);
+
+/** `describeFailure` as JSON; never throws (a failure must always be reportable). */
+export function failureJson(err: unknown): string {
+  try {
+    return JSON.stringify(describeFailure(err));
+  } catch {
+    return '{"message":"handler threw a value that cannot be described"}';
+  }
+}
+
 export const failedOutcome = (err: unknown): Outcome => ({
   status: 'failed',
-  text: JSON.stringify({ status: 'failed', error: describeFailure(err) }),
+  text: `{"status":"failed","error":${failureJson(err)}}`,
 });
 export const NO_HANDLER: Outcome = { status: 'no_handler', text: '{"status":"no_handler"}' };
 /** `PARKED` in Rust: the handler is blocked only on durable waits; the run waits. */

@@ -13,7 +13,7 @@ import type { JobRun, JobRunError } from '../rows';
 import type { EngineClock } from '../clock';
 import type { PreparedStart } from '../backend/backend';
 import { checkRetryPolicy, checkSpawnOptions, checkStepOptions, checkText, checkWaitOptions, dateMs, retryPolicyWire, type StartOptionsInput } from '../validate';
-import { describeFailure, startWireJson, type Ticket, type WaitAnswer } from '../wire';
+import { failureJson, startWireJson, type Ticket, type WaitAnswer } from '../wire';
 import { ABORTED_STATUS, type Attempt } from './attempt';
 import type { StepTrace, Tracing } from '../tracing';
 
@@ -268,7 +268,7 @@ class Waits {
       try {
         await deliver(answer.token);
       } catch (err) {
-        await store.stepFail(runId, epoch, stepId, JSON.stringify(describeFailure(err)), null);
+        await store.stepFail(runId, epoch, stepId, failureJson(err), null);
         throw err;
       } finally {
         a.stepsRunning--;
@@ -366,7 +366,7 @@ async function stepLoop<T>(
       value = await withTimeout(clock, Promise.resolve().then(fn), stepId, timeoutMs);
     } catch (err) {
       trace?.tryFailed(err);
-      const failure = JSON.stringify(describeFailure(err));
+      const failure = failureJson(err);
       const failedAt = clock.now();
       const delay = await store.stepFail(runId, epoch, stepId, failure, policyText);
       if (delay === null || attempt.aborted) throw err;
@@ -384,7 +384,7 @@ async function stepLoop<T>(
       // The function did its work; running it again would repeat that
       // work and meet the same output. The step fails without a retry.
       const err = new JobInputInvalidError(`${j.reason} (a step's output must be JSON; the step is not retried)`);
-      await store.stepFail(runId, epoch, stepId, JSON.stringify(describeFailure(err)), null);
+      await store.stepFail(runId, epoch, stepId, failureJson(err), null);
       throw err;
     }
     await store.stepComplete(runId, epoch, stepId, j.text);

@@ -78,9 +78,11 @@ export class Executor {
       trace?.failed(e);
       return end(failedOutcome(e));
     }
-    // Promise.resolve: a native promise as is; a thenable (even one whose
-    // `then` throws) or a plain value the way `await` would take it.
-    Promise.resolve(result).then(
+    // Our own promise resolved with the result, the way `await` takes it: a
+    // thenable's `then` (even a tampered native promise's, or one whose
+    // `constructor` getter throws, which `Promise.resolve` would read) is
+    // called in a job, and its throw is a rejection, never an exception here.
+    new Promise<unknown>((resolve) => resolve(result)).then(
       (value) => {
         // Reading the output can throw too (a proxy's trap, a getter).
         let outcome: Outcome;

@@ -171,6 +171,24 @@ struct Effects {
     wake: bool,
 }
 
+/// The most of an error's message, or of its stack, a run keeps.
+pub const MAX_ERROR_TEXT: usize = 1 << 20;
+
+/// `text` cut at [`MAX_ERROR_TEXT`] bytes (on a character boundary), saying
+/// how much was cut.
+fn cut_error_text(text: &mut String) {
+    if text.len() <= MAX_ERROR_TEXT {
+        return;
+    }
+    let mut end = MAX_ERROR_TEXT;
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    let cut = text.len() - end;
+    text.truncate(end);
+    text.push_str(&format!(" … [{cut} more bytes cut]"));
+}
+
 fn parse_run_id(id: &str) -> Option<RunId> {
     Uuid::parse_str(id).ok()
 }
@@ -229,9 +247,14 @@ impl<S: Store> Engine<S> {
     /// are applied, so every answer carries the text a read returns. Its
     /// name and code are not stored (they only pick the retry policy,
     /// which must see what the handler threw) and are left as they are.
+    /// Also cut at [`MAX_ERROR_TEXT`] bytes each (both stores): an error's
+    /// texts are a diagnosis, and a message of hundreds of megabytes would
+    /// not fit a PostgreSQL row (its run would never end).
     fn storable_error(&self, message: &mut String, stack: &mut Option<String>) {
+        cut_error_text(message);
         self.store.storable_text(message);
         if let Some(s) = stack.as_mut() {
+            cut_error_text(s);
             self.store.storable_text(s);
         }
     }

@@ -256,12 +256,20 @@ fn nul_to_replacement(s: &mut String) {
 }
 
 const NUL: &str = "a NUL character (PostgreSQL cannot store it)";
+const TOO_LARGE: &str = "more than PostgreSQL's jsonb limit (256 MB)";
+/// The largest JSON text written to a `jsonb` column: a value past it is
+/// refused by the server, failing the whole transaction (a worker's batch
+/// of outcomes with it, again and again).
+const JSONB_MAX: usize = 268_435_455;
 const LONE_SURROGATE: &str = "a lone surrogate (PostgreSQL cannot store it)";
 
 /// Why PostgreSQL's `jsonb` refuses a JSON text, if it does: a `\u0000`
 /// escape or an escaped surrogate without its pair. (Valid JSON text in a
 /// Rust string holds neither unescaped.) One pass over the bytes.
 pub fn jsonb_problem(json: &str) -> Option<&'static str> {
+    if json.len() > JSONB_MAX {
+        return Some(TOO_LARGE);
+    }
     let b = json.as_bytes();
     let hex = |at: usize| -> Option<u32> {
         let s = json.get(at..at + 4)?;
@@ -3231,6 +3239,20 @@ mod tests {
     };
     use crate::model::{RunId, RunStatus};
     use std::time::Duration;
+
+    /// A value past jsonb's limit is refused before it is written: the
+    /// server's refusal failed the whole transaction (a worker's batch of
+    /// outcomes), and the run never ended.
+    #[test]
+    fn a_json_text_past_the_jsonb_limit_is_a_problem_before_the_server_sees_it() {
+        let mut at_limit = String::with_capacity(super::JSONB_MAX + 1);
+        at_limit.push('"');
+        at_limit.extend(std::iter::repeat_n('a', super::JSONB_MAX - 2));
+        at_limit.push('"');
+        assert_eq!(super::jsonb_problem(&at_limit), None);
+        at_limit.insert(1, 'a');
+        assert_eq!(super::jsonb_problem(&at_limit), Some(super::TOO_LARGE));
+    }
 
     #[test]
     fn announcements_fit_a_notification_and_read_back_as_sent() {

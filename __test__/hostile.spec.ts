@@ -26,9 +26,11 @@ import {
   ParentRunNotFoundError,
 } from '../dist';
 import type { JobContext, JobRun, PoolStatusCount, WorkerHandle, WorkerOptions } from '../dist';
+import { forBackends } from './backends';
 import { deferred, manual, realSleep, rejects, system, waitFor } from './helpers';
 
 const noop = async () => ({ ok: true });
+const silentish = { log() {}, error() {}, warn() {}, debug() {} };
 
 function nestObj(levels: number): unknown {
   let v: unknown = { leaf: true };
@@ -1125,6 +1127,28 @@ test('ctx.step after the attempt ended (canceled, timed out, completed): JobRunS
   t.is(fnCalls, 0, 'no late step fn ran');
   t.is((await o.findById(c.id))!.output, null, "the canceled handler's result was ignored");
   await stillHealthy(t, o);
+});
+
+// Decided in call order on every store: on PostgreSQL the two calls took
+// two connections, and the second (quick) one could begin and complete
+// before the first began, which then answered the second's output with its
+// own function never run (16 of 40 in an audit's repro).
+forBackends('two concurrent calls with one step id: the first runs, the second is JobStepConflictError, in call order on every store', async (t, make) => {
+  const o = await make.manual({ logger: silentish });
+  o.registerHandler('dup', {}, async (ctx: JobContext<unknown>) => {
+    const r = await Promise.allSettled([
+      ctx.step('a', () => new Promise((res) => setTimeout(() => res('first'), 30))),
+      ctx.step('a', () => 'second'),
+      ctx.sleep('a', 1),
+    ]);
+    return r.map((x) => (x.status === 'fulfilled' ? x.value ?? null : (x.reason as Error).name));
+  });
+  for (let i = 0; i < 8; i++) {
+    const run = await o.start('dup', {});
+    await o.claimNext('batch');
+    await o.tick(run.id);
+    t.deepEqual((await o.findById(run.id))?.output, ['first', 'JobStepConflictError', 'JobStepConflictError'], `round ${i}`);
+  }
 });
 
 test('two concurrent ctx.step calls with one id in one attempt: one runs, the other rejects JobStepConflictError {runId, stepId}', async (t) => {

@@ -3,7 +3,7 @@
  * run id), which the engine's abort notices reach.
  */
 
-import { JobRunStateError } from '../errors';
+import { JobRunStateError, JobStepConflictError } from '../errors';
 import type { AttemptTrace } from '../tracing';
 
 /** The run status an attempt's abort reason means. */
@@ -39,6 +39,21 @@ export class Attempt {
   waitCalls = 0;
   /** `ctx.step` calls (and token deliveries) under way. */
   stepsRunning = 0;
+  /**
+   * The step and wait ids of this execution's calls not yet answered (a
+   * wait answered open stays): a second call with one of them is a
+   * conflict, decided here in call order. The engine would see the two
+   * calls in whatever order they reach it (on PostgreSQL, on two
+   * connections: the second could begin and complete first, and the
+   * first answer with its output).
+   */
+  readonly idsInFlight = new Set<string>();
+
+  /** Takes `stepId` for a call of this execution, or throws `JobStepConflictError`. */
+  claimId(runId: string, stepId: string): void {
+    if (this.idsInFlight.has(stepId)) throw new JobStepConflictError(runId, stepId);
+    this.idsInFlight.add(stepId);
+  }
   /**
    * The attempt parked. Its handler's continuation is left to the collector
    * when it awaited only waits; one that awaited other work too goes on,

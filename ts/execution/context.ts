@@ -247,12 +247,32 @@ class Waits {
   private async ask(stepId: string, wire: () => () => string, deliver?: (token: string) => unknown): Promise<unknown> {
     checkStepId(stepId);
     const request = wire();
-    const { store } = this.host;
     const { id: runId, epoch } = this.ticket;
     const a = this.attempt;
     a.checkNotReturned(runId, `wait '${stepId}'`);
     const memo = this.ticket.takeMemo(stepId, true);
     if (memo !== undefined) return memo.value;
+    a.claimId(runId, stepId);
+    // Held while the wait is open: it parks the run under this id.
+    let open = false;
+    try {
+      return await this.askEngine(runId, epoch, stepId, request, deliver, () => (open = true));
+    } finally {
+      if (!open) a.idsInFlight.delete(stepId);
+    }
+  }
+
+  /** `ask` past its memo: the engine's answer (`opened` is told when the wait stays open). */
+  private async askEngine(
+    runId: string,
+    epoch: number,
+    stepId: string,
+    request: () => string,
+    deliver: ((token: string) => unknown) | undefined,
+    opened: () => void,
+  ): Promise<unknown> {
+    const { store } = this.host;
+    const a = this.attempt;
     let answer: WaitAnswer;
     a.waitCalls++;
     try {
@@ -288,6 +308,7 @@ class Waits {
       case 'failed':
         throw waitError(answer.error);
       default:
+        opened();
         a.waitOpened();
         return PARKED_FOREVER();
     }
@@ -323,6 +344,7 @@ async function runStep<T>(
   const policyText = retry === undefined ? null : JSON.stringify(retryPolicyWire(retry as unknown as Record<string, unknown>));
   const { store, clock } = host;
   attempt.checkNotReturned(runId, `ctx.step '${stepId}'`);
+  attempt.claimId(runId, stepId);
   // A running step keeps the attempt from parking on its waits.
   attempt.stepsRunning++;
   try {
@@ -330,6 +352,7 @@ async function runStep<T>(
     if (trace === null) return await stepLoop(store, clock, ticket, attempt, stepId, fn, timeoutMs, policyText, null);
     return await trace.step(stepId, (st) => stepLoop(store, clock, ticket, attempt, stepId, fn, timeoutMs, policyText, st));
   } finally {
+    attempt.idsInFlight.delete(stepId);
     attempt.stepsRunning--;
     attempt.considerPark();
   }

@@ -236,6 +236,31 @@ test('deep nesting: a Date whose toJSON returns a 1,001-level value is JobInputI
   await f.onlyKnownClaimable(t);
 });
 
+// An array's own toJSON (or an object's non-enumerable one) was not
+// walked: JSON wrote what it returned unchecked, a 3,000-level value past
+// the 1,000-level limit, as an input, a handler output and a step output.
+test('deep nesting: an array with its own toJSON, or an object with a hidden one, is refused wherever a value is checked', async (t) => {
+  const f = await fixture();
+  const sneakyArray = Object.assign([], { toJSON: () => nestObj(3000) });
+  const hidden = Object.defineProperty({ a: 1 }, 'toJSON', { value: () => nestObj(3000), enumerable: false });
+  await rejects(t, () => f.o.start('plain', { x: sneakyArray }), JobInputInvalidError, 'JOB_INPUT_INVALID', 'array toJSON');
+  await rejects(t, () => f.o.start('plain', { x: hidden }), JobInputInvalidError, 'JOB_INPUT_INVALID', 'hidden toJSON');
+  await f.unchanged(t, 'toJSON');
+  const o = manual();
+  let stepError: unknown = null;
+  o.registerHandler('out', {}, async (ctx: JobContext<unknown>) => {
+    await ctx.step('s', () => sneakyArray).catch((e: unknown) => (stepError = e));
+    return sneakyArray;
+  });
+  const r = await o.start('out', {});
+  await o.claimNext('batch');
+  await o.tick(r.id);
+  t.true(stepError instanceof JobInputInvalidError, String(stepError));
+  const done = await o.findById(r.id);
+  t.is(done?.status, 'failed');
+  t.regex(done?.error?.message ?? '', /own toJSON/);
+});
+
 // ── huge input ────────────────────────────────────────────────────────────
 
 test.serial('huge input: a 50 MB string inside an object is accepted and round-trips exactly, within a few seconds', async (t) => {

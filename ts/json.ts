@@ -52,6 +52,9 @@ export function jsonProblem(value: unknown): string | null {
           const name = (v as object).constructor?.name ?? 'object';
           return `${path} is a ${name} instance, not a plain object`;
         }
+        // JSON.stringify would write what toJSON returns, unchecked (an
+        // array's own toJSON, a non-enumerable one, escaped the walk below).
+        if (typeof (v as { toJSON?: unknown }).toJSON === 'function') return `${path} has its own toJSON`;
         seen.push(v);
         depth++;
         if (isArray) {

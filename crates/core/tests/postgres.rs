@@ -350,6 +350,74 @@ fn migrate_upgrades_a_seed_shaped_database() {
     e.register(spec("legacy")).unwrap();
     let fresh = e.start(req("legacy", "{}")).unwrap();
     assert!(fresh.seq > claimed.seq);
+    // A step is written (its key was missing from the seed's table: every
+    // ctx.step failed), twice (the upsert finds its row).
+    let c = e.claim_next("batch").unwrap().unwrap();
+    assert_eq!(c.id, fresh.id);
+    for _ in 0..2 {
+        e.step_begin(&c.id.to_string(), c.claim_epoch, "s").unwrap();
+        e.step_complete(&c.id.to_string(), c.claim_epoch, "s", Some(raw("1")))
+            .unwrap();
+    }
+    assert_eq!(
+        e.list_steps(&c.id.to_string(), &TenantArg::Missing)
+            .unwrap()
+            .len(),
+        1
+    );
+    // Durations past 2^31 ms fit (the seed's columns were integer).
+    e.register(DefinitionSpec {
+        timeout_ms: Some(30 * 24 * 3_600_000),
+        dedupe_key: Some("k".to_owned()),
+        dedupe_window_ms: Some(40 * 24 * 3_600_000),
+        ..spec("monthly")
+    })
+    .unwrap();
+    let def = e.definition("monthly").unwrap();
+    assert_eq!(def.timeout_ms, Some(30 * 24 * 3_600_000));
+    e.start(req("monthly", "{}")).unwrap();
+    // Migrating again changes nothing.
+    e.store().migrate().unwrap();
+}
+
+/// A role that owns a schema a DBA created for it, without CREATE on the
+/// database (the default for a new role), migrates it: CREATE SCHEMA was
+/// sent even when the schema existed, and its privilege check came first.
+#[test]
+fn a_schema_owner_without_create_on_the_database_migrates_its_schema() {
+    let Some((_, cfg)) = engine("owner") else {
+        return;
+    };
+    let role = format!("jf_rs_owner_{}", std::process::id());
+    let schema = format!("jf_rs_owned_{}", std::process::id());
+    let mut admin = postgres::Client::connect(&cfg.url, postgres::NoTls).unwrap();
+    let setup = format!(
+        "DROP SCHEMA IF EXISTS \"{schema}\" CASCADE; DROP ROLE IF EXISTS \"{role}\";
+         CREATE ROLE \"{role}\" LOGIN; CREATE SCHEMA \"{schema}\" AUTHORIZATION \"{role}\";"
+    );
+    if let Err(e) = admin.batch_execute(&setup) {
+        // Not a superuser here: nothing to show.
+        eprintln!("skipping: cannot create a role ({e})");
+        return;
+    }
+    let mut pg: postgres::Config = cfg.url.parse().unwrap();
+    pg.user(&role);
+    let mut owner_cfg = PgConfig::new(format!(
+        "postgres://{role}@{}/{}",
+        match pg.get_hosts().first() {
+            Some(postgres::config::Host::Tcp(h)) =>
+                format!("{h}:{}", pg.get_ports().first().copied().unwrap_or(5432)),
+            _ => "127.0.0.1:5432".to_owned(),
+        },
+        pg.get_dbname().unwrap_or("postgres")
+    ));
+    owner_cfg.schema = schema.clone();
+    owner_cfg.max_connections = 2;
+    let outcome = PgStore::new(owner_cfg).unwrap().migrate();
+    let _ = admin.batch_execute(&format!(
+        "DROP SCHEMA IF EXISTS \"{schema}\" CASCADE; DROP ROLE IF EXISTS \"{role}\";"
+    ));
+    assert!(outcome.is_ok(), "{outcome:?}");
 }
 
 /// What `jsonb` refuses, found before the database does (no server needed).

@@ -906,10 +906,26 @@ impl PgStore {
             ));
         }
         let ddl = include_str!("schema.sql").replace("{S}", &self.schema_sql);
+        // CREATE SCHEMA needs CREATE on the database even when the schema
+        // exists (the privilege is checked first): a role that owns a
+        // schema a DBA made for it could not migrate. Created only if
+        // missing (IF NOT EXISTS still settles a race with another process).
+        let exists = conn
+            .client
+            .query_opt(
+                "SELECT 1 FROM pg_namespace WHERE nspname = $1",
+                &[&self.config.schema],
+            )
+            .map_err(db_err)?
+            .is_some();
+        let create = if exists {
+            String::new()
+        } else {
+            format!("CREATE SCHEMA IF NOT EXISTS {};", self.schema_sql)
+        };
         let sql = format!(
-            "BEGIN; SELECT pg_advisory_xact_lock({}); CREATE SCHEMA IF NOT EXISTS {}; {} COMMIT;",
+            "BEGIN; SELECT pg_advisory_xact_lock({}); {create} {} COMMIT;",
             lock_key(b'm', None, &self.config.schema, ""),
-            self.schema_sql,
             ddl
         );
         let r = conn.client.batch_execute(&sql).map_err(db_err);

@@ -209,3 +209,24 @@ CREATE INDEX IF NOT EXISTS job_run_scope_page_idx ON {S}.job_run
   (tenant_id, scope_entity_type, scope_entity_id, created_at DESC, id DESC)
   WHERE scope_entity_type IS NOT NULL;
 INSERT INTO {S}.jobforge_migration (version) VALUES (5) ON CONFLICT DO NOTHING;
+
+-- jobforge, version 6: what a database created for the TypeScript system
+-- (the seed) lacked, its tables being kept by CREATE TABLE IF NOT EXISTS:
+-- the step key every step write names (ON CONFLICT (job_run_id, step_id);
+-- without it every ctx.step failed), and 64-bit durations in definitions
+-- (a timeout or dedupe window over 24.8 days did not fit its integer
+-- columns, and the failed write held up every start behind it). A table
+-- created by version 1 has the key already (as its UNIQUE constraint).
+DO $jobforge$
+BEGIN
+  IF NOT EXISTS (SELECT 1 FROM {S}.jobforge_migration WHERE version = 6) THEN
+    IF to_regclass('{S}.job_step_job_run_id_step_id_key') IS NULL
+       AND to_regclass('{S}.job_step_run_step_key') IS NULL THEN
+      CREATE UNIQUE INDEX job_step_run_step_key ON {S}.job_step (job_run_id, step_id);
+    END IF;
+    ALTER TABLE {S}.job ALTER COLUMN timeout_ms TYPE bigint,
+      ALTER COLUMN dedupe_window_ms TYPE bigint;
+  END IF;
+END
+$jobforge$;
+INSERT INTO {S}.jobforge_migration (version) VALUES (6) ON CONFLICT DO NOTHING;

@@ -641,11 +641,32 @@ test('postgres options are checked at construction', (t) => {
     [{ backend: 'postgres', postgres: { url: PG_URL, maxConnections: 0 } }, /maxConnections/],
     [{ backend: 'postgres', postgres: { url: PG_URL, leaseMs: -1 } }, /leaseMs/],
     [{ backend: 'mysql' }, /backend/],
+    // Refused, not ignored: a misspelt key, postgres options without the
+    // backend (the runs would live in memory), a schema name PostgreSQL
+    // would cut (two names, one schema's tables) or cannot take.
+    [{ backend: 'postgres', postgres: { url: PG_URL, maxConnection: 50 } }, /unknown key 'maxConnection'/],
+    [{ backend: 'postgres', postgres: { url: PG_URL, ssl: true } }, /unknown key 'ssl'/],
+    [{ postgres: { url: PG_URL } }, /backend is not 'postgres'/],
+    [{ backend: 'postgres', postgres: { url: PG_URL, schema: 'x'.repeat(64) } }, /63 bytes/],
+    [{ backend: 'postgres', postgres: { url: PG_URL, schema: "it's" } }, /apostrophe/],
+    [{ backend: 'postgres', postgres: { url: PG_URL, schema: 'a\u0000b' } }, /NUL/],
+    [{ backend: 'postgres', postgres: { url: PG_URL, schema: 'a$jobforge$b' } }, /\$jobforge\$/],
   ];
   for (const [opts, msg] of bad) {
     const err = t.throws(() => new JobOrchestrator(opts as JobOrchestratorOptions));
     t.true(err instanceof JobInputInvalidError, `${JSON.stringify(opts)}: ${String(err)}`);
     t.regex(err!.message, msg);
+  }
+});
+
+// An empty value (`--schema=`, an unset shell variable) fell back to the
+// default and migrated `public` (exit 0).
+test('jobforge migrate: an option given empty is a usage error (exit 2), not its default', (t) => {
+  const cli = path.join(__dirname, '..', 'bin', 'jobforge.js');
+  for (const args of [['--schema='], ['--schema', ''], ['--url', '']]) {
+    const r = spawnSync(process.execPath, [cli, 'migrate', '--url', 'postgres://nobody@127.0.0.1:1/none', ...args], { encoding: 'utf8' });
+    t.is(r.status, 2, args.join(' '));
+    t.regex(r.stderr, /needs a value/, args.join(' '));
   }
 });
 

@@ -41,6 +41,11 @@ function parse(argv) {
     } else out._.push(a);
   }
   if (out._.length > 1) throw new Error(`unexpected argument ${out._[1]}`);
+  // Given empty (`--schema=`, `--url ''`: an unset shell variable), a value
+  // must not fall back to its default (`public`, the environment's url).
+  for (const name of OPTIONS) {
+    if (out[name] === '') throw new Error(`--${name} needs a value`);
+  }
   return out;
 }
 

@@ -341,6 +341,10 @@ export class JobOrchestrator<Jobs extends JobMap = AnyJobs> {
     }
     const tracing = (this.tracing = Tracing.create(options.tracing));
     const core = { multiTenant: this.multiTenant, clock, retention: options.retention, timeline: options.timeline };
+    if (backend !== 'postgres' && options.postgres !== undefined) {
+      // Runs would quietly live in this process's memory, not in the database.
+      throw new JobInputInvalidError("postgres options are given but backend is not 'postgres': add backend: 'postgres'");
+    }
     if (backend === 'postgres') {
       checkPostgresOptions(options.postgres);
       this.store = new PostgresBackend(core, options.postgres, sink);

@@ -9,6 +9,7 @@ import { EngineClock } from '../clock';
 import { JobInputInvalidError, JobStoreError } from '../errors';
 import type { JobDefinitionRow, JobRun } from '../rows';
 import { NativeEngine, OP, type OpName } from '../native';
+import { checkKeys, checkText } from '../validate';
 import { decodeNativeError, parseGroup, parseRegistration, TicketReader } from '../wire';
 import { NativeBackend, noticeCallback, type Backend, type NoticeSink, type PreparedStart, type WorkerLink } from './backend';
 
@@ -50,15 +51,20 @@ export interface PostgresOptions {
   groupStarts?: boolean | undefined;
 }
 
+const POSTGRES_OPTION_KEYS: ReadonlySet<string> = new Set(['url', 'schema', 'maxConnections', 'leaseMs', 'pollMs', 'prefetch', 'groupStarts']);
+
 /** Checks the `postgres` options of an orchestrator. */
 export function checkPostgresOptions(pgo: unknown): asserts pgo is PostgresOptions {
   const o = pgo as PostgresOptions | null | undefined;
   if (o === null || typeof o !== 'object' || typeof o.url !== 'string' || o.url.length === 0) {
     throw new JobInputInvalidError("backend 'postgres' needs postgres.url (a connection string)");
   }
+  // A misspelt key (`maxConnection`, `ssl`) would be ignored without a word.
+  checkKeys(o, POSTGRES_OPTION_KEYS, 'postgres options');
   if (o.schema !== undefined && (typeof o.schema !== 'string' || o.schema.length === 0)) {
     throw new JobInputInvalidError('postgres.schema must be a non-empty string');
   }
+  if (o.schema !== undefined) checkSchemaName(o.schema);
   const positive = (v: unknown, name: string) => {
     if (v !== undefined && (typeof v !== 'number' || !Number.isFinite(v) || v <= 0)) {
       throw new JobInputInvalidError(`postgres.${name} must be a positive number, got ${String(v)}`);
@@ -72,6 +78,22 @@ export function checkPostgresOptions(pgo: unknown): asserts pgo is PostgresOptio
   }
   if (o.groupStarts !== undefined && typeof o.groupStarts !== 'boolean') {
     throw new JobInputInvalidError(`postgres.groupStarts must be a boolean, got ${String(o.groupStarts)}`);
+  }
+}
+
+/**
+ * A schema name PostgreSQL keeps as given: at most 63 bytes (a longer one
+ * is cut, so two names could share one schema's tables), no NUL, no
+ * apostrophe (the name is written inside a text literal in the DDL), not
+ * the migration block's quoting tag.
+ */
+function checkSchemaName(schema: string): void {
+  checkText(schema, 'postgres.schema');
+  if (Buffer.byteLength(schema, 'utf8') > 63) {
+    throw new JobInputInvalidError(`postgres.schema must be at most 63 bytes (PostgreSQL cuts longer names), got ${Buffer.byteLength(schema, 'utf8')}`);
+  }
+  if (schema.includes('\0') || schema.includes("'") || schema.includes('$jobforge$')) {
+    throw new JobInputInvalidError("postgres.schema must not hold a NUL, an apostrophe or the text $jobforge$");
   }
 }
 

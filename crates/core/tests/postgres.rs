@@ -1584,7 +1584,7 @@ fn a_database_of_schema_version_2_upgrades_in_place_to_durable_waits() {
         .iter()
         .map(|r| r.get(0))
         .collect();
-    assert_eq!(versions, [1, 2, 3, 4, 5]);
+    assert_eq!(versions, [1, 2, 3, 4, 5, 6]);
     let checks = |c: &mut postgres::Client| -> Vec<(String, u32, String)> {
         c.query(
             "SELECT conname::text, oid, pg_get_constraintdef(oid) FROM pg_constraint \

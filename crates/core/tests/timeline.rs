@@ -411,12 +411,64 @@ fn a_childs_late_stored_end_resumes_its_parent_after_it_parked<S: Store>(e: &Eng
     );
 }
 
+/// A step still running when its attempt ended (a sibling failed the run,
+/// or it was canceled) records nothing when it then fails, as when it
+/// returns: its failure used to land after the run's end, in its row and
+/// timeline.
+fn a_step_failing_after_its_attempt_ended_records_nothing<S: Store>(e: &Engine<S>) {
+    register(e, "late", 1);
+    for cancel in [false, true] {
+        let run = start(e, "late", None);
+        let c = e.claim_next("batch").unwrap().unwrap();
+        assert_eq!(c.id, run.id);
+        let id = run.id.to_string();
+        e.step_begin(&id, c.claim_epoch, "slow").unwrap();
+        if cancel {
+            e.cancel(&id, true, &TenantArg::Missing).unwrap();
+        } else {
+            e.finish_attempt(&run.id, c.claim_epoch, failure("sibling failed"))
+                .unwrap();
+        }
+        let before = all_events(e, run.id);
+        e.clock().advance(100);
+        let retry = e
+            .step_fail(
+                &id,
+                c.claim_epoch,
+                "slow",
+                FailureInfo {
+                    message: "late".into(),
+                    ..FailureInfo::default()
+                },
+                None,
+            )
+            .unwrap();
+        assert_eq!(retry, None);
+        assert_eq!(
+            summary(&all_events(e, run.id)),
+            summary(&before),
+            "cancel: {cancel}"
+        );
+        let step = e
+            .find_step(&TenantArg::Missing, &id, "slow")
+            .unwrap()
+            .unwrap();
+        assert_eq!(
+            step.status,
+            StepStatus::Running,
+            "as a late success leaves it"
+        );
+        assert!(step.error.is_none());
+    }
+}
+
 #[test]
 fn memory_timeline() {
     a_retried_run_tells_its_life_in_order(&memory(Retention::default()));
     a_cascade_names_its_cause(&memory(Retention::default()));
     a_cascade_stored_late_keeps_the_childs_times_ordered(&memory(Retention::default()));
     a_childs_late_stored_end_resumes_its_parent_after_it_parked(&memory(Retention::default()));
+    a_step_failing_after_its_attempt_ended_records_nothing(&memory(Retention::default()));
     ends_are_counted_per_minute(&memory(Retention::default()));
     let e = memory(KEEP_A_SECOND);
     events_go_with_their_run(&e);
@@ -441,6 +493,10 @@ fn postgres_timeline() {
         return;
     };
     a_childs_late_stored_end_resumes_its_parent_after_it_parked(&e);
+    let Some(e) = pg("latestep", Retention::default()) else {
+        return;
+    };
+    a_step_failing_after_its_attempt_ended_records_nothing(&e);
     let Some(e) = pg("minutes", Retention::default()) else {
         return;
     };

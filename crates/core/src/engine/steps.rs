@@ -191,8 +191,6 @@ impl<S: Store> Engine<S> {
         self.storable_error(&mut info.message, &mut info.stack);
         let now = self.now();
         self.write(|tx| {
-            // A step of an attempt that is over still gets its failure
-            // recorded if the row is this attempt's.
             let Some(mut s) = tx.step(&id, step_id).cloned() else {
                 return Ok(None);
             };
@@ -204,11 +202,15 @@ impl<S: Store> Engine<S> {
             if s.status == StepStatus::Completed {
                 return Ok(None);
             }
-            let still_running = tx.run(&id).is_some_and(|r| r.executes(epoch));
+            // A step of an attempt that is over records nothing, whether it
+            // failed or returned (`step_complete` refuses the same way): its
+            // run's timeline ended with the attempt, and a failure written
+            // now would come after the run's end.
+            if !tx.run(&id).is_some_and(|r| r.executes(epoch)) {
+                return Ok(None);
+            }
             let retry_in = policy.and_then(|p| {
-                (still_running
-                    && p.allows(info.name.as_deref(), info.code.as_deref())
-                    && s.attempts < p.attempts)
+                (p.allows(info.name.as_deref(), info.code.as_deref()) && s.attempts < p.attempts)
                     .then(|| self.retry_delay(p, s.attempts))
             });
             s.status = StepStatus::Failed;

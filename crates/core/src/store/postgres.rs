@@ -263,13 +263,23 @@ const TOO_LARGE: &str = "more than PostgreSQL's jsonb limit (256 MB)";
 const JSONB_MAX: usize = 268_435_455;
 const LONE_SURROGATE: &str = "a lone surrogate (PostgreSQL cannot store it)";
 
+/// Bytes a value may take in `jsonb` beyond its text, per element or pair:
+/// an entry header and a number's binary form. A text of small numbers
+/// grows about 6x (`[0,0,…]`: 2 bytes of text, 12 of jsonb per element),
+/// a long string hardly at all; the estimate stays above both.
+const JSONB_PER_VALUE: usize = 12;
+
 /// Why PostgreSQL's `jsonb` refuses a JSON text, if it does: a `\u0000`
-/// escape or an escaped surrogate without its pair. (Valid JSON text in a
-/// Rust string holds neither unescaped.) One pass over the bytes.
+/// escape or an escaped surrogate without its pair (valid JSON text in a
+/// Rust string holds neither unescaped), or a size past jsonb's limit,
+/// estimated from the text's length and how many values it holds (the
+/// binary form, not the text, is what is limited). One pass over the bytes.
 pub fn jsonb_problem(json: &str) -> Option<&'static str> {
     if json.len() > JSONB_MAX {
         return Some(TOO_LARGE);
     }
+    let mut in_string = false;
+    let mut values = 0usize;
     let b = json.as_bytes();
     let hex = |at: usize| -> Option<u32> {
         let s = json.get(at..at + 4)?;
@@ -281,6 +291,11 @@ pub fn jsonb_problem(json: &str) -> Option<&'static str> {
         if b[i] != b'\\' {
             if high {
                 return Some(LONE_SURROGATE);
+            }
+            match b[i] {
+                b'"' => in_string = !in_string,
+                b',' | b':' | b'[' | b'{' if !in_string => values += 1,
+                _ => {}
             }
             i += 1;
             continue;
@@ -303,7 +318,13 @@ pub fn jsonb_problem(json: &str) -> Option<&'static str> {
             _ => {}
         }
     }
-    high.then_some(LONE_SURROGATE)
+    if high {
+        return Some(LONE_SURROGATE);
+    }
+    let estimate = json
+        .len()
+        .saturating_add(values.saturating_mul(JSONB_PER_VALUE));
+    (estimate > JSONB_MAX).then_some(TOO_LARGE)
 }
 
 fn parse_error(v: Option<JsonText>) -> Option<Box<RunError>> {
@@ -3268,6 +3289,20 @@ mod tests {
         assert_eq!(super::jsonb_problem(&at_limit), None);
         at_limit.insert(1, 'a');
         assert_eq!(super::jsonb_problem(&at_limit), Some(super::TOO_LARGE));
+        // Small numbers grow ~6x in jsonb: 24M of them (48 MB of text,
+        // ~290 MB of jsonb) are past the limit; 10M (~120 MB) are not.
+        for (n, past) in [(24_000_000usize, true), (10_000_000, false)] {
+            let mut nums = String::with_capacity(2 * n + 2);
+            nums.push('[');
+            for k in 0..n {
+                if k > 0 {
+                    nums.push(',');
+                }
+                nums.push('0');
+            }
+            nums.push(']');
+            assert_eq!(super::jsonb_problem(&nums).is_some(), past, "{n} numbers");
+        }
     }
 
     #[test]

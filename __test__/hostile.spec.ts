@@ -245,12 +245,15 @@ test('deep nesting: an array with its own toJSON, or an object with a hidden one
   const hidden = Object.defineProperty({ a: 1 }, 'toJSON', { value: () => nestObj(3000), enumerable: false });
   await rejects(t, () => f.o.start('plain', { x: sneakyArray }), JobInputInvalidError, 'JOB_INPUT_INVALID', 'array toJSON');
   await rejects(t, () => f.o.start('plain', { x: hidden }), JobInputInvalidError, 'JOB_INPUT_INVALID', 'hidden toJSON');
+  // A flat object (strings and numbers only) with a hidden one: its fast path checks it too.
+  const flatHidden = Object.defineProperty({ a: 1 }, 'toJSON', { value: () => ({ big: NaN }), enumerable: false });
+  await rejects(t, () => f.o.start('plain', { x: 1 }, { tags: flatHidden as never }), JobInputInvalidError, 'JOB_INPUT_INVALID', 'flat hidden toJSON (tags)');
   await f.unchanged(t, 'toJSON');
   const o = manual();
   let stepError: unknown = null;
   o.registerHandler('out', {}, async (ctx: JobContext<unknown>) => {
     await ctx.step('s', () => sneakyArray).catch((e: unknown) => (stepError = e));
-    return sneakyArray;
+    return ctx.input && (ctx.input as { flat?: boolean }).flat ? flatHidden : sneakyArray;
   });
   const r = await o.start('out', {});
   await o.claimNext('batch');
@@ -259,6 +262,12 @@ test('deep nesting: an array with its own toJSON, or an object with a hidden one
   const done = await o.findById(r.id);
   t.is(done?.status, 'failed');
   t.regex(done?.error?.message ?? '', /own toJSON/);
+  const flat = await o.start('out', { flat: true });
+  await o.claimNext('batch');
+  await o.tick(flat.id);
+  const flatDone = await o.findById(flat.id);
+  t.is(flatDone?.status, 'failed', 'a flat output with a hidden toJSON');
+  t.regex(flatDone?.error?.message ?? '', /own toJSON/);
 });
 
 // ── huge input ────────────────────────────────────────────────────────────

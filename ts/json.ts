@@ -88,6 +88,8 @@ export function jsonProblem(value: unknown): string | null {
 function isFlatJsonObject(v: unknown): boolean {
   if (typeof v !== 'object' || v === null || Object.getPrototypeOf(v) !== Object.prototype) return false;
   const o = v as Record<string, unknown>;
+  // A hidden (non-enumerable) toJSON: JSON would write what it returns; the full walk refuses it.
+  if (typeof o.toJSON === 'function') return false;
   for (const k in o) if (!isFlatJsonValue(o[k])) return false;
   return true;
 }

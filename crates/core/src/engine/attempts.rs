@@ -111,8 +111,11 @@ impl<S: Store> Engine<S> {
         // And what resumes waits whose deadline passed (an indexed peek
         // when none did).
         self.resume_due_waits_then_next()?;
-        let now = self.now();
         self.write(|tx| {
+            // Read under the store's lock: a write that went first (a
+            // resume on the timer's thread) has an earlier time, so the
+            // run's timeline stays in time order.
+            let now = self.now();
             let Some(id) = tx.next_claimable(pool, now) else {
                 return Ok(None);
             };
@@ -134,8 +137,9 @@ impl<S: Store> Engine<S> {
         if max == 0 {
             return Ok(Vec::new());
         }
-        let now = self.now();
         let tickets = self.write(|tx| {
+            // Under the lock, as in `claim_next`.
+            let now = self.now();
             let mut out = Vec::new();
             self.claim_into(tx, pool, max, now, &mut out);
             Ok(out)
@@ -268,11 +272,12 @@ impl<S: Store> Engine<S> {
         claims: &[(Arc<str>, usize)],
         want_row: bool,
     ) -> Result<(Settled, Option<RunRow>)> {
-        let now = self.now();
         let mut fx = Effects::default();
         let mut wake = false;
         let mut row = None;
         let settled = self.write(|tx| {
+            // Under the lock, as in `claim_next`.
+            let now = self.now();
             // One run is read by its own lookup: nothing to load at once.
             if finished.len() > 1 {
                 let ids: Vec<RunId> = finished.iter().map(|f| f.id).collect();

@@ -858,24 +858,15 @@ test('a synchronous throw (Error, string, null, a throwing getter on the error) 
 // tick rejected untyped with the run left running.
 test('a handler returning a tampered native promise fails its run; the worker, tick and the process go on', async (t) => {
   const o = system();
-  o.registerHandler('evil.ctor', {}, (() => {
-    const p = Promise.resolve(1);
-    Object.defineProperty(p, 'constructor', {
-      get() {
-        throw new Error('constructor getter');
-      },
-    });
-    return p;
-  }) as never);
-  o.registerHandler('evil.then', {}, (() => {
-    const p = Promise.resolve(1);
-    Object.defineProperty(p, 'then', {
-      value() {
-        throw new Error('own then');
-      },
-    });
-    return p;
-  }) as never);
+  // A handler answering a native promise with `key` redefined to throw `message`.
+  const tampered = (key: string, message: string, how: 'get' | 'value') => (() => {
+    const thrower = () => {
+      throw new Error(message);
+    };
+    return Object.defineProperty(Promise.resolve(1), key, { [how]: thrower });
+  }) as never;
+  o.registerHandler('evil.ctor', {}, tampered('constructor', 'constructor getter', 'get'));
+  o.registerHandler('evil.then', {}, tampered('then', 'own then', 'value'));
   startW(t, o);
   for (const [type, message] of [['evil.ctor', 'constructor getter'], ['evil.then', 'own then']]) {
     const r = await o.start(type!, {});

@@ -311,7 +311,7 @@ impl<S: Store> Engine<S> {
                         let stale: std::collections::HashSet<(RunId, Box<str>)> = child
                             .awaited_by()
                             .iter()
-                            .filter(|(w, s)| !waits_for_child(tx, w, s, child.id, now))
+                            .filter(|(w, s)| open_child_wait(tx, w, s, child.id, now).is_none())
                             .cloned()
                             .collect();
                         // A live dedupe hit: its end must resolve this wait
@@ -793,12 +793,10 @@ impl<S: Store> Engine<S> {
         spared: Option<&std::collections::HashSet<RunId>>,
     ) {
         for (parent, step_id) in child.awaited_by() {
-            if spared.is_some_and(|d| d.contains(parent))
-                || !waits_for_child(tx, parent, step_id, child.id, now)
-            {
+            if spared.is_some_and(|d| d.contains(parent)) {
                 continue;
             }
-            let Some(s) = tx.step(parent, step_id).cloned() else {
+            let Some(s) = open_child_wait(tx, parent, step_id, child.id, now).cloned() else {
                 continue;
             };
             let (status, output) = child_result(child, step_id, parent);
@@ -889,24 +887,24 @@ fn finish_wait<T: StoreTx>(
     tx.put_step(s);
 }
 
-/// Whether the wait `step_id` of `waiter` (an `awaited_by` entry of
-/// `child`) still waits for `child`'s end at `now`: the waiter live, the
+/// The wait `step_id` of `waiter` (an `awaited_by` entry of
+/// `child`), if it still waits for `child`'s end at `now`: the waiter live, the
 /// step an open invoke of `child`, its deadline not passed. The one test
 /// of an entry: `resolve_waiters` answers only these, `waits_on` follows
 /// only these, and the others are dropped when an entry is added.
-fn waits_for_child<T: StoreTx>(
-    tx: &T,
+fn open_child_wait<'t, T: StoreTx>(
+    tx: &'t T,
     waiter: &RunId,
     step_id: &str,
     child: RunId,
     now: Millis,
-) -> bool {
-    tx.run(waiter).is_some_and(|w| !w.status.is_terminal())
-        && tx.step(waiter, step_id).is_some_and(|s| {
-            s.is_open_wait()
-                && matches!(WaitSpec::of_step(s), Some(WaitSpec::Child { child_run_id, deadline, .. })
-                    if child_run_id == child && deadline.is_none_or(|d| d > now))
-        })
+) -> Option<&'t StepRow> {
+    tx.run(waiter).filter(|w| !w.status.is_terminal())?;
+    tx.step(waiter, step_id).filter(|s| {
+        s.is_open_wait()
+            && matches!(WaitSpec::of_step(s), Some(WaitSpec::Child { child_run_id, deadline, .. })
+                if child_run_id == child && deadline.is_none_or(|d| d > now))
+    })
 }
 
 /// Whether `run` waits, through open invokes, for `target` at `now`:
@@ -922,7 +920,8 @@ pub(super) fn waits_on<T: StoreTx>(tx: &T, run: RunId, target: RunId, now: Milli
     while let Some(awaited) = next.pop() {
         let Some(r) = tx.run(&awaited) else { continue };
         for (waiter, step_id) in r.awaited_by() {
-            if !waits_for_child(tx, waiter, step_id, awaited, now) || !seen.insert(*waiter) {
+            if open_child_wait(tx, waiter, step_id, awaited, now).is_none() || !seen.insert(*waiter)
+            {
                 continue;
             }
             if *waiter == run {

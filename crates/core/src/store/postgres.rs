@@ -120,8 +120,10 @@ fn db_err(e: postgres::Error) -> JobError {
         let c = c.code();
         // serialization_failure, deadlock_detected; connection exceptions;
         // the server shutting down or ending the backend (admin_shutdown,
-        // crash_shutdown, cannot_connect_now).
-        c == "40001" || c == "40P01" || c.starts_with("08") || c.starts_with("57P0")
+        // crash_shutdown, cannot_connect_now); read_only_sql_transaction (a
+        // primary demoted in a failover: the write goes through once the
+        // connection reaches the new primary).
+        c == "40001" || c == "40P01" || c == "25006" || c.starts_with("08") || c.starts_with("57P0")
     }) || e.is_closed()
         || caused_by_io(&e);
     let conflict = e
@@ -3371,6 +3373,42 @@ mod tests {
         let named = events_channel(&long);
         assert!(named.len() <= 63, "{named}");
         assert_ne!(named, events_channel(&"t".repeat(80)));
+    }
+
+    /// A write refused because the server is read-only (a primary demoted
+    /// during a failover, `read_only_sql_transaction`) is retryable: the
+    /// same call succeeds once the connection reaches the new primary. It
+    /// was not, so a worker gave up settling its runs at once.
+    #[test]
+    fn a_write_refused_by_a_read_only_server_is_retryable() {
+        use super::*;
+        let url = std::env::var("JOBFORGE_PG_URL")
+            .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned());
+        let mut c = match postgres::Client::connect(&url, NoTls) {
+            Ok(c) => c,
+            Err(e) => {
+                if std::env::var("JOBFORGE_REQUIRE_PG").is_ok_and(|v| v == "1") {
+                    panic!("JOBFORGE_REQUIRE_PG=1 but PostgreSQL is unreachable: {e}");
+                }
+                eprintln!("skipping postgres test: no server at JOBFORGE_PG_URL ({e})");
+                return;
+            }
+        };
+        c.batch_execute("SET default_transaction_read_only = on")
+            .expect("set");
+        let e = c
+            .batch_execute("CREATE TEMP TABLE jf_read_only_probe (x int)")
+            .expect_err("a read-only session refuses a write");
+        assert_eq!(e.code().map(|c| c.code()), Some("25006"));
+        match db_err(e) {
+            JobError::Store {
+                retryable, outcome, ..
+            } => {
+                assert!(retryable);
+                assert_eq!(outcome, StoreOutcome::Unchanged);
+            }
+            other => panic!("not a store error: {other:?}"),
+        }
     }
 
     /// Every statement of the durable waits, and of the worker's batched

@@ -637,6 +637,33 @@ postgresOnly('waits survive a restart of every process: a run parked by one orch
   }
 });
 
+postgresOnly('short sleeps resume at their deadline, not at the poll: the timer hears of a park after its commit', async (t, make) => {
+  // A poll far slower than the bound below: only the worker's own timer,
+  // told of each park, can meet it. Told before the park committed, it
+  // looked, did not see the parked row yet and slept until the poll.
+  const o = await make.system({ postgres: { url: PG_URL, pollMs: 5_000 } });
+  // When each sleep was first seen over, across the executions.
+  const over: number[] = [];
+  o.registerHandler('naps', {}, async (ctx: JobContext<unknown>) => {
+    for (let k = 0; k < 8; k++) {
+      await ctx.sleep(`nap-${k}`, 50);
+      if (over.length === k) over.push(Date.now());
+    }
+  });
+  const w = o.startWorker({ pools: { batch: { concurrency: 1 } } });
+  try {
+    const t0 = Date.now();
+    const run = await o.start('naps', {});
+    const done = await o.waitForRun(run.id, { timeoutMs: 60_000 });
+    t.is(done.status, 'completed');
+    t.is(over.length, 8);
+    const gaps = over.map((at, k) => at - (k === 0 ? t0 : over[k - 1]!));
+    t.true(gaps.every((g) => g < 2_000), `each 50 ms sleep resumed after: ${gaps.join(', ')} ms (the poll interval is 5 s)`);
+  } finally {
+    await w.stop();
+  }
+});
+
 postgresOnly('a signal from another process wakes a waiting run at once (NOTIFY, not the poll)', async (t, make) => {
   // A poll far slower than the bound below: only a notification can meet it.
   const [a, b] = await pair(t, make, { logger: silentLogger, postgres: { url: PG_URL, pollMs: 5_000 } });

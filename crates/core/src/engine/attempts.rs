@@ -354,9 +354,12 @@ impl<S: Store> Engine<S> {
                 return Ok(None);
             }
             if let AttemptOutcome::Parked = outcome {
-                let (row, pending) = self.park_in(tx, run_id, epoch, now);
+                let (row, pending, deadline) = self.park_in(tx, run_id, epoch, now);
                 if pending {
                     fx.wake = true;
+                }
+                if let Some(d) = deadline {
+                    fx.parked_until = Some(fx.parked_until.map_or(d, |e| e.min(d)));
                 }
                 return Ok(Some(Finished {
                     row: if want_row { row } else { None },

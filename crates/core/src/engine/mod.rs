@@ -169,6 +169,10 @@ struct Effects {
     /// completion frees nothing a worker waits for: its own slot is
     /// refilled by whoever reports the outcome.
     wake: bool,
+    /// The earliest deadline of the runs parked: the timer that resumes
+    /// deadlines is told after the commit (told before it, it could look
+    /// and not yet see the parked row, and sleep past the deadline).
+    parked_until: Option<Millis>,
 }
 
 /// The most of an error's message, or of its stack, a run keeps.
@@ -283,6 +287,13 @@ impl<S: Store> Engine<S> {
     }
 
     fn deliver(&self, fx: Effects) {
+        if let Some(d) = fx.parked_until {
+            // The timer looks again if it would otherwise wake after this
+            // deadline (`timer_at` is `i64::MAX` while it looks).
+            if d < self.timer_at.load(std::sync::atomic::Ordering::SeqCst) {
+                self.schedules_changed.notify_one();
+            }
+        }
         if fx.aborted.is_empty() && fx.transitions.is_empty() {
             return;
         }

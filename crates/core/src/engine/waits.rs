@@ -541,14 +541,15 @@ impl<S: Store> Engine<S> {
     /// its open waits. The run turns `waiting` (kind of its first open
     /// wait, deadline the earliest of theirs), or `pending` at once if none
     /// is open any more or a deadline passed already. Not an attempt: its
-    /// count stays. Returns the row and whether it is pending. O(steps).
+    /// count stays. Returns the row, whether it is pending, and the deadline
+    /// it waits for (the caller tells the timer after the commit). O(steps).
     pub(super) fn park_in(
         &self,
         tx: &mut S::Tx<'_>,
         run_id: &RunId,
         epoch: u32,
         now: Millis,
-    ) -> (Option<RunRow>, bool) {
+    ) -> (Option<RunRow>, bool, Option<Millis>) {
         let open = tx.open_waits(run_id, epoch);
         // A wait resolved while the attempt ran (see `wake_run`). A waiting
         // run parking again (its handler went on) holds its real deadline
@@ -597,14 +598,7 @@ impl<S: Store> Engine<S> {
                 Some(serde_json::Value::Object(d))
             });
         }
-        if let (false, Some(d)) = (resume, deadline) {
-            // The timer that resumes deadlines looks again, if it would
-            // otherwise wake after this one.
-            if d < self.timer_at.load(std::sync::atomic::Ordering::SeqCst) {
-                self.schedules_changed.notify_one();
-            }
-        }
-        (out, resume)
+        (out, resume, deadline.filter(|_| !resume))
     }
 
     /// A wait of `id` resolved: a waiting run turns pending, due now. A
@@ -844,8 +838,9 @@ impl<S: Store> Engine<S> {
     /// a deadline already due is work to do at once).
     pub fn fire_timers_then_next(&self) -> Result<(Option<Millis>, Option<Millis>)> {
         use std::sync::atomic::Ordering::SeqCst;
-        // Looking: every park meanwhile wakes the timer again.
-        self.timer_at.store(i64::MIN, SeqCst);
+        // Looking: every park meanwhile wakes the timer again (a park's
+        // row may commit after this look read the deadlines).
+        self.timer_at.store(i64::MAX, SeqCst);
         let (_, fire) = self.fire_due_schedules_then_next()?;
         let (_, deadline) = self.resume_due_waits_then_next()?;
         Ok((fire, deadline))

@@ -123,7 +123,7 @@ impl<S: Store> Engine<S> {
         self.deliver(Effects {
             aborted: Vec::new(),
             transitions: rows,
-            wake: false,
+            ..Effects::default()
         });
         Ok(n)
     }
@@ -149,8 +149,7 @@ impl<S: Store> Engine<S> {
     pub fn abort_local(&self, id: RunId, epoch: Option<u32>, reason: AbortReason) {
         self.deliver(Effects {
             aborted: vec![(id, epoch, reason)],
-            transitions: Vec::new(),
-            wake: false,
+            ..Effects::default()
         });
     }
 

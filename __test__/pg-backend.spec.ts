@@ -193,6 +193,33 @@ postgresOnly('an expired lease is swept back to pending and run by another worke
   await worker.stop();
 });
 
+postgresOnly('a prefetched run dropped because its lease may have lapsed is given back at once, not left running for the sweeper (manual clock)', async (t, make) => {
+  const o = await make.manual({ logger: silentLogger, postgres: { url: PG_URL, pollMs: 5_000 } });
+  let started = 0;
+  // Ignores ctx.signal: its slot stays taken until abandonAfterMs.
+  o.registerHandler('stuck', { timeoutMs: 1_000 }, async () => {
+    started++;
+    return new Promise(() => {});
+  });
+  const w = o.startWorker({ pools: { batch: { concurrency: 1 } }, shutdownTimeoutMs: 200 });
+  try {
+    const first = await o.start('stuck', {});
+    const second = await o.start('stuck', {});
+    await until('the first run started', async () => started === 1);
+    await until('the second run prefetched', async () => (await o.findById(second.id))?.status === 'running');
+    await o.advanceTime(1_000); // the first times out; its handler keeps the slot
+    await sleep(100);
+    // Past abandonAfterMs (30 s) and the lease (30 s): the freed slot drops
+    // the prefetched run, whose lease may have lapsed. It was left running
+    // until the sweeper's next pass (a third of a lease, real time).
+    await o.advanceTime(30_000);
+    await until('the second run given back and started', async () => started === 2, 3_000);
+    t.is((await o.findById(first.id))?.status, 'timed_out');
+  } finally {
+    await w.stop();
+  }
+});
+
 postgresOnly('connections the server ends (restart, failover, pg_terminate_backend) are replaced without failing a call', async (t, make) => {
   // One transaction per start (no grouping), so the concurrent starts below fill the pool.
   const opts = make.options({ loggerFactory: () => silentLogger, postgres: { url: PG_URL, maxConnections: 3, groupStarts: false } });

@@ -300,6 +300,11 @@ pub struct Worker<S: Store + Coordination> {
     /// stores): a prefetched attempt claimed before it and not renewed
     /// since may have lost its lease (see `lease_may_have_lapsed`).
     renewed_at: AtomicI64,
+    /// Prefetched attempts dropped because their lease may have lapsed
+    /// (`pop_live`), to be given back by the loop: `(id, epoch, claimed
+    /// at)`. Left to the sweeper, such a run stayed `running` for a third
+    /// of a lease, and for good if the worker stopped meanwhile.
+    lapsed: Mutex<Vec<(RunId, u32, Option<Millis>)>>,
 }
 
 /// Settles that failed on a lost connection (having changed nothing) and
@@ -446,6 +451,7 @@ impl<S: Store + Coordination> Worker<S> {
             notices: Mutex::new(None),
             settle_failures: AtomicU32::new(0),
             renewed_at: AtomicI64::new(i64::MIN),
+            lapsed: Mutex::new(Vec::new()),
         })
     }
 
@@ -504,13 +510,38 @@ impl<S: Store + Coordination> Worker<S> {
         let p = self.pools.get(i)?;
         while let Some(t) = p.pop_prefetched() {
             p.ahead.fetch_sub(1, Ordering::SeqCst);
-            if self.engine.attempt_open(&t.run.id, t.epoch) && !self.lease_may_have_lapsed(&t) {
+            let open = self.engine.attempt_open(&t.run.id, t.epoch);
+            if open && !self.lease_may_have_lapsed(&t) {
                 return Some(t);
             }
             self.engine.end_in_flight(&t.run.id, t.epoch);
             self.forget_lease(&t.run.id, t.epoch);
+            if open {
+                // Given back by the loop's next pass (no I/O here): a
+                // release under its epoch is a no-op if another process
+                // swept it meanwhile.
+                if let Ok(mut l) = self.lapsed.lock() {
+                    l.push((t.run.id, t.epoch, t.run.claimed_at.get()));
+                }
+                self.wake.notify_one();
+            }
         }
         None
+    }
+
+    /// Gives back the prefetched attempts `pop_live` dropped as possibly
+    /// lapsed (see `lapsed`), in one transaction; on failure the sweeper
+    /// returns them once their lease has lapsed.
+    async fn return_lapsed(&self) {
+        let list = match self.lapsed.lock() {
+            Ok(mut l) if !l.is_empty() => std::mem::take(&mut *l),
+            _ => return,
+        };
+        match self.on_store(move |e| e.release_claims(&list)).await {
+            Some(Ok(_)) => self.record_success(CallKind::Write),
+            Some(Err(e)) => self.record_error(CallKind::Write, e),
+            None => self.record_error(CallKind::Write, "a store transaction did not finish"),
+        }
     }
 
     /// Whether the lease of prefetched `t` may be older than `lease_ms`:
@@ -861,6 +892,7 @@ impl<S: Store + Coordination> Worker<S> {
             if stopping && self.prefetching() {
                 self.return_prefetched().await;
             }
+            self.return_lapsed().await;
             let active = self.settling.load(Ordering::SeqCst);
             // An inline store's ends are stored by `report` itself.
             if stopping

@@ -1054,8 +1054,9 @@ impl<S: Store + Coordination> Worker<S> {
         }
     }
 
-    /// Splits a claim's tickets: the best of each pool into the slots it
-    /// reserved, the rest into its prefetch queue; gives back the rest of
+    /// Splits a claim's tickets: the best of each pool (of these and its
+    /// prefetch queue) into the slots it reserved, the rest into the
+    /// queue; gives back the rest of
     /// the reservation. The tickets to dispatch, and whether a pool found
     /// fewer runs than it asked for (nothing more is due there).
     fn place_claimed(
@@ -1075,17 +1076,28 @@ impl<S: Store + Coordination> Worker<S> {
         }
         let mut dispatch = Vec::new();
         let mut short = false;
-        for (c, mut got) in plan.iter().zip(by_pool) {
+        for (c, got) in plan.iter().zip(by_pool) {
             let Some(p) = self.pools.get(c.pool) else {
                 continue;
             };
             short |= got.len() < c.slots + c.ahead;
-            let queued = got.split_off(got.len().min(c.slots));
-            p.release(c.slots - got.len());
+            let slots = got.len().min(c.slots);
+            let queued = got.len() - slots;
+            p.release(c.slots - slots);
             p.ahead
-                .fetch_sub(c.ahead.saturating_sub(queued.len()), Ordering::SeqCst);
-            dispatch.extend(got);
-            p.enqueue_prefetched(queued);
+                .fetch_sub(c.ahead.saturating_sub(queued), Ordering::SeqCst);
+            // The slots take the best of this claim and the queue: another
+            // claim of this worker, begun earlier, may have queued better
+            // runs while this one ran (it skipped them, locked), and they
+            // would otherwise start after these.
+            p.ahead.fetch_add(slots, Ordering::SeqCst);
+            p.enqueue_prefetched(got);
+            for _ in 0..slots {
+                match self.pop_live(c.pool) {
+                    Some(t) => dispatch.push(t),
+                    None => p.release(1),
+                }
+            }
         }
         (dispatch, short)
     }
@@ -1681,6 +1693,52 @@ mod tests {
         started.0.lock().unwrap().extend(handed);
         assert_eq!(w.in_flight(), started.0.lock().unwrap().len() - ended);
         assert!(w.in_flight() <= concurrency);
+    }
+
+    /// Two claims of one worker overlap: the earlier (for the queue) locks
+    /// the better run, the later (for a freed slot) skips it and lands
+    /// second. The slot takes the better run from the queue; it took its
+    /// own claim's, so a lower priority started first.
+    #[test]
+    fn a_freed_slot_takes_the_better_of_its_claim_and_the_queue() {
+        let e = flaky_engine(true, 0);
+        for priority in [7, 6] {
+            e.start(StartRequest {
+                job_type: "t".into(),
+                input: RawValue::from_string("{}".into()).unwrap(),
+                priority: Some(priority),
+                ..StartRequest::default()
+            })
+            .unwrap();
+        }
+        let w = Worker::with_timings(
+            e.clone(),
+            vec![WorkerPool::new("a", 1)],
+            WorkerTimings {
+                prefetch: Some(1),
+                ..WorkerTimings::default()
+            },
+        );
+        let mut claimed = e.settle(Vec::new(), &[("a".into(), 2)]).unwrap().tickets;
+        let six = claimed.pop().unwrap();
+        let seven = claimed.pop().unwrap();
+        assert_eq!((seven.run.priority, six.run.priority), (7, 6));
+        let p = &w.pools()[0];
+        // The earlier claim landed: 7 queued.
+        p.ahead.fetch_add(1, Ordering::SeqCst);
+        p.enqueue_prefetched([seven]);
+        // The later one, for the free slot, lands with 6.
+        let plan = [super::ClaimPlan {
+            pool: 0,
+            slots: p.reserve(1),
+            ahead: 0,
+        }];
+        let (dispatch, short) = w.place_claimed(&plan, vec![six]);
+        assert!(!short);
+        let started: Vec<i32> = dispatch.iter().map(|t| t.run.priority).collect();
+        assert_eq!(started, [7]);
+        assert_eq!(p.prefetched(), 1);
+        assert_eq!(p.ahead.load(Ordering::SeqCst), 1, "one queued");
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -290,6 +290,51 @@ postgresOnly('a process that only listens hears a run another process executed, 
   t.is(await eventListeners(admin, schema), 0);
 });
 
+postgresOnly('a listener keeps its orchestrator, and the process, alive: one nothing else references still hears events after a full GC', async (t, make) => {
+  const admin = await adminClient(t);
+  const { orchestrator, schema, options } = onOneSchema(t, make);
+  const a = orchestrator();
+  await a.migrate();
+  a.registerHandler('ev.ok', { pool: 'ev' }, async () => ({ from: 'parent' }));
+  // The child: an orchestrator referenced only by what it holds itself (the
+  // listener does not name it), then full collections in a later turn. It
+  // was held weakly: collected, it stopped listening and the process exited.
+  const dist = path.resolve(__dirname, '../dist');
+  const script = `
+    const { JobOrchestrator } = require(${JSON.stringify(dist)});
+    (() => {
+      const o = new JobOrchestrator(JSON.parse(process.argv[1]));
+      o.on('run:completed', (run) => {
+        process.stdout.write(JSON.stringify({ id: run.id }) + '\\n');
+        process.exit(0);
+      });
+    })();
+    setTimeout(() => {
+      for (let i = 0; i < 4; i++) global.gc();
+      process.stdout.write('collected\\n');
+    }, 50);
+  `;
+  const { loggerFactory: _f, logger: _l, ...plain } = options;
+  const child = spawn(process.execPath, ['--expose-gc', '-e', script, JSON.stringify(plain)], { stdio: ['ignore', 'pipe', 'pipe'] });
+  let out = '';
+  let err = '';
+  child.stdout.on('data', (d: Buffer) => (out += d.toString()));
+  child.stderr.on('data', (d: Buffer) => (err += d.toString()));
+  const exited = new Promise<number | null>((resolve) => child.on('close', (code) => resolve(code)));
+  t.teardown(() => void child.kill('SIGKILL'));
+  await listening(admin, schema, 1);
+  const deadline = Date.now() + 10_000;
+  while (!out.includes('collected') && Date.now() < deadline) await sleep(20);
+  t.true(out.includes('collected'), `child: ${out} ${err}`);
+
+  const worker = a.startWorker({ pools: { ev: { concurrency: 1 } } });
+  t.teardown(() => worker.stop());
+  const run = await a.start('ev.ok', {});
+  const code = await Promise.race([exited, sleep(12_000).then(() => 'still running')]);
+  t.is(code, 0, `child: ${String(code)}; stderr: ${err}`);
+  t.true(out.includes(JSON.stringify({ id: run.id })), `the child heard the run: ${out}`);
+});
+
 postgresOnly('a listener whose connection the server ends logs it, reconnects, logs that, and hears events again', async (t, make) => {
   const admin = await adminClient(t);
   const { orchestrator, schema } = onOneSchema(t, make);

@@ -75,14 +75,13 @@ export class RunEvents {
 
   private hold(listening: boolean): void {
     if (listening && this.keepAlive === null) {
-      // A timer is what keeps the event loop running. It holds these
-      // events only weakly: an orchestrator dropped without close() is
-      // collected (its engine then stops listening) and the timer goes.
-      const owner = new WeakRef(this);
-      const timer = setInterval(() => {
-        if (owner.deref() === undefined) clearInterval(timer);
-      }, 10_000);
-      this.keepAlive = timer;
+      // A timer is what keeps the event loop running, and it holds these
+      // events (so the orchestrator and its engine) strongly: a listener
+      // keeps the process alive until off() of the last one or close(), as
+      // documented, even when nothing else references the orchestrator
+      // (held weakly, it was collected, stopped listening and let the
+      // process exit).
+      this.keepAlive = setInterval(() => void this, 1 << 30);
     } else if (!listening && this.keepAlive !== null) {
       clearInterval(this.keepAlive);
       this.keepAlive = null;

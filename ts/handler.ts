@@ -28,6 +28,8 @@ export interface JobHandlerMeta<TInput = unknown> {
   timeoutMs?: number | undefined;
   /** What `replay` keeps. Default `'last_checkpoint'`. */
   replayFrom?: 'scratch' | 'last_step' | 'last_checkpoint' | undefined;
+  /** The seed family's bridge triggers (read by its code generator): accepted and ignored. */
+  triggers?: readonly unknown[] | undefined;
 }
 
 export interface StepOptions {

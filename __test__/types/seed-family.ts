@@ -396,6 +396,13 @@ export class OnboardingHandler extends JobHandlerBase<OnboardingInput, { emailCo
   }
 }
 
+/** Meta written inline with the family's `triggers` list (accepted, ignored at run time). */
+@JobHandler<{ orderId: string }>('notify', { pool: 'batch', triggers: [] })
+@Injectable()
+export class NotifyHandler extends JobHandlerBase<{ orderId: string }, void> {
+  async run(): Promise<void> {}
+}
+
 /** A string key template and no meta fields beyond the pool, as the family also writes them. */
 @JobHandler<{ orderId: string }>('enrich', { pool: 'batch', concurrency: { key: 'order:{{orderId}}', collisionMode: 'reject' } })
 export class EnrichHandler extends JobHandlerBase<{ orderId: string }> {

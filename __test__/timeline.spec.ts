@@ -136,6 +136,23 @@ forBackends('timeline: a cancel names its cause, and a cascade the run that did 
   t.deepEqual((await all(o, first.id))[1]!.data, { reason: 'replaced', byRunId: second.id });
 });
 
+forBackends("timeline: a cancel's reason is noted in its canceled events (cut at 1,000 characters); a reason that is not a string is refused, nothing canceled", async (t, make) => {
+  const o = await make.manual();
+  o.registerHandler('tl.r', {}, async () => ({}));
+  const parent = await o.start('tl.r', {});
+  const child = await o.start('tl.r', {}, { parentRunId: parent.id });
+  const bad = await rejects(t, () => o.cancel(parent.id, { reason: 42 as unknown as string }), JobInputInvalidError, 'JOB_INPUT_INVALID', 'a number as reason');
+  t.regex(bad.message, /cancel: reason must be a string/);
+  t.is((await o.getRun(parent.id))?.status, 'pending', 'nothing canceled');
+  await o.cancel(parent.id, { reason: 'customer asked' });
+  t.deepEqual((await all(o, parent.id))[1]!.data, { reason: 'requested', note: 'customer asked' });
+  t.deepEqual((await all(o, child.id))[1]!.data, { reason: 'requested', byRunId: parent.id, note: 'customer asked' });
+
+  const scoped = await o.start('tl.r', {}, { scope: { entityType: 'order', entityId: 'o1' } });
+  t.is(await o.cancelForScope('order', 'o1', { reason: 'x'.repeat(1_500) }), 1);
+  t.deepEqual((await all(o, scoped.id))[1]!.data, { reason: 'scope', note: 'x'.repeat(1_000) });
+});
+
 // The cascade cancels the child first: its end must not resolve (and so
 // resume) the invoke wait of the parent it is about to cancel too.
 forBackends('timeline: canceling a run parked on ctx.invoke cancels it without resuming it first', async (t, make) => {

@@ -316,9 +316,13 @@ fn cancel<S: AnyStore>(e: &Engine<S>, req: &str) -> Result<String> {
         cascade: bool,
         #[serde(default, deserialize_with = "wire::tenant")]
         tenant: TenantArg,
+        /// The caller's `reason`, noted in the timeline.
+        #[serde(default)]
+        note: Option<String>,
     }
     let r: Req = request(req, "cancel")?;
-    e.cancel(&r.run_id, r.cascade, &r.tenant).map_err(to_napi)?;
+    e.cancel_with_note(&r.run_id, r.cascade, &r.tenant, r.note.as_deref())
+        .map_err(to_napi)?;
     Ok(NULL.to_owned())
 }
 
@@ -650,6 +654,9 @@ struct ScopeReq {
     cascade: Option<bool>,
     #[serde(default)]
     run_at: Option<f64>,
+    /// `cancelForScope`'s `reason`, noted in the timeline.
+    #[serde(default)]
+    note: Option<String>,
 }
 
 fn list_for_scope<S: AnyStore>(e: &Engine<S>, req: &str) -> Result<String> {
@@ -664,11 +671,12 @@ fn list_for_scope<S: AnyStore>(e: &Engine<S>, req: &str) -> Result<String> {
 fn cancel_for_scope<S: AnyStore>(e: &Engine<S>, req: &str) -> Result<String> {
     let r: ScopeReq = request(req, "cancelForScope")?;
     let n = e
-        .cancel_for_scope(
+        .cancel_for_scope_with_note(
             &r.tenant,
             &r.entity_type,
             &r.entity_id,
             r.cascade.unwrap_or(true),
+            r.note.as_deref(),
         )
         .map_err(to_napi)?;
     Ok(n.to_string())

@@ -45,6 +45,7 @@ import {
   requireDate,
   scheduleRequest,
   tenantOf,
+  cancelNote,
   workerOptions,
   type StartOptionsInput,
 } from './validate';
@@ -123,7 +124,7 @@ export interface ListRunEventsOptions {
 
 export interface CancelOptions {
   cascade?: boolean | undefined;
-  /** Accepted for parity with the seed (CONTRACT.md); not stored. */
+  /** Noted in the run's `canceled` timeline event as `note` (first 1,000 characters). */
   reason?: string | undefined;
   tenantId?: string | null | undefined;
 }
@@ -543,7 +544,8 @@ export class JobOrchestrator<Jobs extends JobMap = AnyJobs> {
     return this.whenReady(() => {
       const o = opts ?? {};
       checkOptions(o, CALL_OPTION_KEYS.cancel, 'cancel');
-      return this.store.cancel(String(runId), o.cascade !== false, tenantOf(o));
+      const tenant = tenantOf(o);
+      return this.store.cancel(String(runId), o.cascade !== false, tenant, cancelNote(o, 'cancel'));
     });
   }
 
@@ -665,7 +667,8 @@ export class JobOrchestrator<Jobs extends JobMap = AnyJobs> {
     return settled(() => {
       const o = opts ?? {};
       checkOptions(o, CALL_OPTION_KEYS.cancel, 'cancelForScope');
-      return this.store.cancelForScope(String(entityType), String(entityId), o.cascade !== false, tenantOf(o));
+      const tenant = tenantOf(o);
+      return this.store.cancelForScope(String(entityType), String(entityId), o.cascade !== false, tenant, cancelNote(o, 'cancelForScope'));
     });
   }
 

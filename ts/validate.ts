@@ -59,6 +59,17 @@ export function tenantOf(o: { tenantId?: unknown } | null | undefined): string |
   return t;
 }
 
+/**
+ * The `reason` of a cancel (noted in the `canceled` events of the timeline):
+ * undefined/null (none) or a string without a lone surrogate.
+ */
+export function cancelNote(o: { reason?: unknown }, call: string): string | undefined {
+  const r = o.reason;
+  if (r === undefined || r === null) return undefined;
+  if (typeof r !== 'string') throw new JobInputInvalidError(`${call}: reason must be a string`);
+  return checkText(r, `${call}: reason`);
+}
+
 /** JSON would turn NaN/Infinity into null (the default): reject them here. */
 export function checkCount(name: string, v: unknown): void {
   if (v !== undefined && (typeof v !== 'number' || !Number.isFinite(v))) {

@@ -103,7 +103,7 @@ export interface Backend extends StepStore {
   start(p: PreparedStart): Promise<JobRun>;
   /** Every start of `entries` or none, in one transaction (`Engine::start_many`); a refused entry's error names its index. */
   startMany(entries: PreparedStart[]): Promise<JobRun[]>;
-  cancel(runId: string, cascade: boolean, tenant: Tenant): Promise<void>;
+  cancel(runId: string, cascade: boolean, tenant: Tenant, note?: string): Promise<void>;
   replay(runId: string, tenant: Tenant): Promise<JobRun>;
   claimNext(pool: string): Promise<JobRun | null>;
   beginAttempt(runId: string): Promise<Ticket>;
@@ -118,7 +118,7 @@ export interface Backend extends StepStore {
   findStep(runId: string, stepId: string, tenant: Tenant): Promise<JobStep | null>;
   recordStep(record: Record<string, unknown>, tenant: Tenant): Promise<JobStep>;
   listForScope(entityType: string, entityId: string, query: Record<string, unknown>, tenant: Tenant): Promise<JobRun[]>;
-  cancelForScope(entityType: string, entityId: string, cascade: boolean, tenant: Tenant): Promise<number>;
+  cancelForScope(entityType: string, entityId: string, cascade: boolean, tenant: Tenant, note?: string): Promise<number>;
   rescheduleForScope(entityType: string, entityId: string, runAt: number, tenant: Tenant): Promise<number>;
   countByPoolAndStatus(tenant: Tenant): Promise<{ pool: string; status: JobRun['status']; count: number }[]>;
   listRecentFailed(limit: number | undefined, tenant: Tenant): Promise<JobRunFailure[]>;
@@ -308,8 +308,8 @@ export abstract class NativeBackend implements Partial<Backend> {
     });
   }
 
-  cancel(runId: string, cascade: boolean, tenant: Tenant): Promise<void> {
-    return this.mutate('cancel', requestJson({ runId, cascade, tenant }), () => undefined);
+  cancel(runId: string, cascade: boolean, tenant: Tenant, note?: string): Promise<void> {
+    return this.mutate('cancel', requestJson({ runId, cascade, tenant, note }), () => undefined);
   }
 
   replay(runId: string, tenant: Tenant): Promise<JobRun> {
@@ -405,8 +405,8 @@ export abstract class NativeBackend implements Partial<Backend> {
     return this.request('listForScope', requestJson({ entityType, entityId, query, tenant }), parseRuns);
   }
 
-  cancelForScope(entityType: string, entityId: string, cascade: boolean, tenant: Tenant): Promise<number> {
-    return this.mutate('cancelForScope', requestJson({ entityType, entityId, cascade, tenant }), Number);
+  cancelForScope(entityType: string, entityId: string, cascade: boolean, tenant: Tenant, note?: string): Promise<number> {
+    return this.mutate('cancelForScope', requestJson({ entityType, entityId, cascade, tenant, note }), Number);
   }
 
   rescheduleForScope(entityType: string, entityId: string, runAt: number, tenant: Tenant): Promise<number> {

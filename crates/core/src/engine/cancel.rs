@@ -12,6 +12,17 @@ impl<S: Store> Engine<S> {
     /// Cancels a run and (with cascade) its descendants. O(affected rows):
     /// the walk follows children lists and stops at `abandon` children.
     pub fn cancel(&self, run_id: &str, cascade: bool, tenant: &TenantArg) -> Result<()> {
+        self.cancel_with_note(run_id, cascade, tenant, None)
+    }
+
+    /// `cancel`, its `canceled` events noting the caller's `reason`.
+    pub fn cancel_with_note(
+        &self,
+        run_id: &str,
+        cascade: bool,
+        tenant: &TenantArg,
+        note: Option<&str>,
+    ) -> Result<()> {
         let filter = self.gate("cancel", tenant)?;
         let Some(id) = parse_run_id(run_id) else {
             return Ok(());
@@ -29,7 +40,7 @@ impl<S: Store> Engine<S> {
                 tx,
                 id,
                 (cascade, true),
-                CancelCause::Requested,
+                CancelCause::Requested(note),
                 now,
                 &mut fx,
             );
@@ -49,7 +60,7 @@ impl<S: Store> Engine<S> {
         tx: &mut S::Tx<'_>,
         root: RunId,
         (cascade, include_root): (bool, bool),
-        cause: CancelCause,
+        cause: CancelCause<'_>,
         now: Millis,
         fx: &mut Effects,
     ) {
@@ -134,6 +145,18 @@ impl<S: Store> Engine<S> {
         entity_id: &str,
         cascade: bool,
     ) -> Result<u32> {
+        self.cancel_for_scope_with_note(tenant, entity_type, entity_id, cascade, None)
+    }
+
+    /// `cancel_for_scope`, its `canceled` events noting the caller's `reason`.
+    pub fn cancel_for_scope_with_note(
+        &self,
+        tenant: &TenantArg,
+        entity_type: &str,
+        entity_id: &str,
+        cascade: bool,
+        note: Option<&str>,
+    ) -> Result<u32> {
         let filter = self.gate("cancelForScope", tenant)?;
         let t = filter.flatten();
         if self.names_nothing([t.as_deref(), Some(entity_type), Some(entity_id)]) {
@@ -149,7 +172,14 @@ impl<S: Store> Engine<S> {
                 .collect();
             for id in &live {
                 if tx.run(id).is_some_and(|r| !r.status.is_terminal()) {
-                    self.cancel_tree(tx, *id, (cascade, true), CancelCause::Scope, now, &mut fx);
+                    self.cancel_tree(
+                        tx,
+                        *id,
+                        (cascade, true),
+                        CancelCause::Scope(note),
+                        now,
+                        &mut fx,
+                    );
                 }
             }
             Ok(live

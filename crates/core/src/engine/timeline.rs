@@ -33,11 +33,11 @@ const EVENTS_PAGE_MAX: usize = 1000;
 
 /// Why a run was canceled, as its `canceled` event says.
 #[derive(Debug, Clone, Copy)]
-pub(super) enum CancelCause {
-    /// `cancel(runId)`.
-    Requested,
-    /// `cancelForScope`.
-    Scope,
+pub(super) enum CancelCause<'a> {
+    /// `cancel(runId)`, with the `reason` its caller gave.
+    Requested(Option<&'a str>),
+    /// `cancelForScope`, with the `reason` its caller gave.
+    Scope(Option<&'a str>),
     /// A `replace` start into its lane (the new run's id).
     Replaced(RunId),
     /// Its parent failed (the cascade of a failure).
@@ -46,23 +46,37 @@ pub(super) enum CancelCause {
     WaitTimedOut(RunId),
 }
 
-impl CancelCause {
+/// The most of a caller's cancel `reason` the timeline keeps (characters).
+const CANCEL_NOTE_MAX: usize = 1000;
+
+impl CancelCause<'_> {
     /// `data` of the `canceled` event of `run`, canceled in the cascade
-    /// from `root`.
+    /// from `root`: the cause, the run whose cancel or failure did it, and
+    /// the caller's own `reason` (as `note`, cut at `CANCEL_NOTE_MAX`).
     fn data(self, run: RunId, root: RunId) -> Value {
+        let note = match self {
+            CancelCause::Requested(n) | CancelCause::Scope(n) => n,
+            _ => None,
+        };
         let (reason, by) = match self {
-            CancelCause::Requested => ("requested", None),
-            CancelCause::Scope => ("scope", None),
+            CancelCause::Requested(_) => ("requested", None),
+            CancelCause::Scope(_) => ("scope", None),
             CancelCause::Replaced(by) => ("replaced", Some(by)),
             CancelCause::ParentFailed => ("parent failed", None),
             CancelCause::WaitTimedOut(by) => ("wait timed out", Some(by)),
         };
         // A descendant was canceled by its ancestor's cancel.
         let by = if run == root { by } else { Some(root) };
-        match by {
-            Some(by) => serde_json::json!({ "reason": reason, "byRunId": by.to_string() }),
-            None => serde_json::json!({ "reason": reason }),
+        let mut data = serde_json::Map::new();
+        data.insert("reason".into(), reason.into());
+        if let Some(by) = by {
+            data.insert("byRunId".into(), by.to_string().into());
         }
+        if let Some(n) = note {
+            let cut: String = n.chars().take(CANCEL_NOTE_MAX).collect();
+            data.insert("note".into(), cut.into());
+        }
+        Value::Object(data)
     }
 }
 
@@ -124,7 +138,7 @@ impl<S: Store> Engine<S> {
         tx: &mut S::Tx<'_>,
         run: &RunId,
         root: RunId,
-        cause: CancelCause,
+        cause: CancelCause<'_>,
         at: Millis,
         attempt: u32,
     ) {

@@ -664,6 +664,55 @@ postgresOnly('short sleeps resume at their deadline, not at the poll: the timer 
   }
 });
 
+/**
+ * Loses the first late outcome of `kind` the orchestrator would store (as
+ * when the process of an execution that went on after parking dies before
+ * storing it); answers how many were lost.
+ */
+function loseLateOutcome(o: JobOrchestrator, kind: 'parked' | 'completed'): () => number {
+  const store = (o as unknown as { store: { finishAttempt(id: string, epoch: number, text: string): Promise<boolean> } }).store;
+  const finish = store.finishAttempt.bind(store);
+  let lost = 0;
+  store.finishAttempt = (id, epoch, text) => {
+    if (lost === 0 && text.includes(`"${kind}"`)) {
+      lost++;
+      return new Promise(() => undefined);
+    }
+    return finish(id, epoch, text);
+  };
+  return () => lost;
+}
+
+for (const kind of ['parked', 'completed'] as const) {
+  forBackends(`an execution that went on after parking and whose ${kind} outcome is lost does not leave its run waiting: a wait it opened or resolved resumes the run`, async (t, make) => {
+    const o = await make.system({ ...(make.backend === 'postgres' ? { postgres: { url: PG_URL, pollMs: 200 } } : {}) });
+    o.registerHandler('late.race', {}, async (ctx: JobContext<unknown>) => {
+      // The signal never comes and has no timeout: the first park leaves
+      // the run without a deadline. The timer's branch goes on after it
+      // parked and opens (first execution) or resolves (a later one, the
+      // nap being over) a sleep.
+      const winner = await Promise.race([
+        ctx.waitForSignal('go').then(() => 'signal'),
+        new Promise((r) => setTimeout(r, 150)).then(() => ctx.sleep('nap', 300)).then(() => 'nap'),
+      ]);
+      return { winner };
+    });
+    const lost = loseLateOutcome(o, kind);
+    const w = o.startWorker({ pools: { batch: { concurrency: 2 } } });
+    try {
+      const run = await o.start('late.race', {});
+      // It waited for good: its sleep ended, but only the lost outcome
+      // would have told the run.
+      const done = await o.waitForRun(run.id, { timeoutMs: 15_000 });
+      t.is(lost(), 1);
+      t.is(done.status, 'completed');
+      t.deepEqual(done.output, { winner: 'nap' });
+    } finally {
+      await w.stop();
+    }
+  });
+}
+
 postgresOnly('a signal from another process wakes a waiting run at once (NOTIFY, not the poll)', async (t, make) => {
   // A poll far slower than the bound below: only a notification can meet it.
   const [a, b] = await pair(t, make, { logger: silentLogger, postgres: { url: PG_URL, pollMs: 5_000 } });

@@ -250,7 +250,11 @@ class Waits {
     const { id: runId, epoch } = this.ticket;
     const a = this.attempt;
     a.checkNotReturned(runId, `wait '${stepId}'`);
-    const memo = this.ticket.takeMemo(stepId, true);
+    // An execution that went on after its attempt parked asks the engine
+    // even for a wait answered already: the engine learns that it goes on
+    // (a run waiting on nothing else would otherwise never resume if this
+    // process died before the execution's outcome was stored).
+    const memo = a.parked ? undefined : this.ticket.takeMemo(stepId, true);
     if (memo !== undefined) return memo.value;
     a.claimId(runId, stepId);
     // Held while the wait is open: it parks the run under this id.

@@ -166,7 +166,11 @@ impl<S: Store> Engine<S> {
             // common case on a resumption: every wait before the open one).
             if let Some(s) = tx.step(&id, step_id) {
                 if s.kind == StepKind::Wait && s.status == StepStatus::Completed {
-                    return Ok(WaitBegin::Done(s.output.clone()));
+                    let output = s.output.clone();
+                    // A late execution goes on past a wait resolved before
+                    // it parked (see `arm_late_deadline`).
+                    self.arm_late_deadline(tx, &id, Some(now), &mut fx);
+                    return Ok(WaitBegin::Done(output));
                 }
             }
             let existing = tx.step(&id, step_id).cloned();
@@ -180,11 +184,15 @@ impl<S: Store> Engine<S> {
                 match s.status {
                     // A completed wait is never waited again (a replay that
                     // keeps steps keeps it too).
-                    StepStatus::Completed => return Ok(WaitBegin::Done(s.output.clone())),
+                    StepStatus::Completed => {
+                        self.arm_late_deadline(tx, &id, Some(now), &mut fx);
+                        return Ok(WaitBegin::Done(s.output.clone()));
+                    }
                     // A timeout or a child's failure answers the whole
                     // attempt it happened in; a retry waits again.
                     StepStatus::Failed if s.attempts == attempt => {
                         if let Some(o) = &s.output {
+                            self.arm_late_deadline(tx, &id, Some(now), &mut fx);
                             return Ok(WaitBegin::Failed(o.clone()));
                         }
                     }
@@ -202,7 +210,15 @@ impl<S: Store> Engine<S> {
                     if let Some(spec) = WaitSpec::of_step(s) {
                         let mut s = s.clone();
                         s.attempts = attempt;
-                        return self.rejoin_wait(tx, s, spec, epoch, now, &mut fx);
+                        let deadline = spec.deadline();
+                        let answer = self.rejoin_wait(tx, s, spec, epoch, now, &mut fx)?;
+                        let at = match answer {
+                            WaitBegin::Open | WaitBegin::Token(_) => deadline,
+                            // Resolved now (expired, taken from the inbox, its child ended).
+                            _ => Some(now),
+                        };
+                        self.arm_late_deadline(tx, &id, at, &mut fx);
+                        return Ok(answer);
                     }
                 }
             }
@@ -233,9 +249,11 @@ impl<S: Store> Engine<S> {
                     };
                     if until <= now {
                         tx.put_step(step(StepStatus::Completed, &spec, None));
+                        self.arm_late_deadline(tx, &id, Some(now), &mut fx);
                         return Ok(WaitBegin::Done(None));
                     }
                     tx.put_step(step(StepStatus::Running, &spec, None));
+                    self.arm_late_deadline(tx, &id, spec.deadline(), &mut fx);
                     Ok(WaitBegin::Open)
                 }
                 WaitRequest::Signal { signal, timeout_ms } => {
@@ -249,10 +267,12 @@ impl<S: Store> Engine<S> {
                         Some(payload) => {
                             let payload = Some(payload).filter(|p| p.get() != "null");
                             tx.put_step(step(StepStatus::Completed, &spec, payload.clone()));
+                            self.arm_late_deadline(tx, &id, Some(now), &mut fx);
                             Ok(WaitBegin::Done(payload))
                         }
                         None => {
                             tx.put_step(step(StepStatus::Running, &spec, None));
+                            self.arm_late_deadline(tx, &id, spec.deadline(), &mut fx);
                             Ok(WaitBegin::Open)
                         }
                     }
@@ -265,6 +285,7 @@ impl<S: Store> Engine<S> {
                         timeout_ms,
                     };
                     tx.put_step(step(StepStatus::Pending, &spec, None));
+                    self.arm_late_deadline(tx, &id, spec.deadline(), &mut fx);
                     Ok(WaitBegin::Token(token))
                 }
                 WaitRequest::Child { start, timeout_ms } => {
@@ -349,9 +370,11 @@ impl<S: Store> Engine<S> {
                             output.clone(),
                             now,
                         );
+                        self.arm_late_deadline(tx, &id, Some(now), &mut fx);
                         return Ok(answer_of(status, output));
                     }
                     tx.put_step(step(StepStatus::Running, &spec, None));
+                    self.arm_late_deadline(tx, &id, spec.deadline(), &mut fx);
                     Ok(WaitBegin::Open)
                 }
             }
@@ -489,6 +512,41 @@ impl<S: Store> Engine<S> {
         }
         tx.put_step(s);
         Ok(WaitBegin::Open)
+    }
+
+    /// A wait call of an execution that parked already and went on (its
+    /// run `waiting`: `RunRow::executes`, the README's late execution)
+    /// changed what the run waits for: it opened a wait (`at`: that wait's
+    /// deadline), resolved one, or read one resolved since it parked (`at`:
+    /// now: it goes on, and only it knows). The run's `wait_deadline`,
+    /// all the resumer reads, becomes the earlier of the two, in the
+    /// transaction that records the wait. Before, only that execution's
+    /// next outcome (a new `Parked`, or its result) moved the run on, and a
+    /// process that dies, or stops and exits, before storing it left the
+    /// run waiting past that wait's end — for good when the waits of its
+    /// last park have no deadline. That outcome still decides when it comes
+    /// first (`park_in` recomputes kind and deadline; a result ends the
+    /// run); otherwise the resumer resumes the run and the next execution
+    /// decides, as after any resolution. A running run is left alone: its
+    /// `wait_deadline` is `wake_run`'s marker there. O(1).
+    fn arm_late_deadline(
+        &self,
+        tx: &mut S::Tx<'_>,
+        id: &RunId,
+        at: Option<Millis>,
+        fx: &mut Effects,
+    ) {
+        let Some(d) = at else { return };
+        let earlier = tx.run(id).is_some_and(|r| {
+            r.status == RunStatus::Waiting && r.wait_deadline.get().is_none_or(|w| d < w)
+        });
+        if !earlier {
+            return;
+        }
+        tx.update_run(id, &mut |r| r.wait_deadline = d.into());
+        // The timer that resumes deadlines hears of it after the commit,
+        // as of a park.
+        fx.parked_until = Some(fx.parked_until.map_or(d, |e| e.min(d)));
     }
 
     /// Resolves a wait whose deadline passed: a sleep completes; any other

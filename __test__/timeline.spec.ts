@@ -151,6 +151,13 @@ forBackends("timeline: a cancel's reason is noted in its canceled events (cut at
   const scoped = await o.start('tl.r', {}, { scope: { entityType: 'order', entityId: 'o1' } });
   t.is(await o.cancelForScope('order', 'o1', { reason: 'x'.repeat(1_500) }), 1);
   t.deepEqual((await all(o, scoped.id))[1]!.data, { reason: 'scope', note: 'x'.repeat(1_000) });
+
+  // A NUL in it: PostgreSQL's jsonb cannot hold one (the cancel failed there).
+  const nul = await o.start('tl.r', {});
+  await o.cancel(nul.id, { reason: 'a\u0000b' });
+  t.is((await o.getRun(nul.id))?.status, 'canceled');
+  const note = ((await all(o, nul.id))[1]!.data as { note: string }).note;
+  t.is(note, make.backend === 'postgres' ? 'a\ufffdb' : 'a\u0000b');
 });
 
 // The cascade cancels the child first: its end must not resolve (and so

@@ -902,6 +902,9 @@ impl<S: Store + Coordination> Worker<S> {
                         && self.in_flight() == 0
                         && self.ahead() == 0))
             {
+                // A settle that ended since this pass began may have
+                // dropped a lapsed prefetched run: given back before the end.
+                self.return_lapsed().await;
                 break;
             }
             let room = active < self.max_settles;

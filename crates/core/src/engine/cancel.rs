@@ -24,6 +24,8 @@ impl<S: Store> Engine<S> {
         note: Option<&str>,
     ) -> Result<()> {
         let filter = self.gate("cancel", tenant)?;
+        let note = note.map(|n| self.cancel_note(n));
+        let note = note.as_deref();
         let Some(id) = parse_run_id(run_id) else {
             return Ok(());
         };
@@ -158,6 +160,8 @@ impl<S: Store> Engine<S> {
         note: Option<&str>,
     ) -> Result<u32> {
         let filter = self.gate("cancelForScope", tenant)?;
+        let note = note.map(|n| self.cancel_note(n));
+        let note = note.as_deref();
         let t = filter.flatten();
         if self.names_nothing([t.as_deref(), Some(entity_type), Some(entity_id)]) {
             return Ok(0);

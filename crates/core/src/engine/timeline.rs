@@ -52,7 +52,7 @@ const CANCEL_NOTE_MAX: usize = 1000;
 impl CancelCause<'_> {
     /// `data` of the `canceled` event of `run`, canceled in the cascade
     /// from `root`: the cause, the run whose cancel or failure did it, and
-    /// the caller's own `reason` (as `note`, cut at `CANCEL_NOTE_MAX`).
+    /// the caller's own `reason` (as `note`, see `Engine::cancel_note`).
     fn data(self, run: RunId, root: RunId) -> Value {
         let note = match self {
             CancelCause::Requested(n) | CancelCause::Scope(n) => n,
@@ -73,14 +73,23 @@ impl CancelCause<'_> {
             data.insert("byRunId".into(), by.to_string().into());
         }
         if let Some(n) = note {
-            let cut: String = n.chars().take(CANCEL_NOTE_MAX).collect();
-            data.insert("note".into(), cut.into());
+            data.insert("note".into(), n.into());
         }
         Value::Object(data)
     }
 }
 
 impl<S: Store> Engine<S> {
+    /// A caller's cancel `reason` as its `canceled` events keep it: its
+    /// first `CANCEL_NOTE_MAX` characters (code points), in a form the
+    /// store holds (PostgreSQL's jsonb has no NUL: U+FFFD, as for error
+    /// texts; refused, it failed the cancel).
+    pub(super) fn cancel_note(&self, reason: &str) -> String {
+        let mut note: String = reason.chars().take(CANCEL_NOTE_MAX).collect();
+        self.store.storable_text(&mut note);
+        note
+    }
+
     /// Turns the timeline on (the default) or off for the transitions that
     /// follow; what was recorded stays readable.
     pub fn set_timeline(&self, on: bool) {

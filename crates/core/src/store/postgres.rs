@@ -3375,6 +3375,24 @@ mod tests {
         assert_ne!(named, events_channel(&"t".repeat(80)));
     }
 
+    /// The test server (`JOBFORGE_PG_URL`) and a client of it; `None` (the
+    /// test skips, saying why) when none answers, unless
+    /// `JOBFORGE_REQUIRE_PG=1` (CI) makes that a failure.
+    fn test_server() -> Option<(String, postgres::Client)> {
+        let url = std::env::var("JOBFORGE_PG_URL")
+            .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned());
+        match postgres::Client::connect(&url, postgres::NoTls) {
+            Ok(c) => Some((url, c)),
+            Err(e) => {
+                if std::env::var("JOBFORGE_REQUIRE_PG").is_ok_and(|v| v == "1") {
+                    panic!("JOBFORGE_REQUIRE_PG=1 but PostgreSQL is unreachable: {e}");
+                }
+                eprintln!("skipping postgres test: no server at JOBFORGE_PG_URL ({e})");
+                None
+            }
+        }
+    }
+
     /// A write refused because the server is read-only (a primary demoted
     /// during a failover, `read_only_sql_transaction`) is retryable: the
     /// same call succeeds once the connection reaches the new primary. It
@@ -3382,17 +3400,8 @@ mod tests {
     #[test]
     fn a_write_refused_by_a_read_only_server_is_retryable() {
         use super::*;
-        let url = std::env::var("JOBFORGE_PG_URL")
-            .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned());
-        let mut c = match postgres::Client::connect(&url, NoTls) {
-            Ok(c) => c,
-            Err(e) => {
-                if std::env::var("JOBFORGE_REQUIRE_PG").is_ok_and(|v| v == "1") {
-                    panic!("JOBFORGE_REQUIRE_PG=1 but PostgreSQL is unreachable: {e}");
-                }
-                eprintln!("skipping postgres test: no server at JOBFORGE_PG_URL ({e})");
-                return;
-            }
+        let Some((_, mut c)) = test_server() else {
+            return;
         };
         c.batch_execute("SET default_transaction_read_only = on")
             .expect("set");
@@ -3419,17 +3428,8 @@ mod tests {
     #[test]
     fn the_wait_and_batch_statements_are_index_backed() {
         use super::*;
-        let url = std::env::var("JOBFORGE_PG_URL")
-            .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned());
-        let mut c = match postgres::Client::connect(&url, NoTls) {
-            Ok(c) => c,
-            Err(e) => {
-                if std::env::var("JOBFORGE_REQUIRE_PG").is_ok_and(|v| v == "1") {
-                    panic!("JOBFORGE_REQUIRE_PG=1 but PostgreSQL is unreachable: {e}");
-                }
-                eprintln!("skipping postgres test: no server at JOBFORGE_PG_URL ({e})");
-                return;
-            }
+        let Some((url, mut c)) = test_server() else {
+            return;
         };
         let schema = format!("jf_rs_explain_{}", std::process::id());
         let s = quote_ident(&schema);

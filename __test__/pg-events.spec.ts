@@ -249,6 +249,29 @@ postgresOnly('no LISTEN connection while nobody listens; on() opens one, off() a
   await until('B to hear r3', () => seen.includes(r3.id), 5000);
 });
 
+/**
+ * A child Node process running `body` with `JobOrchestrator` and `options`
+ * (the test's, without its logger functions) in scope: its output so far,
+ * and its exit code once it ends. Killed at teardown.
+ */
+function listenerProcess(t: ExecutionContext, options: JobOrchestratorOptions, flags: string[], body: string): { out(): string; err(): string; exited: Promise<number | null> } {
+  const dist = path.resolve(__dirname, '../dist');
+  const script = `
+    const { JobOrchestrator } = require(${JSON.stringify(dist)});
+    const options = JSON.parse(process.argv[1]);
+    ${body}
+  `;
+  const { loggerFactory: _f, logger: _l, ...plain } = options;
+  const child = spawn(process.execPath, [...flags, '-e', script, JSON.stringify(plain)], { stdio: ['ignore', 'pipe', 'pipe'] });
+  let out = '';
+  let err = '';
+  child.stdout.on('data', (d: Buffer) => (out += d.toString()));
+  child.stderr.on('data', (d: Buffer) => (err += d.toString()));
+  const exited = new Promise<number | null>((resolve) => child.on('close', (code) => resolve(code)));
+  t.teardown(() => void child.kill('SIGKILL'));
+  return { out: () => out, err: () => err, exited };
+}
+
 postgresOnly('a process that only listens hears a run another process executed, and exits once it closes its orchestrator', async (t, make) => {
   const admin = await adminClient(t);
   const { orchestrator, schema, options } = onOneSchema(t, make);
@@ -258,31 +281,21 @@ postgresOnly('a process that only listens hears a run another process executed, 
   // The child: one orchestrator, one listener, no worker, no timer; it
   // closes the orchestrator after the first event and must then exit by
   // itself (no process.exit).
-  const dist = path.resolve(__dirname, '../dist');
-  const script = `
-    const { JobOrchestrator } = require(${JSON.stringify(dist)});
-    const o = new JobOrchestrator(JSON.parse(process.argv[1]));
+  const child = listenerProcess(t, options, [], `
+    const o = new JobOrchestrator(options);
     o.on('run:completed', (run) => {
       process.stdout.write(JSON.stringify({ id: run.id, status: run.status, output: run.output }) + '\\n');
       void o.close();
     });
-  `;
-  const { loggerFactory: _f, logger: _l, ...plain } = options;
-  const child = spawn(process.execPath, ['-e', script, JSON.stringify(plain)], { stdio: ['ignore', 'pipe', 'pipe'] });
-  let out = '';
-  let err = '';
-  child.stdout.on('data', (d: Buffer) => (out += d.toString()));
-  child.stderr.on('data', (d: Buffer) => (err += d.toString()));
-  const exited = new Promise<number | null>((resolve) => child.on('close', (code) => resolve(code)));
-  t.teardown(() => void child.kill('SIGKILL'));
+  `);
   await listening(admin, schema, 1);
 
   const worker = a.startWorker({ pools: { ev: { concurrency: 1 } } });
   t.teardown(() => worker.stop());
   const run = await a.start('ev.ok', {});
-  const code = await Promise.race([exited, sleep(15_000).then(() => 'still running')]);
-  t.is(code, 0, `child: ${String(code)}; stderr: ${err}`);
-  t.deepEqual(JSON.parse(out.trim()), { id: run.id, status: 'completed', output: { from: 'parent' } });
+  const code = await Promise.race([child.exited, sleep(15_000).then(() => 'still running')]);
+  t.is(code, 0, `child: ${String(code)}; stderr: ${child.err()}`);
+  t.deepEqual(JSON.parse(child.out().trim()), { id: run.id, status: 'completed', output: { from: 'parent' } });
   // The child is gone; its backend leaves pg_stat_activity a moment after
   // the disconnect (later on a loaded machine).
   const gone = Date.now() + 3_000;
@@ -299,11 +312,9 @@ postgresOnly('a listener keeps its orchestrator, and the process, alive: one not
   // The child: an orchestrator referenced only by what it holds itself (the
   // listener does not name it), then full collections in a later turn. It
   // was held weakly: collected, it stopped listening and the process exited.
-  const dist = path.resolve(__dirname, '../dist');
-  const script = `
-    const { JobOrchestrator } = require(${JSON.stringify(dist)});
+  const child = listenerProcess(t, options, ['--expose-gc'], `
     (() => {
-      const o = new JobOrchestrator(JSON.parse(process.argv[1]));
+      const o = new JobOrchestrator(options);
       o.on('run:completed', (run) => {
         process.stdout.write(JSON.stringify({ id: run.id }) + '\\n');
         process.exit(0);
@@ -313,26 +324,18 @@ postgresOnly('a listener keeps its orchestrator, and the process, alive: one not
       for (let i = 0; i < 4; i++) global.gc();
       process.stdout.write('collected\\n');
     }, 50);
-  `;
-  const { loggerFactory: _f, logger: _l, ...plain } = options;
-  const child = spawn(process.execPath, ['--expose-gc', '-e', script, JSON.stringify(plain)], { stdio: ['ignore', 'pipe', 'pipe'] });
-  let out = '';
-  let err = '';
-  child.stdout.on('data', (d: Buffer) => (out += d.toString()));
-  child.stderr.on('data', (d: Buffer) => (err += d.toString()));
-  const exited = new Promise<number | null>((resolve) => child.on('close', (code) => resolve(code)));
-  t.teardown(() => void child.kill('SIGKILL'));
+  `);
   await listening(admin, schema, 1);
   const deadline = Date.now() + 10_000;
-  while (!out.includes('collected') && Date.now() < deadline) await sleep(20);
-  t.true(out.includes('collected'), `child: ${out} ${err}`);
+  while (!child.out().includes('collected') && Date.now() < deadline) await sleep(20);
+  t.true(child.out().includes('collected'), `child: ${child.out()} ${child.err()}`);
 
   const worker = a.startWorker({ pools: { ev: { concurrency: 1 } } });
   t.teardown(() => worker.stop());
   const run = await a.start('ev.ok', {});
-  const code = await Promise.race([exited, sleep(12_000).then(() => 'still running')]);
-  t.is(code, 0, `child: ${String(code)}; stderr: ${err}`);
-  t.true(out.includes(JSON.stringify({ id: run.id })), `the child heard the run: ${out}`);
+  const code = await Promise.race([child.exited, sleep(12_000).then(() => 'still running')]);
+  t.is(code, 0, `child: ${String(code)}; stderr: ${child.err()}`);
+  t.true(child.out().includes(JSON.stringify({ id: run.id })), `the child heard the run: ${child.out()}`);
 });
 
 postgresOnly('a listener whose connection the server ends logs it, reconnects, logs that, and hears events again', async (t, make) => {

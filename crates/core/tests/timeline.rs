@@ -85,6 +85,18 @@ fn summary(events: &[RunEvent]) -> Vec<(&'static str, u32)> {
         .collect()
 }
 
+/// The events' times never go back along the timeline.
+fn assert_times_ordered(events: &[RunEvent]) {
+    assert!(
+        events.windows(2).all(|w| w[0].at <= w[1].at),
+        "{:?}",
+        events
+            .iter()
+            .map(|e| (e.kind.as_str(), e.at))
+            .collect::<Vec<_>>()
+    );
+}
+
 fn data(e: &RunEvent) -> Value {
     e.data
         .as_ref()
@@ -334,14 +346,7 @@ fn a_cascade_stored_late_keeps_the_childs_times_ordered<S: Store>(e: &Engine<S>)
             ("canceled", 1)
         ]
     );
-    assert!(
-        events.windows(2).all(|w| w[0].at <= w[1].at),
-        "{:?}",
-        events
-            .iter()
-            .map(|e| (e.kind.as_str(), e.at))
-            .collect::<Vec<_>>()
-    );
+    assert_times_ordered(&events);
     let row = e
         .find_by_id(&child.id.to_string(), &TenantArg::Missing)
         .unwrap()
@@ -401,14 +406,7 @@ fn a_childs_late_stored_end_resumes_its_parent_after_it_parked<S: Store>(e: &Eng
             ("resumed", 1)
         ]
     );
-    assert!(
-        events.windows(2).all(|w| w[0].at <= w[1].at),
-        "{:?}",
-        events
-            .iter()
-            .map(|e| (e.kind.as_str(), e.at))
-            .collect::<Vec<_>>()
-    );
+    assert_times_ordered(&events);
 }
 
 /// A step still running when its attempt ended (a sibling failed the run,

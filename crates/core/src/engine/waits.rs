@@ -160,230 +160,252 @@ impl<S: Store> Engine<S> {
         let mut fx = Effects::default();
         let mut child_pool = None;
         let answer = self.write(|tx| {
-            Self::check_attempt(tx, &id, epoch, run_id, "the attempt that called the wait is over")?;
-            let attempt = tx.run(&id).map_or(1, |r| r.attempts + 1);
-            // A resolved wait answers without a copy of its row (the
-            // common case on a resumption: every wait before the open one).
-            if let Some(s) = tx.step(&id, step_id) {
-                if s.kind == StepKind::Wait && s.status == StepStatus::Completed {
-                    let output = s.output.clone();
-                    // A late execution goes on past a wait resolved before
-                    // it parked (see `arm_late_deadline`).
-                    self.arm_late_deadline(tx, &id, Some(now), &mut fx);
-                    return Ok(WaitBegin::Done(output));
-                }
-            }
-            let existing = tx.step(&id, step_id).cloned();
-            if let Some(s) = &existing {
-                if s.kind != StepKind::Wait {
-                    return Err(JobError::JobStepConflict {
-                        run_id: run_id.to_owned(),
-                        step_id: step_id.to_owned(),
-                    });
-                }
-                match s.status {
-                    // A completed wait is never waited again (a replay that
-                    // keeps steps keeps it too).
-                    StepStatus::Completed => {
-                        self.arm_late_deadline(tx, &id, Some(now), &mut fx);
-                        return Ok(WaitBegin::Done(s.output.clone()));
-                    }
-                    // A timeout or a child's failure answers the whole
-                    // attempt it happened in; a retry waits again.
-                    StepStatus::Failed if s.attempts == attempt => {
-                        if let Some(o) = &s.output {
-                            self.arm_late_deadline(tx, &id, Some(now), &mut fx);
-                            return Ok(WaitBegin::Failed(o.clone()));
-                        }
-                    }
-                    StepStatus::Pending | StepStatus::Running if s.epoch == epoch => {
-                        return Err(JobError::JobStepConflict {
-                            run_id: run_id.to_owned(),
-                            step_id: step_id.to_owned(),
-                        });
-                    }
-                    _ => {}
-                }
-                // Open since an earlier execution of this attempt: asked
-                // again after a resumption.
-                if s.is_open_wait() {
-                    if let Some(spec) = WaitSpec::of_step(s) {
-                        let mut s = s.clone();
-                        s.attempts = attempt;
-                        let deadline = spec.deadline();
-                        let answer = self.rejoin_wait(tx, s, spec, epoch, now, &mut fx)?;
-                        let at = match answer {
-                            WaitBegin::Open | WaitBegin::Token(_) => deadline,
-                            // Resolved now (expired, taken from the inbox, its child ended).
-                            _ => Some(now),
-                        };
-                        self.arm_late_deadline(tx, &id, at, &mut fx);
-                        return Ok(answer);
-                    }
-                }
-            }
-            let seq = match &existing {
-                Some(s) => s.seq,
-                None => tx.max_step_seq(&id) + 1,
-            };
-            let step =
-                |status: StepStatus, spec: &WaitSpec, output: Option<Box<RawValue>>| StepRow {
-                    id: existing.as_ref().map_or_else(Uuid::new_v4, |s| s.id),
-                    job_run_id: id,
-                    step_id: step_id.into(),
-                    kind: StepKind::Wait,
-                    seq,
-                    status,
-                    input: Some(spec.to_raw()),
-                    output,
-                    error: None,
-                    attempts: attempt,
-                    started_at: now.into(),
-                    finished_at: (status == StepStatus::Completed).then_some(now).into(),
-                    epoch,
+            let answer = self.wait_begin_in(
+                tx,
+                (id, run_id, epoch),
+                step_id,
+                req,
+                now,
+                &mut fx,
+                &mut child_pool,
+            )?;
+            // A late execution (its run waiting, see `arm_late_deadline`):
+            // a wait it opened is due at its deadline; one it resolved, or
+            // read resolved, at once. Only then is the wait's row read back.
+            if tx.run(&id).is_some_and(|r| r.status == RunStatus::Waiting) {
+                let at = match &answer {
+                    WaitBegin::Open | WaitBegin::Token(_) => tx
+                        .step(&id, step_id)
+                        .and_then(WaitSpec::of_step)
+                        .and_then(|w| w.deadline()),
+                    _ => Some(now),
                 };
-            match req {
-                WaitRequest::Sleep { until } => {
-                    let spec = WaitSpec::Sleep {
-                        until: clamp_time(until),
-                    };
-                    if until <= now {
-                        tx.put_step(step(StepStatus::Completed, &spec, None));
-                        self.arm_late_deadline(tx, &id, Some(now), &mut fx);
-                        return Ok(WaitBegin::Done(None));
-                    }
-                    tx.put_step(step(StepStatus::Running, &spec, None));
-                    self.arm_late_deadline(tx, &id, spec.deadline(), &mut fx);
-                    Ok(WaitBegin::Open)
-                }
-                WaitRequest::Signal { signal, timeout_ms } => {
-                    let taken = tx.take_signal(&id, &signal);
-                    let spec = WaitSpec::Signal {
-                        signal,
-                        deadline: deadline_after(now, timeout_ms),
-                        timeout_ms,
-                    };
-                    match taken {
-                        Some(payload) => {
-                            let payload = Some(payload).filter(|p| p.get() != "null");
-                            tx.put_step(step(StepStatus::Completed, &spec, payload.clone()));
-                            self.arm_late_deadline(tx, &id, Some(now), &mut fx);
-                            Ok(WaitBegin::Done(payload))
-                        }
-                        None => {
-                            tx.put_step(step(StepStatus::Running, &spec, None));
-                            self.arm_late_deadline(tx, &id, spec.deadline(), &mut fx);
-                            Ok(WaitBegin::Open)
-                        }
-                    }
-                }
-                WaitRequest::Token { timeout_ms } => {
-                    let token = new_token(&id);
-                    let spec = WaitSpec::Token {
-                        token_hash: token_hash(&token),
-                        deadline: deadline_after(now, timeout_ms),
-                        timeout_ms,
-                    };
-                    tx.put_step(step(StepStatus::Pending, &spec, None));
-                    self.arm_late_deadline(tx, &id, spec.deadline(), &mut fx);
-                    Ok(WaitBegin::Token(token))
-                }
-                WaitRequest::Child { start, timeout_ms } => {
-                    let mut start = *start;
-                    start.parent_run_id = Some(id.to_string());
-                    start.awaited_by = Some((id, step_id.to_owned()));
-                    // The lanes of the caller and of the live runs above it
-                    // (they may be waiting on it in turn). O(depth).
-                    let mut up = Some(id);
-                    while let Some(r) = up.and_then(|u| tx.run(&u)).filter(|r| !r.status.is_terminal()) {
-                        if let Some(k) = r.concurrency_key() {
-                            start.lane_guard.push(k.to_owned());
-                        }
-                        up = r.parent_run_id();
-                    }
-                    let mut child = match self.start_in(tx, start, now, true, &mut fx)? {
-                        super::Started::Row(r) => *r,
-                        super::Started::Created { .. } => {
-                            return Err(JobError::invalid("invoke: the child row is missing"))
-                        }
-                    };
-                    if child.id == id {
-                        // A dedupe hit on the caller itself: it would wait for itself.
-                        return Err(JobError::invalid(format!(
-                            "invoke '{step_id}': the child's dedupe key names the invoking run itself"
-                        )));
-                    }
-                    child_pool = Some(child.pool.clone());
-                    if !child.status.is_terminal()
-                        && !child
-                            .awaited_by()
-                            .iter()
-                            .any(|(r, s)| *r == id && **s == *step_id)
-                    {
-                        // The entries no wait honours any more (their run
-                        // ended, their wait resolved or is past its
-                        // deadline) go as this one comes: a long-lived
-                        // child many runs invoke through its dedupe key
-                        // would otherwise keep every past invoker, and
-                        // `waits_on` walk them all. Staleness is final
-                        // (a waiter read here is locked until commit), so
-                        // an entry another transaction added meanwhile is
-                        // never among them.
-                        let stale: std::collections::HashSet<(RunId, Box<str>)> = child
-                            .awaited_by()
-                            .iter()
-                            .filter(|(w, s)| open_child_wait(tx, w, s, child.id, now).is_none())
-                            .cloned()
-                            .collect();
-                        // A live dedupe hit: its end must resolve this wait
-                        // too. Decided on the row `update_run` holds, not on
-                        // the dedupe read: a networked store reads that one
-                        // unlocked, and re-reads it locked here, so an end
-                        // committed meanwhile (whose waiters did not include
-                        // this one) is seen and answered below instead of
-                        // leaving the wait open on a run that ended.
-                        let (child_id, entry) = (child.id, (id, Box::<str>::from(step_id)));
-                        tx.update_run(&child_id, &mut |r| {
-                            if !r.status.is_terminal() {
-                                let list =
-                                    &mut r.extras.get_or_insert_with(Default::default).awaited_by;
-                                if !stale.is_empty() {
-                                    list.retain(|e| !stale.contains(e));
-                                }
-                                list.push(entry.clone());
-                            }
-                            child = r.clone();
-                        });
-                    }
-                    let spec = WaitSpec::Child {
-                        child_run_id: child.id,
-                        deadline: deadline_after(now, timeout_ms),
-                        timeout_ms,
-                    };
-                    if child.status.is_terminal() {
-                        // A dedupe hit that ended already answers at once.
-                        let (status, output) = child_result(&child, step_id, &id);
-                        finish_wait(
-                            tx,
-                            step(StepStatus::Running, &spec, None),
-                            status,
-                            output.clone(),
-                            now,
-                        );
-                        self.arm_late_deadline(tx, &id, Some(now), &mut fx);
-                        return Ok(answer_of(status, output));
-                    }
-                    tx.put_step(step(StepStatus::Running, &spec, None));
-                    self.arm_late_deadline(tx, &id, spec.deadline(), &mut fx);
-                    Ok(WaitBegin::Open)
-                }
+                self.arm_late_deadline(tx, &id, at, &mut fx);
             }
+            Ok(answer)
         })?;
         self.deliver(fx);
         if let Some(pool) = child_pool {
             self.wake_worker_for(&pool);
         }
         Ok(answer)
+    }
+
+    /// `wait_begin`'s transaction: the wait's row and its answer.
+    #[allow(clippy::too_many_arguments)]
+    fn wait_begin_in(
+        &self,
+        tx: &mut S::Tx<'_>,
+        (id, run_id, epoch): (RunId, &str, u32),
+        step_id: &str,
+        req: WaitRequest,
+        now: Millis,
+        fx: &mut Effects,
+        child_pool: &mut Option<std::sync::Arc<str>>,
+    ) -> Result<WaitBegin> {
+        Self::check_attempt(
+            tx,
+            &id,
+            epoch,
+            run_id,
+            "the attempt that called the wait is over",
+        )?;
+        let attempt = tx.run(&id).map_or(1, |r| r.attempts + 1);
+        // A resolved wait answers without a copy of its row (the
+        // common case on a resumption: every wait before the open one).
+        if let Some(s) = tx.step(&id, step_id) {
+            if s.kind == StepKind::Wait && s.status == StepStatus::Completed {
+                return Ok(WaitBegin::Done(s.output.clone()));
+            }
+        }
+        let existing = tx.step(&id, step_id).cloned();
+        if let Some(s) = &existing {
+            if s.kind != StepKind::Wait {
+                return Err(JobError::JobStepConflict {
+                    run_id: run_id.to_owned(),
+                    step_id: step_id.to_owned(),
+                });
+            }
+            match s.status {
+                // A completed wait is never waited again (a replay that
+                // keeps steps keeps it too).
+                StepStatus::Completed => return Ok(WaitBegin::Done(s.output.clone())),
+                // A timeout or a child's failure answers the whole
+                // attempt it happened in; a retry waits again.
+                StepStatus::Failed if s.attempts == attempt => {
+                    if let Some(o) = &s.output {
+                        return Ok(WaitBegin::Failed(o.clone()));
+                    }
+                }
+                StepStatus::Pending | StepStatus::Running if s.epoch == epoch => {
+                    return Err(JobError::JobStepConflict {
+                        run_id: run_id.to_owned(),
+                        step_id: step_id.to_owned(),
+                    });
+                }
+                _ => {}
+            }
+            // Open since an earlier execution of this attempt: asked
+            // again after a resumption.
+            if s.is_open_wait() {
+                if let Some(spec) = WaitSpec::of_step(s) {
+                    let mut s = s.clone();
+                    s.attempts = attempt;
+                    return self.rejoin_wait(tx, s, spec, epoch, now, fx);
+                }
+            }
+        }
+        let seq = match &existing {
+            Some(s) => s.seq,
+            None => tx.max_step_seq(&id) + 1,
+        };
+        let step = |status: StepStatus, spec: &WaitSpec, output: Option<Box<RawValue>>| StepRow {
+            id: existing.as_ref().map_or_else(Uuid::new_v4, |s| s.id),
+            job_run_id: id,
+            step_id: step_id.into(),
+            kind: StepKind::Wait,
+            seq,
+            status,
+            input: Some(spec.to_raw()),
+            output,
+            error: None,
+            attempts: attempt,
+            started_at: now.into(),
+            finished_at: (status == StepStatus::Completed).then_some(now).into(),
+            epoch,
+        };
+        match req {
+            WaitRequest::Sleep { until } => {
+                let spec = WaitSpec::Sleep {
+                    until: clamp_time(until),
+                };
+                if until <= now {
+                    tx.put_step(step(StepStatus::Completed, &spec, None));
+                    return Ok(WaitBegin::Done(None));
+                }
+                tx.put_step(step(StepStatus::Running, &spec, None));
+                Ok(WaitBegin::Open)
+            }
+            WaitRequest::Signal { signal, timeout_ms } => {
+                let taken = tx.take_signal(&id, &signal);
+                let spec = WaitSpec::Signal {
+                    signal,
+                    deadline: deadline_after(now, timeout_ms),
+                    timeout_ms,
+                };
+                match taken {
+                    Some(payload) => {
+                        let payload = Some(payload).filter(|p| p.get() != "null");
+                        tx.put_step(step(StepStatus::Completed, &spec, payload.clone()));
+                        Ok(WaitBegin::Done(payload))
+                    }
+                    None => {
+                        tx.put_step(step(StepStatus::Running, &spec, None));
+                        Ok(WaitBegin::Open)
+                    }
+                }
+            }
+            WaitRequest::Token { timeout_ms } => {
+                let token = new_token(&id);
+                let spec = WaitSpec::Token {
+                    token_hash: token_hash(&token),
+                    deadline: deadline_after(now, timeout_ms),
+                    timeout_ms,
+                };
+                tx.put_step(step(StepStatus::Pending, &spec, None));
+                Ok(WaitBegin::Token(token))
+            }
+            WaitRequest::Child { start, timeout_ms } => {
+                let mut start = *start;
+                start.parent_run_id = Some(id.to_string());
+                start.awaited_by = Some((id, step_id.to_owned()));
+                // The lanes of the caller and of the live runs above it
+                // (they may be waiting on it in turn). O(depth).
+                let mut up = Some(id);
+                while let Some(r) = up
+                    .and_then(|u| tx.run(&u))
+                    .filter(|r| !r.status.is_terminal())
+                {
+                    if let Some(k) = r.concurrency_key() {
+                        start.lane_guard.push(k.to_owned());
+                    }
+                    up = r.parent_run_id();
+                }
+                let mut child = match self.start_in(tx, start, now, true, fx)? {
+                    super::Started::Row(r) => *r,
+                    super::Started::Created { .. } => {
+                        return Err(JobError::invalid("invoke: the child row is missing"))
+                    }
+                };
+                if child.id == id {
+                    // A dedupe hit on the caller itself: it would wait for itself.
+                    return Err(JobError::invalid(format!(
+                        "invoke '{step_id}': the child's dedupe key names the invoking run itself"
+                    )));
+                }
+                *child_pool = Some(child.pool.clone());
+                if !child.status.is_terminal()
+                    && !child
+                        .awaited_by()
+                        .iter()
+                        .any(|(r, s)| *r == id && **s == *step_id)
+                {
+                    // The entries no wait honours any more (their run
+                    // ended, their wait resolved or is past its
+                    // deadline) go as this one comes: a long-lived
+                    // child many runs invoke through its dedupe key
+                    // would otherwise keep every past invoker, and
+                    // `waits_on` walk them all. Staleness is final
+                    // (a waiter read here is locked until commit), so
+                    // an entry another transaction added meanwhile is
+                    // never among them.
+                    let stale: std::collections::HashSet<(RunId, Box<str>)> = child
+                        .awaited_by()
+                        .iter()
+                        .filter(|(w, s)| open_child_wait(tx, w, s, child.id, now).is_none())
+                        .cloned()
+                        .collect();
+                    // A live dedupe hit: its end must resolve this wait
+                    // too. Decided on the row `update_run` holds, not on
+                    // the dedupe read: a networked store reads that one
+                    // unlocked, and re-reads it locked here, so an end
+                    // committed meanwhile (whose waiters did not include
+                    // this one) is seen and answered below instead of
+                    // leaving the wait open on a run that ended.
+                    let (child_id, entry) = (child.id, (id, Box::<str>::from(step_id)));
+                    tx.update_run(&child_id, &mut |r| {
+                        if !r.status.is_terminal() {
+                            let list =
+                                &mut r.extras.get_or_insert_with(Default::default).awaited_by;
+                            if !stale.is_empty() {
+                                list.retain(|e| !stale.contains(e));
+                            }
+                            list.push(entry.clone());
+                        }
+                        child = r.clone();
+                    });
+                }
+                let spec = WaitSpec::Child {
+                    child_run_id: child.id,
+                    deadline: deadline_after(now, timeout_ms),
+                    timeout_ms,
+                };
+                if child.status.is_terminal() {
+                    // A dedupe hit that ended already answers at once.
+                    let (status, output) = child_result(&child, step_id, &id);
+                    finish_wait(
+                        tx,
+                        step(StepStatus::Running, &spec, None),
+                        status,
+                        output.clone(),
+                        now,
+                    );
+                    return Ok(answer_of(status, output));
+                }
+                tx.put_step(step(StepStatus::Running, &spec, None));
+                Ok(WaitBegin::Open)
+            }
+        }
     }
 
     /// A token was delivered (`deliver(token)` returned): the wait is open,
